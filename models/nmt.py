@@ -1,0 +1,357 @@
+"""A fairseq transformer wrapped for the generation job: sampling with negative constraints,
+beam search, and forced-decoding scores.
+
+Model directory (written by ``python -m models.train_nmt``)::
+
+    model.pt  dict.<src>.txt  dict.<tgt>.txt  spm.model  model.json
+
+Sampling is our own incremental decoding loop over fairseq's encoder/decoder (fairseq-generate
+refuses constraints with sampling, and its constraints are positive only). Each hypothesis
+carries its own banned phrases: a single-piece phrase is masked at every step, a multi-piece
+phrase's last piece is masked whenever the hypothesis ends with the phrase's prefix, so a banned
+phrase can never be completed. Randomness is counter-based (Gumbel-max with a hash of
+(seed, request key, sample, step)), so a pair's samples do not depend on how pairs were batched
+or on which worker decoded them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from models.fairseq_compat import allow_fairseq_checkpoints
+
+log = logging.getLogger(__name__)
+
+_NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    source: str
+    key: str                                 # seeds the randomness: pair id + constraint set index
+    banned_words: tuple[str, ...] = ()
+    num_samples: int = 30
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    text: str
+    pieces: tuple[str, ...]
+    token_ids: tuple[int, ...]               # without the final </s>
+    nll: float                               # per-token NLL, </s> included (fairseq's convention)
+
+
+@dataclass
+class DecodeStats:
+    sources: int = 0
+    hypotheses: int = 0
+    generated_tokens: int = 0
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """Counter-based hash (SplitMix64 finaliser); uint64 arithmetic wraps by design."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _key_seed(seed: int, key: str, sample: int) -> int:
+    digest = hashlib.blake2b(f"{seed}\x00{key}\x00{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _gumbel(row_seeds: np.ndarray, step: int, k: int) -> torch.Tensor:
+    with np.errstate(over="ignore"):
+        base = _splitmix64(row_seeds ^ np.uint64((step + 1) * 0xD1B54A32D192ED03 % (1 << 64)))
+        counters = base[:, None] + np.arange(k, dtype=np.uint64)[None, :]
+        bits = _splitmix64(counters) >> np.uint64(11)
+    uniform = (bits.astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+    return torch.from_numpy(-np.log(-np.log(uniform))).float()
+
+
+def model_fingerprint(model_dir: str) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(model_dir)):
+        if name == "model.pt" or name.startswith("dict.") or name == "spm.model":
+            with open(os.path.join(model_dir, name), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Translator:
+    """One direction of translation, loaded once per process (see :func:`load_translator`)."""
+
+    def __init__(self, model_dir: str, device: str | None = None, max_len_a: float = 1.5,
+                 max_len_b: int = 10, batch_tokens: int = 24000):
+        import sentencepiece as spm
+        from fairseq import checkpoint_utils
+
+        self.model_dir = model_dir
+        meta_path = os.path.join(model_dir, "model.json")
+        if not os.path.exists(os.path.join(model_dir, "model.pt")):
+            raise FileNotFoundError(f"{model_dir}: no model.pt (train one with python -m models.train_nmt)")
+        self.meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        self.device = torch.device(device or default_device())
+        allow_fairseq_checkpoints()
+        models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+            [os.path.join(model_dir, "model.pt")], arg_overrides={"data": model_dir})
+        self.model = models[0].to(self.device).eval()
+        if self.device.type == "cuda":
+            self.model.half()
+        self.src_dict, self.tgt_dict = task.source_dictionary, task.target_dictionary
+        self.src_lang = self.meta.get("src_lang", task.cfg.source_lang)
+        self.tgt_lang = self.meta.get("tgt_lang", task.cfg.target_lang)
+        self.spm = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.batch_tokens = batch_tokens
+        self.fingerprint = model_fingerprint(model_dir)
+        d = self.tgt_dict
+        self.eos, self.pad, self.unk = d.eos(), d.pad(), d.unk()
+        self._never = [i for i in {d.pad(), d.unk(), d.bos()} if i != d.eos()]
+
+    # ---------------------------------------------------------------- tokens
+    def pieces(self, text: str) -> list[str]:
+        return self.spm.encode(text, out_type=str)
+
+    def _ids(self, dictionary, text: str) -> list[int]:
+        return [dictionary.index(p) for p in self.pieces(text)] + [dictionary.eos()]
+
+    def _collate_src(self, id_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = torch.tensor([len(x) for x in id_lists])
+        out = torch.full((len(id_lists), int(lengths.max())), self.src_dict.pad(), dtype=torch.long)
+        for i, ids in enumerate(id_lists):            # left padding, as fairseq's translation task
+            out[i, out.shape[1] - len(ids):] = torch.tensor(ids)
+        return out.to(self.device), lengths.to(self.device)
+
+    def decode_ids(self, ids) -> tuple[str, tuple[str, ...]]:
+        pieces = tuple(self.tgt_dict[i] for i in ids)
+        return self.spm.decode_pieces(list(pieces)), pieces
+
+    def banned_phrases(self, words) -> list[tuple[int, ...]]:
+        """Target-token sequences to ban for these words (each surface variant, word-initial)."""
+        from paracorpus.constraints import surface_variants
+
+        phrases = []
+        for word in words:
+            for form in surface_variants(word):
+                ids = tuple(self.tgt_dict.index(p) for p in self.pieces(form))
+                if ids and self.unk not in ids:
+                    phrases.append(ids)
+        return list(dict.fromkeys(phrases))
+
+    def _max_len(self, src_len: int) -> int:
+        return int(self.max_len_a * src_len + self.max_len_b)
+
+    def _length_batches(self, lengths: list[int], rows_per_item: int = 1):
+        """Indices grouped into batches of similar length: at most `batch_tokens` padded source
+        plus target tokens over all decoder rows (an item decodes `rows_per_item` rows)."""
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        batch: list[int] = []
+        for i in order:
+            longest = max(lengths[i], *(lengths[j] for j in batch[-1:]))
+            cost = (len(batch) + 1) * rows_per_item * (longest + self._max_len(longest))
+            if batch and cost > self.batch_tokens:
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    # ---------------------------------------------------------------- scoring
+    @torch.inference_mode()
+    def score(self, sources: list[str], targets: list[str]) -> list[float]:
+        """Per-token NLL of each target given its source (forced decoding, </s> included)."""
+        src_ids = [self._ids(self.src_dict, s) for s in sources]
+        tgt_ids = [self._ids(self.tgt_dict, t) for t in targets]
+        out = [0.0] * len(sources)
+        lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]
+        for batch in self._length_batches(lengths, rows_per_item=1):
+            src_tokens, src_lengths = self._collate_src([src_ids[i] for i in batch])
+            tl = max(len(tgt_ids[i]) for i in batch)
+            target = torch.full((len(batch), tl), self.pad, dtype=torch.long)
+            prev = torch.full((len(batch), tl), self.pad, dtype=torch.long)
+            for row, i in enumerate(batch):
+                t = torch.tensor(tgt_ids[i])
+                target[row, :len(t)] = t
+                prev[row, 0] = self.eos
+                prev[row, 1:len(t)] = t[:-1]
+            target, prev = target.to(self.device), prev.to(self.device)
+            net_out = self.model(src_tokens, src_lengths, prev)
+            lprobs = self.model.get_normalized_probs(net_out, log_probs=True).float()
+            tok_lp = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            mask = target.ne(self.pad)
+            nll = -(tok_lp * mask).sum(1) / mask.sum(1)
+            for row, i in enumerate(batch):
+                out[i] = float(nll[row])
+        return out
+
+    # ---------------------------------------------------------------- beam search
+    @torch.inference_mode()
+    def beam_search(self, sources: list[str], beam: int = 12, nbest: int = 1) -> list[list[Hypothesis]]:
+        """fairseq's own SequenceGenerator (the reference engine), n-best per source."""
+        from fairseq.sequence_generator import SequenceGenerator
+
+        gen = SequenceGenerator([self.model], self.tgt_dict, beam_size=beam, max_len_a=self.max_len_a,
+                                max_len_b=self.max_len_b, normalize_scores=True, unk_penalty=0.0)
+        src_ids = [self._ids(self.src_dict, s) for s in sources]
+        results: list[list[Hypothesis]] = [[] for _ in sources]
+        for batch in self._length_batches([len(x) for x in src_ids], rows_per_item=beam):
+            src_tokens, src_lengths = self._collate_src([src_ids[i] for i in batch])
+            hypos = gen.generate([self.model], {"net_input": {"src_tokens": src_tokens,
+                                                              "src_lengths": src_lengths}})
+            for row, i in enumerate(batch):
+                for h in hypos[row][:nbest]:
+                    ids = [int(t) for t in h["tokens"] if int(t) != self.eos]
+                    text, pieces = self.decode_ids(ids)
+                    nll = -float(h["positional_scores"].float().mean())
+                    results[i].append(Hypothesis(text, pieces, tuple(ids), nll))
+        return results
+
+    # ---------------------------------------------------------------- sampling
+    @torch.inference_mode()
+    def sample(self, requests: list[SampleRequest], topk: int = 10, seed: int = 0,
+               min_len: int = 1, stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
+        """Top-k samples per request, never completing one of the request's banned phrases."""
+        src_cache: dict[str, list[int]] = {}
+        for r in requests:
+            if r.source not in src_cache:
+                src_cache[r.source] = self._ids(self.src_dict, r.source)
+        results: list[list[Hypothesis]] = [[] for _ in requests]
+        per_item = max((r.num_samples for r in requests), default=1)
+        lengths = [len(src_cache[r.source]) for r in requests]
+        for batch in self._length_batches(lengths, rows_per_item=per_item):
+            self._sample_batch([requests[i] for i in batch], [results[i] for i in batch],
+                               src_cache, topk, seed, min_len, stats)
+        if stats is not None:
+            stats.sources += len({r.source for r in requests})
+            stats.hypotheses += sum(len(x) for x in results)
+        return results
+
+    def _sample_batch(self, reqs, outs, src_cache, topk, seed, min_len, stats):
+        model, dev = self.model, self.device
+        sources = list(dict.fromkeys(r.source for r in reqs))
+        src_index = {s: i for i, s in enumerate(sources)}
+        src_tokens, src_lengths = self._collate_src([src_cache[s] for s in sources])
+        encoder_out = model.encoder.forward_torchscript({"src_tokens": src_tokens,
+                                                          "src_lengths": src_lengths})
+        row_req, row_src, row_seed = [], [], []
+        for qi, r in enumerate(reqs):
+            for s in range(r.num_samples):
+                row_req.append(qi)
+                row_src.append(src_index[r.source])
+                row_seed.append(_key_seed(seed, r.key, s))
+        n_rows = len(row_req)
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.tensor(row_src, device=dev))
+        max_len = max(self._max_len(len(src_cache[s])) for s in sources)
+        row_max = torch.tensor([self._max_len(len(src_cache[reqs[q].source])) for q in row_req], device=dev)
+        seeds = np.array(row_seed, dtype=np.uint64)
+
+        # Banned phrases per row: single pieces as (row, token) pairs, longer ones as
+        # right-aligned prefixes with -1 as wildcard padding plus their last token.
+        phrase_cache = {}
+        single_rows, single_toks, multi_rows, multi_prefix, multi_last = [], [], [], [], []
+        for row, qi in enumerate(row_req):
+            words = reqs[qi].banned_words
+            if not words:
+                continue
+            if words not in phrase_cache:
+                phrase_cache[words] = self.banned_phrases(words)
+            for ph in phrase_cache[words]:
+                if len(ph) == 1:
+                    single_rows.append(row)
+                    single_toks.append(ph[0])
+                else:
+                    multi_rows.append(row)
+                    multi_prefix.append(ph[:-1])
+                    multi_last.append(ph[-1])
+        lmax = max((len(p) for p in multi_prefix), default=0)
+        single_rows_t = torch.tensor(single_rows, dtype=torch.long, device=dev)
+        single_toks_t = torch.tensor(single_toks, dtype=torch.long, device=dev)
+        multi_rows_t = torch.tensor(multi_rows, dtype=torch.long, device=dev)
+        multi_last_t = torch.tensor(multi_last, dtype=torch.long, device=dev)
+        prefix_t = torch.full((len(multi_prefix), max(lmax, 1)), -1, dtype=torch.long, device=dev)
+        for j, p in enumerate(multi_prefix):
+            prefix_t[j, lmax - len(p):] = torch.tensor(p)
+
+        # tokens keeps `lmax` columns of -2 on the left so phrase windows never run off the start.
+        tokens = torch.full((n_rows, lmax + max_len + 2), -2, dtype=torch.long, device=dev)
+        tokens[:, lmax] = self.eos
+        score = torch.zeros(n_rows, device=dev)
+        active = torch.arange(n_rows, device=dev)           # global row ids still decoding
+        pos_of = torch.arange(n_rows, device=dev)           # global row -> position in active
+        incremental_state: dict = {}
+        for step in range(max_len + 1):
+            prev = tokens[active, lmax:lmax + step + 1].clamp(min=0)
+            dec = model.decoder(prev, encoder_out=encoder_out, incremental_state=incremental_state)
+            lp = model.get_normalized_probs((dec[0][:, -1:, :], dec[1]), log_probs=True)[:, -1, :].float()
+            lp[:, self._never] = _NEG_INF
+            if step < min_len:
+                lp[:, self.eos] = _NEG_INF
+            if len(single_rows):
+                alive = pos_of[single_rows_t] >= 0
+                lp[pos_of[single_rows_t[alive]], single_toks_t[alive]] = _NEG_INF
+            if len(multi_rows) and step >= 1:
+                alive = pos_of[multi_rows_t] >= 0
+                rows = multi_rows_t[alive]
+                window = tokens[rows, step + 1:lmax + step + 1]
+                pref = prefix_t[alive]
+                hit = ((pref == -1) | (window == pref)).all(1)
+                lp[pos_of[rows[hit]], multi_last_t[alive][hit]] = _NEG_INF
+            at_limit = row_max[active] <= step
+            if bool(at_limit.any()):                          # force </s> at the length limit
+                forced = lp[at_limit, self.eos].clone()
+                lp[at_limit] = _NEG_INF
+                lp[at_limit, self.eos] = torch.where(torch.isinf(forced), torch.zeros_like(forced), forced)
+            vals, idx = lp.topk(min(topk, lp.shape[1]), dim=-1)
+            g = _gumbel(seeds[active.cpu().numpy()], step, vals.shape[1]).to(dev)
+            choice = (vals + g).argmax(-1, keepdim=True)
+            tok = idx.gather(1, choice).squeeze(1)
+            tok_lp = vals.gather(1, choice).squeeze(1)
+            tokens[active, lmax + step + 1] = tok
+            score[active] += tok_lp
+            done = tok.eq(self.eos)
+            if stats is not None:
+                stats.generated_tokens += int(active.numel())
+            if bool(done.any()):
+                for row in active[done].tolist():
+                    ids = tokens[row, lmax + 1:lmax + step + 1].tolist()
+                    text, pieces = self.decode_ids(ids)
+                    nll = -float(score[row]) / (step + 1)
+                    outs[row_req[row]].append(Hypothesis(text, pieces, tuple(ids), nll))
+                keep = (~done).nonzero().squeeze(1)
+                active = active[keep]
+                if active.numel() == 0:
+                    break
+                pos_of.fill_(-1)
+                pos_of[active] = torch.arange(active.numel(), device=dev)
+                model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
+                encoder_out = model.encoder.reorder_encoder_out(encoder_out, keep)
+
+
+_CACHE: dict = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def load_translator(model_dir: str, device: str | None = None, **kwargs) -> Translator:
+    """Load a model once per process: Beam may create many DoFn instances in one worker."""
+    key = (os.path.abspath(model_dir), device, tuple(sorted(kwargs.items())))
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            log.info("loading NMT model %s", model_dir)
+            _CACHE[key] = Translator(model_dir, device=device, **kwargs)
+        return _CACHE[key]

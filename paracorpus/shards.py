@@ -1,0 +1,260 @@
+"""Input shards: find them, hash them, and read them record by record without trusting the bytes.
+
+Three shard kinds, all yielding :class:`RawRecord` in file order:
+
+* ``tsv``: ``src<TAB>tgt`` lines, plain or gzip (``.gz``);
+* ``moses``: two line-aligned files ``PREFIX.<src_lang>[.gz]`` and ``PREFIX.<tgt_lang>[.gz]``;
+* ``parquet``: a Parquet file with two string columns.
+
+A record that cannot be decoded is still yielded, with ``error`` set, so that it lands in the
+rejects table instead of disappearing.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+DEFAULT_MAX_LINE_CHARS = 20_000
+_READ_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    kind: str            # tsv | moses | parquet
+    paths: tuple         # one path, or (src_path, tgt_path) for moses
+    name: str            # stable name used in pair ids (file name, not the full path)
+
+    def describe(self) -> str:
+        return f"{self.kind}:{','.join(self.paths)}"
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    shard: str
+    index: int
+    src: str | None
+    tgt: str | None
+    error: str | None = None      # a reject reason from schema.REJECT_REASONS
+    detail: str | None = None
+
+
+def _open_binary(path: str):
+    raw = open(path, "rb")
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw)
+    return raw
+
+
+def _bounded_lines(stream, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
+    """Yield (line without newline, overlong) without ever holding more than max_bytes of a line.
+
+    A hostile file may contain one multi-gigabyte line; its tail is read and dropped in chunks.
+    """
+    while True:
+        line = stream.readline(max_bytes + 1)
+        if not line:
+            return
+        if line.endswith(b"\n"):
+            yield line[:-1].rstrip(b"\r"), False
+            continue
+        if len(line) <= max_bytes:     # last line of the file, no newline
+            yield line.rstrip(b"\r"), False
+            return
+        while True:                    # skip the rest of an overlong line
+            rest = stream.readline(_READ_CHUNK)
+            if not rest or rest.endswith(b"\n"):
+                break
+        yield line[:max_bytes], True
+
+
+def _decode(data: bytes) -> tuple[str | None, str | None]:
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, f"invalid UTF-8 at byte {exc.start}"
+
+
+def _snippet(data: bytes, limit: int = 1000) -> str:
+    return data[:limit].decode("utf-8", errors="replace")
+
+
+def _read_tsv(spec: ShardSpec, max_line_chars: int) -> Iterator[RawRecord]:
+    # Characters are at most 4 UTF-8 bytes; the exact character limit is checked after decoding.
+    with _open_binary(spec.paths[0]) as stream:
+        for index, (line, overlong) in enumerate(_bounded_lines(stream, 4 * max_line_chars)):
+            if overlong:
+                yield RawRecord(spec.name, index, _snippet(line), None, "overlong_line",
+                                f"line longer than {4 * max_line_chars} bytes")
+                continue
+            text, err = _decode(line)
+            if text is None:
+                yield RawRecord(spec.name, index, _snippet(line), None, "bad_utf8", err)
+                continue
+            if len(text) > max_line_chars:
+                yield RawRecord(spec.name, index, text[:1000], None, "overlong_line",
+                                f"{len(text)} characters > {max_line_chars}")
+                continue
+            cells = text.split("\t")
+            if len(cells) < 2:
+                yield RawRecord(spec.name, index, text, None, "missing_column", "no tab in line")
+            elif len(cells) > 2:
+                yield RawRecord(spec.name, index, cells[0], cells[1], "extra_column",
+                                f"{len(cells)} columns")
+            else:
+                yield RawRecord(spec.name, index, cells[0], cells[1])
+
+
+def _read_moses(spec: ShardSpec, max_line_chars: int) -> Iterator[RawRecord]:
+    src_path, tgt_path = spec.paths
+    limit = 4 * max_line_chars
+    with _open_binary(src_path) as fs, _open_binary(tgt_path) as ft:
+        src_lines, tgt_lines = _bounded_lines(fs, limit), _bounded_lines(ft, limit)
+        index = 0
+        while True:
+            s, t = next(src_lines, None), next(tgt_lines, None)
+            if s is None and t is None:
+                return
+            if s is None or t is None:
+                present = s if s is not None else t
+                side = "source" if s is None else "target"
+                yield RawRecord(spec.name, index, _snippet(present[0]) if s else None,
+                                _snippet(present[0]) if t else None, "missing_column",
+                                f"{side} file ended before line {index}")
+                index += 1
+                continue
+            yield _pair_from_cells(spec.name, index, s, t, max_line_chars)
+            index += 1
+
+
+def _pair_from_cells(name, index, s, t, max_line_chars) -> RawRecord:
+    (sb, s_over), (tb, t_over) = s, t
+    if s_over or t_over:
+        return RawRecord(name, index, _snippet(sb), _snippet(tb), "overlong_line",
+                         f"line longer than {4 * max_line_chars} bytes")
+    src, e1 = _decode(sb)
+    tgt, e2 = _decode(tb)
+    if src is None or tgt is None:
+        return RawRecord(name, index, src if src is not None else _snippet(sb),
+                         tgt if tgt is not None else _snippet(tb), "bad_utf8", e1 or e2)
+    if max(len(src), len(tgt)) > max_line_chars:
+        return RawRecord(name, index, src[:1000], tgt[:1000], "overlong_line",
+                         f"{max(len(src), len(tgt))} characters > {max_line_chars}")
+    return RawRecord(name, index, src, tgt)
+
+
+def _read_parquet(spec: ShardSpec, max_line_chars: int, src_column: str, tgt_column: str,
+                  batch_size: int = 8192) -> Iterator[RawRecord]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(spec.paths[0])
+    names = set(pf.schema_arrow.names)
+    missing = [c for c in (src_column, tgt_column) if c not in names]
+    if missing:
+        raise ValueError(f"{spec.paths[0]}: Parquet shard lacks column(s) {missing}; "
+                         f"has {sorted(names)} (set --src_column/--tgt_column)")
+    index = 0
+    # Read as binary so that invalid UTF-8 in a cell becomes a reject, not a crash of the reader.
+    for batch in pf.iter_batches(batch_size=batch_size, columns=[src_column, tgt_column]):
+        for s, t in zip(*(_as_bytes(batch.column(i)) for i in range(2))):
+            if s is None or t is None:
+                yield RawRecord(spec.name, index, None if s is None else _snippet(s),
+                                None if t is None else _snippet(t), "missing_column", "null cell")
+            else:
+                yield _pair_from_cells(spec.name, index, (s, False), (t, False), max_line_chars)
+            index += 1
+
+
+def _as_bytes(column) -> list:
+    import pyarrow as pa
+
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        column = column.view(pa.binary() if pa.types.is_string(column.type) else pa.large_binary())
+    return column.to_pylist()
+
+
+def read_shard(spec: ShardSpec, max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
+               src_column: str = "src", tgt_column: str = "tgt") -> Iterator[RawRecord]:
+    if spec.kind == "tsv":
+        return _read_tsv(spec, max_line_chars)
+    if spec.kind == "moses":
+        return _read_moses(spec, max_line_chars)
+    if spec.kind == "parquet":
+        return _read_parquet(spec, max_line_chars, src_column, tgt_column)
+    raise ValueError(f"unknown shard kind {spec.kind!r}")
+
+
+def _strip_gz(path: str) -> str:
+    return path[:-3] if path.endswith(".gz") else path
+
+
+def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[ShardSpec]:
+    """Expand --input values (files, globs, directories, Moses prefixes) into sorted shard specs.
+
+    ``X.<src_lang>[.gz]`` with a twin ``X.<tgt_lang>[.gz]`` becomes one Moses shard; ``*.parquet``
+    is Parquet; anything else is TSV.
+    """
+    paths: list[str] = []
+    for item in inputs:
+        if os.path.isdir(item):
+            paths += [os.path.join(item, f) for f in sorted(os.listdir(item))
+                      if os.path.isfile(os.path.join(item, f)) and not f.startswith((".", "_"))]
+        elif any(ch in item for ch in "*?["):
+            paths += sorted(glob.glob(item))
+        elif os.path.exists(item):
+            paths.append(item)
+        else:
+            # A Moses prefix: corpus -> corpus.cs + corpus.en (optionally gzipped).
+            found = [p for p in (f"{item}.{src_lang}", f"{item}.{src_lang}.gz") if os.path.exists(p)]
+            if not found:
+                raise FileNotFoundError(f"input {item!r} matches no file, glob, directory or "
+                                        f"Moses prefix ({item}.{src_lang}[.gz])")
+            paths.append(found[0])
+    specs, seen = [], set()
+    for path in paths:
+        path = os.path.abspath(path)
+        if path in seen:
+            continue
+        base = _strip_gz(path)
+        if base.endswith(f".{src_lang}") or base.endswith(f".{tgt_lang}"):
+            prefix = base.rsplit(".", 1)[0]
+            twins = []
+            for lang in (src_lang, tgt_lang):
+                cands = [p for p in (f"{prefix}.{lang}", f"{prefix}.{lang}.gz") if os.path.exists(p)]
+                twins.append(cands[0] if cands else None)
+            if twins[0] and twins[1]:
+                seen.update(twins)
+                specs.append(ShardSpec("moses", tuple(twins), os.path.basename(prefix)))
+                continue
+            if base.endswith(f".{tgt_lang}"):
+                raise FileNotFoundError(f"{path}: Moses file without its {src_lang} twin")
+            raise FileNotFoundError(f"{path}: Moses file without its {tgt_lang} twin")
+        seen.add(path)
+        kind = "parquet" if base.endswith(".parquet") else "tsv"
+        specs.append(ShardSpec(kind, (path,), os.path.basename(path)))
+    names = [s.name for s in specs]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"input shards must have distinct file names (they seed pair ids): {sorted(dupes)}")
+    return sorted(specs, key=lambda s: s.name)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shard_fingerprint(spec: ShardSpec) -> dict:
+    return {"name": spec.name, "kind": spec.kind, "paths": list(spec.paths),
+            "sha256": [file_sha256(p) for p in spec.paths],
+            "bytes": sum(os.path.getsize(p) for p in spec.paths)}
+
+
+__all__ = ["ShardSpec", "RawRecord", "read_shard", "discover_shards", "shard_fingerprint",
+           "file_sha256"]

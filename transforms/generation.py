@@ -1,0 +1,84 @@
+"""DoFns around the NMT models: dual cross-entropy filter and paraphrase generation.
+
+The DoFn receives the pairs of one output shard, decodes them in batches, and loads its models
+once per worker process in setup(), on the GPU when there is one.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+
+from paracorpus.config import GenerationConfig
+from paracorpus.paraphrasing import CleanPair, dual_xent_scores, paraphrase_batch, reject
+from transforms.io import REJECTS_TAG
+from transforms.progress import Progress
+
+
+def _pairs(batch: list[dict]) -> list[CleanPair]:
+    return [CleanPair(r["pair_id"], r["input_shard"], r["input_index"], r["source"], r["reference"])
+            for r in batch]
+
+
+class _ModelDoFn(beam.DoFn):
+    def __init__(self, forward_model: str, backward_model: str | None, device: str | None,
+                 config_hash: str):
+        self.forward_model, self.backward_model = forward_model, backward_model
+        self.device, self.config_hash = device, config_hash
+
+    def setup(self):
+        from models.nmt import load_translator
+
+        self.forward = load_translator(self.forward_model, device=self.device)
+        self.backward = (load_translator(self.backward_model, device=self.device)
+                         if self.backward_model else None)
+        self.progress = Progress(type(self).__name__)
+
+
+class GenerateForShard(_ModelDoFn):
+    """(output shard, pairs) -> paraphrase rows (main) and rejects, decoding in batches.
+
+    Batches are cut from a GroupByKey result rather than by beam.BatchElements: the DaskRunner
+    drops what a DoFn emits in finish_bundle, where BatchElements flushes its last batch.
+    """
+
+    def __init__(self, forward_model, backward_model, device, config_hash, cfg: GenerationConfig):
+        super().__init__(forward_model, backward_model, device, config_hash)
+        self.cfg = cfg
+
+    def process(self, element):
+        _shard, recs = element
+        batch = []
+        for rec in recs:
+            batch.append(rec)
+            if len(batch) == self.cfg.batch_pairs:
+                yield from self._process_batch(batch)
+                batch = []
+        if batch:
+            yield from self._process_batch(batch)
+        self.progress.flush()
+
+    def _process_batch(self, batch: list[dict]):
+        pairs = _pairs(sorted(batch, key=lambda r: r["pair_id"]))
+        if self.cfg.dual_xent_threshold is not None and self.backward is not None:
+            scores = dual_xent_scores(pairs, self.forward, self.backward)
+            kept = []
+            for pair, score in zip(pairs, scores):
+                if score > self.cfg.dual_xent_threshold:
+                    self.progress.inc("rejected_dual_xent")
+                    yield beam.pvalue.TaggedOutput(REJECTS_TAG, reject(
+                        pair, "dual_xent", "dual_xent", f"{score:.3f} > {self.cfg.dual_xent_threshold}",
+                        self.config_hash))
+                else:
+                    kept.append(pair)
+            pairs = kept
+        if not pairs:
+            return
+        counters: dict = {}
+        rows, rejects = paraphrase_batch(pairs, self.forward, self.backward, self.cfg,
+                                         self.config_hash, counters)
+        for name, n in counters.items():
+            self.progress.inc(name, n)
+        self.progress.inc("pairs_generated", len(pairs))
+        for r in rejects:
+            self.progress.inc(f"rejected_{r['reason']}")
+            yield beam.pvalue.TaggedOutput(REJECTS_TAG, r)
+        yield from rows
