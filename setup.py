@@ -1,0 +1,31 @@
+"""Paraphrase corpora from bitext on Apache Beam (ParaNMT / ParaBank 2 style).
+
+This file is also what Beam ships to remote workers (``--setup_file ./setup.py``). Exact versions
+live in requirements.txt (a lock); the ranges here say what the code needs.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="paragen",
+    version="0.1.0",
+    description="Distributed paraphrase-corpus generation, filtering and embedding training",
+    python_requires=">=3.11",
+    packages=find_packages(include=["beam_pipelines*", "models*", "transforms*", "paracorpus*"]),
+    install_requires=[
+        "apache-beam[dask]>=2.77,<2.78",   # the pipelines; [dask] for the DaskRunner
+        "torch>=2.6",                        # NMT decoding and encoders (safe weights_only loading)
+        # fairseq-fixed==0.12.3.1: fairseq 0.12.2 does not import on Python 3.11; installed by hash
+        # from requirements-fairseq.txt (it must compile against the installed torch).
+        "sentencepiece>=0.2,<0.3",           # subword segmentation shared by the NMT models
+        "pyarrow>=20",                       # Parquet output, Hive partitions
+        "rapidfuzz>=3.14,<4",                # Levenshtein distance for candidate clustering
+        "sacrebleu>=2.6,<3",                 # BLEU of the NMT models; sentence BLEU in the filter job
+        "kenlm>=0.3,<0.4",                   # language-model perplexity filter (query only)
+        "numpy>=2",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+    entry_points={"console_scripts": [
+        "paragen-generate=beam_pipelines.generate:main",
+        "paragen-train-nmt=models.train_nmt:main",
+    ]},
+)
