@@ -36,48 +36,48 @@ _TUNABLES = ("mode", "num_sets", "num_samples", "topk", "beam", "nbest", "cluste
              "max_banned_words")
 
 
-class GenerateOptions(PipelineOptions):
-    @classmethod
-    def _add_argparse_args(cls, parser):
-        g = parser.add_argument_group("paraphrase generation")
-        g.add_argument("--input", action="append", required=True,
-                       help="input shard: file (.tsv/.tsv.gz/.parquet), glob, directory, or Moses prefix "
-                            "(PREFIX.<src_lang>[.gz] + PREFIX.<tgt_lang>[.gz]); repeat or comma-separate")
-        g.add_argument("--output", required=True, help="output directory (Hive-partitioned Parquet)")
-        g.add_argument("--src_lang", default="cs", help="foreign language code (default cs)")
-        g.add_argument("--tgt_lang", default="en", help="English side language code (default en)")
-        g.add_argument("--forward_model", required=True, help="fairseq model dir, src->tgt (generator)")
-        g.add_argument("--backward_model", default=None,
-                       help="fairseq model dir, tgt->src (dual scoring and the dual cross-entropy filter)")
-        g.add_argument("--preset", default="parabank2-cpu", choices=sorted(PRESETS),
-                       help="paper settings to start from (default parabank2-cpu)")
-        g.add_argument("--mode", default=None, choices=["sample", "beam"], help="override the preset's mode")
-        for name, typ, doc in [
-            ("num_sets", int, "S: negative-constraint sets per pair"),
-            ("num_samples", int, "N: top-k samples per constraint set"),
-            ("topk", int, "k of top-k sampling"),
-            ("max_banned_words", int, "words per constraint set (1..this)"),
-            ("beam", int, "beam size (beam mode)"),
-            ("nbest", int, "hypotheses kept per source (beam mode)"),
-            ("clusters", int, "k free Levenshtein clusters (plus the reference cluster)"),
-            ("keep", int, "n paraphrases kept per pair"),
-            ("score_threshold", float, "drop candidates whose combined score is above (<0: off)"),
-            ("dual_xent_threshold", float, "drop pairs whose dual cross-entropy is above (<0: off)"),
-            ("seed", int, "random seed (same seed, same output)"),
-            ("batch_pairs", int, "pairs per decoding batch"),
-            ("num_output_shards", int, "output partitions per language pair"),
-        ]:
-            g.add_argument(f"--{name}", type=typ, default=None, help=f"{doc} (default: from preset)")
-        g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-        g.add_argument("--max_line_chars", type=int, default=DEFAULT_MAX_LINE_CHARS,
-                       help="records longer than this are rejected unparsed")
-        g.add_argument("--max_tokens", type=int, default=100, help="max whitespace tokens per side")
-        g.add_argument("--max_length_ratio", type=float, default=3.0, help="max token-length ratio")
-        g.add_argument("--encodings", default="",
-                       help="per-language charset rule, e.g. 'en=latin-1,cs=iso8859-2' ('xx=' disables)")
-        g.add_argument("--src_column", default=None, help="Parquet input: foreign column (default src_lang)")
-        g.add_argument("--tgt_column", default=None, help="Parquet input: English column (default tgt_lang)")
-        g.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+def add_generate_args(parser: argparse.ArgumentParser) -> None:
+    """The job's own options, Beam style (--snake_case). Not a PipelineOptions subclass: those are
+    re-parsed from the Beam arguments by every view_as(), where our required options are absent."""
+    g = parser.add_argument_group("paraphrase generation")
+    g.add_argument("--input", action="append", required=True,
+                   help="input shard: file (.tsv/.tsv.gz/.parquet), glob, directory, or Moses prefix "
+                        "(PREFIX.<src_lang>[.gz] + PREFIX.<tgt_lang>[.gz]); repeat or comma-separate")
+    g.add_argument("--output", required=True, help="output directory (Hive-partitioned Parquet)")
+    g.add_argument("--src_lang", default="cs", help="foreign language code (default cs)")
+    g.add_argument("--tgt_lang", default="en", help="English side language code (default en)")
+    g.add_argument("--forward_model", required=True, help="fairseq model dir, src->tgt (generator)")
+    g.add_argument("--backward_model", default=None,
+                   help="fairseq model dir, tgt->src (dual scoring and the dual cross-entropy filter)")
+    g.add_argument("--preset", default="parabank2-cpu", choices=sorted(PRESETS),
+                   help="paper settings to start from (default parabank2-cpu)")
+    g.add_argument("--mode", default=None, choices=["sample", "beam"], help="override the preset's mode")
+    for name, typ, doc in [
+        ("num_sets", int, "S: negative-constraint sets per pair"),
+        ("num_samples", int, "N: top-k samples per constraint set"),
+        ("topk", int, "k of top-k sampling"),
+        ("max_banned_words", int, "words per constraint set (1..this)"),
+        ("beam", int, "beam size (beam mode)"),
+        ("nbest", int, "hypotheses kept per source (beam mode)"),
+        ("clusters", int, "k free Levenshtein clusters (plus the reference cluster)"),
+        ("keep", int, "n paraphrases kept per pair"),
+        ("score_threshold", float, "drop candidates whose combined score is above (<0: off)"),
+        ("dual_xent_threshold", float, "drop pairs whose dual cross-entropy is above (<0: off)"),
+        ("seed", int, "random seed (same seed, same output)"),
+        ("batch_pairs", int, "pairs per decoding batch"),
+        ("num_output_shards", int, "output partitions per language pair"),
+    ]:
+        g.add_argument(f"--{name}", type=typ, default=None, help=f"{doc} (default: from preset)")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    g.add_argument("--max_line_chars", type=int, default=DEFAULT_MAX_LINE_CHARS,
+                   help="records longer than this are rejected unparsed")
+    g.add_argument("--max_tokens", type=int, default=100, help="max whitespace tokens per side")
+    g.add_argument("--max_length_ratio", type=float, default=3.0, help="max token-length ratio")
+    g.add_argument("--encodings", default="",
+                   help="per-language charset rule, e.g. 'en=latin-1,cs=iso8859-2' ('xx=' disables)")
+    g.add_argument("--src_column", default=None, help="Parquet input: foreign column (default src_lang)")
+    g.add_argument("--tgt_column", default=None, help="Parquet input: English column (default tgt_lang)")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
 
 
 def generation_config(opts) -> GenerationConfig:
@@ -180,7 +180,7 @@ def run(argv=None) -> dict:
         epilog="Beam options (--runner DirectRunner|DaskRunner|FlinkRunner|DataflowRunner, "
                "--direct_running_mode, --direct_num_workers, --dask_client_address, --setup_file, ...) "
                "are passed through to Beam.")
-    GenerateOptions._add_argparse_args(parser)
+    add_generate_args(parser)
     known, beam_args = parser.parse_known_args(argv)
     opts = argparse.Namespace(**vars(known))
     opts.input = [x for item in opts.input for x in item.split(",") if x]

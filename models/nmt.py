@@ -107,15 +107,16 @@ class Translator:
             raise FileNotFoundError(f"{model_dir}: no model.pt (train one with python -m models.train_nmt)")
         self.meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
         self.device = torch.device(device or default_device())
+        src_lang, tgt_lang = self._langs(model_dir, self.meta)
         allow_fairseq_checkpoints()
         models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-            [os.path.join(model_dir, "model.pt")], arg_overrides={"data": model_dir})
+            [os.path.join(model_dir, "model.pt")],
+            arg_overrides={"data": model_dir, "source_lang": src_lang, "target_lang": tgt_lang})
         self.model = models[0].to(self.device).eval()
         if self.device.type == "cuda":
             self.model.half()
         self.src_dict, self.tgt_dict = task.source_dictionary, task.target_dictionary
-        self.src_lang = self.meta.get("src_lang", task.cfg.source_lang)
-        self.tgt_lang = self.meta.get("tgt_lang", task.cfg.target_lang)
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.spm = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.batch_tokens = batch_tokens
@@ -123,6 +124,13 @@ class Translator:
         d = self.tgt_dict
         self.eos, self.pad, self.unk = d.eos(), d.pad(), d.unk()
         self._never = [i for i in {d.pad(), d.unk(), d.bos()} if i != d.eos()]
+
+    @staticmethod
+    def _langs(model_dir: str, meta: dict) -> tuple[str, str]:
+        if meta.get("src_lang") and meta.get("tgt_lang"):
+            return meta["src_lang"], meta["tgt_lang"]
+        raise ValueError(f"{model_dir}/model.json must name src_lang and tgt_lang "
+                         "(the dict.<lang>.txt files alone do not say the direction)")
 
     # ---------------------------------------------------------------- tokens
     def pieces(self, text: str) -> list[str]:
@@ -163,7 +171,7 @@ class Translator:
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
         batch: list[int] = []
         for i in order:
-            longest = max(lengths[i], *(lengths[j] for j in batch[-1:]))
+            longest = lengths[i]                       # sorted: the newest is the longest
             cost = (len(batch) + 1) * rows_per_item * (longest + self._max_len(longest))
             if batch and cost > self.batch_tokens:
                 yield batch

@@ -1,0 +1,187 @@
+"""Benchmark of the generation job, every figure next to its baseline from the same run.
+
+    python bench/bench_generation.py --models runs/multi30k-models \\
+        --bitext ../shared/data/bitext/multi30k/val --sources 60 --pairs 60
+
+Prints (Markdown):
+  1. sampling: our engine vs `fairseq-generate --sampling` (same model, sources, k, N, max length);
+  2. clustering: ms per source at 150 candidates (bench/bench_clustering.py);
+  3. Beam DirectRunner vs a plain Python loop over the same functions (whole job, same pairs);
+  4. peak memory (RSS) of this process and of child processes.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def read_pairs(prefix: str, src: str, tgt: str, n: int) -> list[tuple[str, str]]:
+    def lines(lang):
+        path = f"{prefix}.{lang}.gz" if os.path.exists(f"{prefix}.{lang}.gz") else f"{prefix}.{lang}"
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            return [line.strip() for _, line in zip(range(n), f)]
+    return list(zip(lines(src), lines(tgt)))
+
+
+def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, sets: int) -> list[dict]:
+    from models.nmt import SampleRequest, load_translator
+
+    t = load_translator(model_dir, device="cpu")
+    out = []
+    for label, reqs in [
+        (f"ours, {samples} samples/source", [SampleRequest(s, f"b{i}", (), samples) for i, s in enumerate(sources)]),
+        (f"ours, {sets} constraint sets x {samples // sets} samples", [
+            SampleRequest(s, f"b{i}:{k}", tuple(s.split()[k:k + 1]), samples // sets)
+            for i, s in enumerate(sources) for k in range(sets)]),
+    ]:
+        t.sample(reqs[:2], topk=topk, seed=0)         # warm-up
+        start = time.perf_counter()
+        hyps = t.sample(reqs, topk=topk, seed=0)
+        secs = time.perf_counter() - start
+        n_cands = sum(len(h) for h in hyps)
+        out.append({"engine": label, "seconds": secs, "sources_per_s": len(sources) / secs,
+                    "candidates_per_s": n_cands / secs})
+    out.append(fairseq_generate_sampling(t, sources, samples, topk))
+    return out
+
+
+def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) -> dict:
+    """fairseq-generate --sampling on a binarised copy of the same sources (the baseline)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for lang in (t.src_lang, t.tgt_lang):     # the target side is a placeholder: generate needs one
+            with open(os.path.join(tmp, f"test.{lang}"), "w") as f:
+                f.writelines(" ".join(t.pieces(s)) + "\n" for s in sources)
+        subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", t.src_lang,
+                        "--target-lang", t.tgt_lang, "--testpref", os.path.join(tmp, "test"),
+                        "--destdir", os.path.join(tmp, "bin"), "--srcdict",
+                        os.path.join(t.model_dir, f"dict.{t.src_lang}.txt"), "--tgtdict",
+                        os.path.join(t.model_dir, f"dict.{t.tgt_lang}.txt"), "--workers", "1"],
+                       check=True, capture_output=True)
+        code = ("import sys; from models.fairseq_compat import allow_fairseq_checkpoints; "
+                "allow_fairseq_checkpoints(); from fairseq_cli.generate import cli_main; "
+                "sys.argv[0] = 'fairseq-generate'; cli_main()")
+        cmd = [sys.executable, "-c", code, os.path.join(tmp, "bin"), "--path",
+               os.path.join(t.model_dir, "model.pt"), "--gen-subset", "test", "--sampling",
+               "--sampling-topk", str(topk), "--beam", str(samples), "--nbest", str(samples),
+               "--max-len-a", str(t.max_len_a), "--max-len-b", str(t.max_len_b), "--batch-size", "16",
+               "--cpu", "--seed", "0", "--remove-bpe", "sentencepiece", "--source-lang", t.src_lang,
+               "--target-lang", t.tgt_lang]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"fairseq-generate failed:\n{done.stderr[-3000:]}")
+        m = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s", done.stderr + done.stdout)
+        n_hyps = sum(1 for line in done.stdout.splitlines() if line.startswith("H-"))
+        secs = float(m.group(3)) if m else wall
+        return {"engine": f"fairseq-generate --sampling --beam {samples} --nbest {samples}",
+                "seconds": secs, "sources_per_s": len(sources) / secs, "candidates_per_s": n_hyps / secs,
+                "process_wall_s": wall}
+
+
+def bench_overhead(pairs, models: str, workdir: str, preset_args: list[str]) -> dict:
+    """The whole job on DirectRunner vs a plain loop over the same functions, same pairs."""
+    from beam_pipelines.generate import run
+    from models.nmt import load_translator
+    from paracorpus.cleaning import CleaningConfig, Rejection, clean_pair, dedup_key, pair_id
+    from paracorpus.config import PRESETS
+    from paracorpus.paraphrasing import CleanPair, paraphrase_batch
+    from paracorpus.schema import PARAPHRASE_SCHEMA
+    from paracorpus.shards import ShardSpec, read_shard
+    import dataclasses
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.path.join(workdir, "pairs.tsv")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(f"{s}\t{t}\n" for s, t in pairs)
+    fwd_dir, bwd_dir = os.path.join(models, "cs-en"), os.path.join(models, "en-cs")
+    fwd, bwd = load_translator(fwd_dir, device="cpu"), load_translator(bwd_dir, device="cpu")
+    cfg = dataclasses.replace(PRESETS["parabank2-cpu"], num_sets=2, num_samples=5, dual_xent_threshold=None)
+
+    start = time.perf_counter()
+    clean_cfg, seen, batch, rows = CleaningConfig(), set(), [], []
+    for rec in read_shard(ShardSpec("tsv", (path,), "pairs.tsv")):
+        if rec.error:
+            continue
+        out = clean_pair(rec.src, rec.tgt, clean_cfg)
+        if isinstance(out, Rejection) or dedup_key(*out) in seen:
+            continue
+        seen.add(dedup_key(*out))
+        batch.append(CleanPair(pair_id(rec.shard, rec.index, rec.src, rec.tgt), rec.shard, rec.index, *out))
+    for i in range(0, len(batch), cfg.batch_pairs):
+        rows += paraphrase_batch(batch[i:i + cfg.batch_pairs], fwd, bwd, cfg, "bench")[0]
+    pq.write_table(pa.Table.from_pylist(rows, schema=PARAPHRASE_SCHEMA), os.path.join(workdir, "plain.parquet"))
+    plain = time.perf_counter() - start
+
+    start = time.perf_counter()
+    run(["--input", path, "--output", os.path.join(workdir, "beam"), "--forward_model", fwd_dir,
+         "--backward_model", bwd_dir, "--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples", "5",
+         "--dual_xent_threshold", "-1", "--num_output_shards", "1", "--device", "cpu", "--overwrite",
+         "--runner", "DirectRunner", *preset_args])
+    beam_secs = time.perf_counter() - start
+    return {"pairs": len(pairs), "plain_s": plain, "beam_s": beam_secs, "ratio": beam_secs / plain,
+            "plain_rows": len(rows)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=os.path.join(ROOT, "runs", "multi30k-models"),
+                    help="directory with cs-en/ and en-cs/ model dirs (python -m models.train_nmt)")
+    ap.add_argument("--bitext", default=os.path.join(ROOT, "..", "shared", "data", "bitext", "multi30k", "val"),
+                    help="Moses prefix of the bitext (PREFIX.cs[.gz], PREFIX.en[.gz])")
+    ap.add_argument("--sources", type=int, default=60, help="sources for the sampling comparison")
+    ap.add_argument("--samples", type=int, default=30, help="N samples per source")
+    ap.add_argument("--sets", type=int, default=5, help="constraint sets in the constrained variant")
+    ap.add_argument("--topk", type=int, default=10)
+    ap.add_argument("--pairs", type=int, default=60, help="pairs for the DirectRunner overhead run")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: sampling,clustering,overhead")
+    args = ap.parse_args()
+    skip = set(args.skip.split(","))
+    pairs = read_pairs(args.bitext, "cs", "en", max(args.sources, args.pairs))
+    import torch
+    print(f"# generation benchmark ({os.cpu_count()} CPUs, torch threads {torch.get_num_threads()})\n")
+
+    if "sampling" not in skip:
+        res = bench_sampling(os.path.join(args.models, "cs-en"), [s for s, _ in pairs[:args.sources]],
+                             args.samples, args.topk, args.sets)
+        base = res[-1]
+        print(f"## Sampling, {args.sources} sources, top-{args.topk}\n")
+        print("| engine | seconds | sources/s | candidates/s | speed-up vs fairseq-generate |\n|---|---|---|---|---|")
+        for r in res:
+            print(f"| {r['engine']} | {r['seconds']:.2f} | {r['sources_per_s']:.2f} | "
+                  f"{r['candidates_per_s']:.0f} | {r['sources_per_s'] / base['sources_per_s']:.2f}x |")
+        print(f"\n(fairseq-generate process wall time incl. start-up: {base['process_wall_s']:.1f}s)\n")
+
+    if "clustering" not in skip:
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        from bench_clustering import bench_clustering
+        c = bench_clustering(num_sources=200, num_candidates=150, seed=0)
+        print("## Clustering (150 candidates per source)\n")
+        print(f"{c}\n")
+
+    if "overhead" not in skip:
+        with tempfile.TemporaryDirectory() as tmp:
+            o = bench_overhead(pairs[:args.pairs], args.models, tmp, [])
+        print(f"## Beam DirectRunner vs plain loop, {o['pairs']} pairs (S=2, N=5)\n")
+        print(f"| plain loop s | DirectRunner s | ratio |\n|---|---|---|\n"
+              f"| {o['plain_s']:.1f} | {o['beam_s']:.1f} | {o['ratio']:.2f}x |\n")
+
+    self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"## Peak memory\n\nthis process: {self_mb:.0f} MiB; largest child process: {child_mb:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

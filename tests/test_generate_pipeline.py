@@ -1,0 +1,204 @@
+"""The generation job end to end, on DirectRunner (both modes) and a real dask.distributed cluster."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pyarrow.dataset as ds
+import pytest
+
+from beam_pipelines.generate import run
+from paracorpus.schema import PARAPHRASE_SCHEMA, REJECT_SCHEMA
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTILE = {  # input index -> expected reject reason
+    40: "bad_utf8", 41: "missing_column", 42: "empty_src", 43: "overlong_line", 44: "duplicate",
+    45: "not_encodable_tgt",
+}
+
+
+@pytest.fixture(scope="module")
+def bitext(tmp_path_factory):
+    from tests.toydata import toy_bitext
+
+    pairs = toy_bitext(400, seed=9)[:40]
+    lines = [f"{s}\t{t}".encode() for s, t in pairs]
+    lines += [b"\xff\xfe broken\tA dog .", b"no tab in this line", "\tA lonely reference .".encode(),
+              ("x" * 100_000 + "\tlong").encode(), lines[0], "pes\tдобрый день".encode()]
+    path = tmp_path_factory.mktemp("in") / "toy.tsv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return str(path)
+
+
+def _args(bitext, out, models, *extra):
+    return ["--input", bitext, "--output", str(out), "--src_lang", "cs", "--tgt_lang", "en",
+            "--forward_model", os.path.join(models, "cs-en"),
+            "--backward_model", os.path.join(models, "en-cs"),
+            "--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples", "6",
+            # Tiny models are unsure of themselves: thresholds from the paper would reject all.
+            "--score_threshold", "20", "--dual_xent_threshold", "20",
+            "--num_output_shards", "3", "--batch_pairs", "8", "--device", "cpu", "--overwrite", *extra]
+
+
+def _rows(out, table="paraphrases"):
+    t = ds.dataset(os.path.join(out, table), format="parquet", partitioning="hive").to_table()
+    return sorted(t.to_pylist(), key=lambda r: (r["pair_id"], r.get("rank") or r.get("input_index")))
+
+
+@pytest.fixture(scope="module")
+def direct_run(bitext, tiny_nmt_models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("direct")
+    manifest = run(_args(bitext, out, tiny_nmt_models, "--runner", "DirectRunner"))
+    return out, manifest
+
+
+def test_counts_reconcile_and_hostile_records_are_rejects(direct_run):
+    out, manifest = direct_run
+    counts = manifest["counts"]
+    assert counts["records_read"] == 46
+    assert counts["reconciled"] and counts["pairs_with_paraphrases"] + counts["rejected"] == 46
+    rejects = {r["input_index"]: r for r in _rows(out, "rejects")}
+    for index, reason in HOSTILE.items():
+        assert rejects[index]["reason"] == reason, rejects.get(index)
+    assert rejects[43]["source"] is not None and len(rejects[43]["source"]) <= 1000
+    assert counts["pairs_with_paraphrases"] > 20     # most toy pairs yield paraphrases
+
+
+def test_parquet_matches_the_contract(direct_run):
+    out, _ = direct_run
+    dataset = ds.dataset(os.path.join(out, "paraphrases"), format="parquet", partitioning="hive")
+    names = dataset.schema.names
+    assert names[:len(PARAPHRASE_SCHEMA)] == PARAPHRASE_SCHEMA.names
+    for field in PARAPHRASE_SCHEMA:
+        assert dataset.schema.field(field.name).type == field.type
+    assert set(names[len(PARAPHRASE_SCHEMA):]) == {"lang_pair", "shard"}
+    parts = sorted(os.listdir(os.path.join(out, "paraphrases", "lang_pair=cs-en")))
+    assert parts and all(p.startswith("shard=") for p in parts)
+    assert not [f for _, _, fs in os.walk(out) for f in fs if f.startswith(".tmp")]
+    rej = ds.dataset(os.path.join(out, "rejects"), format="parquet", partitioning="hive")
+    assert rej.schema.names[:len(REJECT_SCHEMA)] == REJECT_SCHEMA.names
+    manifest = json.load(open(os.path.join(out, "_manifest.json")))
+    assert manifest["inputs"][0]["sha256"][0] and manifest["models"]["forward"]["fingerprint"]
+
+
+def test_ranking_clusters_and_constraints(direct_run):
+    out, manifest = direct_run
+    by_pair = {}
+    for r in _rows(out):
+        by_pair.setdefault(r["pair_id"], []).append(r)
+    for rows in by_pair.values():
+        assert 1 <= len(rows) <= manifest["config"]["keep"]
+        assert [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
+        scores = [r["combined_score"] for r in rows]
+        assert scores == sorted(scores)
+        assert all(r["cluster_id"] != 0 for r in rows)           # reference cluster never outputs
+        assert len({r["cluster_id"] for r in rows}) == len(rows)  # one per cluster
+        assert len({r["paraphrase"] for r in rows}) == len(rows)
+        for r in rows:
+            words = {w.strip(".,!?;:\"'").lower() for w in r["paraphrase"].split()}
+            assert not words & {w.lower() for w in r["constraint_set"]}, r
+            assert r["num_surviving"] <= r["num_sampled"] <= 2 * 6
+            assert r["backward_nll"] is not None and r["mode"] == "sample"
+
+
+def test_same_seed_same_rows_other_seed_other_rows(direct_run, bitext, tiny_nmt_models, tmp_path):
+    out, _ = direct_run
+    again = run(_args(bitext, tmp_path / "again", tiny_nmt_models))
+    assert _text(_rows(tmp_path / "again")) == _text(_rows(out))
+    run(_args(bitext, tmp_path / "seed2", tiny_nmt_models, "--seed", "2"))
+    assert _text(_rows(tmp_path / "seed2")) != _text(_rows(out))
+    assert again["config_hash"] != json.load(open(tmp_path / "seed2" / "_manifest.json"))["config_hash"]
+
+
+def _text(rows):
+    return [(r["pair_id"], r["rank"], r["paraphrase"], r["cluster_id"], r["shard"]) for r in rows]
+
+
+def _same_rows(a, b):
+    assert _text(a) == _text(b)
+    for x, y in zip(a, b):
+        assert x["combined_score"] == pytest.approx(y["combined_score"], abs=1e-4)
+
+
+def test_direct_multiprocessing_gives_the_same_rows(direct_run, bitext, tiny_nmt_models, tmp_path):
+    out, _ = direct_run
+    run(_args(bitext, tmp_path / "mp", tiny_nmt_models, "--runner", "DirectRunner",
+              "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"))
+    _same_rows(_rows(tmp_path / "mp"), _rows(out))
+    _same_rows(_rows(tmp_path / "mp", "rejects"), _rows(out, "rejects"))
+
+
+@pytest.fixture
+def dask_cluster(tmp_path):
+    """A real scheduler and two worker processes on loopback."""
+    sched_file = tmp_path / "scheduler.json"
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                               "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.time() + 60
+        while not sched_file.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        address = json.load(open(sched_file))["address"]
+        procs += [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address,
+                                    "--nthreads", "1", "--nworkers", "2", "--no-dashboard",
+                                    "--host", "127.0.0.1", "--local-directory", str(tmp_path / "w")],
+                                   env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        from distributed import Client
+
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+            assert len(client.scheduler_info()["workers"]) >= 2
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_dask_cluster_gives_the_same_rows(direct_run, bitext, tiny_nmt_models, tmp_path, dask_cluster):
+    out, _ = direct_run
+    manifest = run(_args(bitext, tmp_path / "dask", tiny_nmt_models, "--runner", "DaskRunner",
+                         "--dask_client_address", dask_cluster, "--dask_npartitions", "2"))
+    assert manifest["runner"] == "DaskRunner" and manifest["counts"]["reconciled"]
+    _same_rows(_rows(tmp_path / "dask"), _rows(out))
+    _same_rows(_rows(tmp_path / "dask", "rejects"), _rows(out, "rejects"))
+
+
+def test_beam_mode_paranmt_preset(bitext, tiny_nmt_models, tmp_path):
+    args = _args(bitext, tmp_path / "beam", tiny_nmt_models)
+    args[args.index("parabank2-cpu")] = "paranmt"
+    manifest = run(args + ["--beam", "4"])
+    rows = _rows(tmp_path / "beam")
+    assert manifest["config"]["mode"] == "beam" and rows
+    assert all(r["rank"] == 1 and r["constraint_set"] == [] and r["mode"] == "beam" for r in rows)
+    assert len({r["pair_id"] for r in rows}) == len(rows)
+    assert manifest["counts"]["reconciled"]
+
+
+def test_cli_help_and_clear_errors(tmp_path, bitext, tiny_nmt_models):
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--forward_model" in done.stdout and "parabank2" in done.stdout
+    with pytest.raises(SystemExit):
+        run(_args(bitext, tmp_path / "x", str(tmp_path)))                 # no model.pt there
+    with pytest.raises(SystemExit):
+        run(_args(str(tmp_path / "missing.tsv"), tmp_path / "y", tiny_nmt_models))
+    with pytest.raises(SystemExit):
+        run(_args(bitext, tmp_path / "z", tiny_nmt_models, "--num_samples", "0"))
+    assert not (tmp_path / "z" / "paraphrases").exists()
+    out = tmp_path / "existing"
+    out.mkdir()
+    (out / "_manifest.json").write_text("{}")
+    args = _args(bitext, out, tiny_nmt_models)
+    args.remove("--overwrite")
+    with pytest.raises(SystemExit, match="--overwrite"):
+        run(args)
+    shutil.rmtree(out)
