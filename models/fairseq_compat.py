@@ -20,3 +20,26 @@ def allow_fairseq_checkpoints() -> None:
 
     torch.serialization.add_safe_globals([argparse.Namespace])
     _DONE = True
+
+
+_COMMANDS = {"train": "fairseq_cli.train", "preprocess": "fairseq_cli.preprocess",
+             "generate": "fairseq_cli.generate", "interactive": "fairseq_cli.interactive"}
+
+
+def main(argv=None) -> None:
+    """`python -m models.fairseq_compat train|preprocess|generate ARGS`: fairseq's CLI with
+    checkpoints loaded safely (fairseq-train reloads checkpoint_last.pt when resuming)."""
+    import importlib
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in _COMMANDS:
+        raise SystemExit(f"usage: python -m models.fairseq_compat {{{','.join(_COMMANDS)}}} [fairseq args]")
+    allow_fairseq_checkpoints()
+    module = importlib.import_module(_COMMANDS[argv[0]])
+    sys.argv = [f"fairseq-{argv[0]}", *argv[1:]]
+    module.cli_main()
+
+
+if __name__ == "__main__":
+    main()

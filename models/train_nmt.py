@@ -1,0 +1,258 @@
+"""Train the two NMT models the generation job needs, from a bitext, and measure their BLEU.
+
+    python -m models.train_nmt --src_file train.cs.gz --tgt_file train.en.gz \\
+        --src_lang cs --tgt_lang en --out runs/models --layers 3 --dim 256 --max_epoch 10
+
+Steps: joint sentencepiece (unigram) on both sides -> fairseq-preprocess (joined dictionary) ->
+fairseq-train src->tgt (the generator) and tgt->src (the dual scorer) -> BLEU (sacrebleu) of each
+on held-out pairs, decoding with beam 5.
+
+Output (read by models.nmt.Translator)::
+
+    OUT/spm.model  OUT/data-bin/  OUT/report.json
+    OUT/<src>-<tgt>/{model.pt, dict.<src>.txt, dict.<tgt>.txt, spm.model, model.json}
+    OUT/<tgt>-<src>/...
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+log = logging.getLogger("paragen.train_nmt")
+
+
+def _lines(path: str) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        return [" ".join(line.split()) for line in f]
+
+
+def read_bitext(tsv: str | None = None, src_file: str | None = None, tgt_file: str | None = None,
+                max_lines: int | None = None) -> list[tuple[str, str]]:
+    if tsv:
+        pairs = list(_read_tsv_lines(tsv))
+    else:
+        src, tgt = _lines(src_file), _lines(tgt_file)
+        if len(src) != len(tgt):
+            raise ValueError(f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}")
+        pairs = list(zip(src, tgt))
+    pairs = [(s, t) for s, t in pairs if s and t]
+    return pairs[:max_lines] if max_lines else pairs
+
+
+def _read_tsv_lines(path):  # tabs survive: _lines() collapses whitespace, so read raw here
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            cells = line.rstrip("\n").split("\t")
+            if len(cells) == 2:
+                yield " ".join(cells[0].split()), " ".join(cells[1].split())
+
+
+def train_spm(texts: list[str], prefix: str, vocab_size: int) -> str:
+    import sentencepiece as spm
+
+    path = prefix + ".train.txt"
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(t + "\n" for t in texts)
+    # hard_vocab_limit=False: a tiny corpus gets a smaller vocabulary instead of an error.
+    spm.SentencePieceTrainer.train(input=path, model_prefix=prefix, vocab_size=vocab_size,
+                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
+                                   minloglevel=2, num_threads=1)  # one thread: deterministic
+    os.remove(path)
+    return prefix + ".model"
+
+
+def _fairseq(command: str, args: list[str], log_path: str) -> None:
+    """Run a fairseq CLI through models.fairseq_compat (safe checkpoint loading), streaming its log."""
+    cmd = [sys.executable, "-m", "models.fairseq_compat", command, *args]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(log_path, "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for line in proc.stdout:
+            logf.write(line)
+            if any(key in line for key in ("| epoch", "train_inner", "| valid |", "done training", "Error")):
+                print(line.rstrip()[-220:], flush=True)
+        if proc.wait() != 0:
+            raise RuntimeError(f"fairseq-{command} failed (exit {proc.returncode}); see {log_path}")
+
+
+def evaluate_bleu(model_dir: str, sources: list[str], references: list[str], beam: int = 5) -> dict:
+    import sacrebleu
+
+    from models.nmt import Translator
+
+    t = Translator(model_dir, device=None)
+    hyps = [h[0].text if h else "" for h in t.beam_search(sources, beam=beam, nbest=1)]
+    metric = sacrebleu.metrics.BLEU()
+    bleu = metric.corpus_score(hyps, [references])
+    return {"bleu": round(bleu.score, 2), "signature": str(metric.get_signature()), "sentences": len(sources),
+            "examples": [{"source": s, "reference": r, "hypothesis": h}
+                         for s, r, h in list(zip(sources, references, hyps))[:5]]}
+
+
+def train_models(pairs: list[tuple[str, str]], out: str, src_lang: str = "cs", tgt_lang: str = "en",
+                 valid_pairs: list[tuple[str, str]] | None = None, valid_size: int = 500,
+                 vocab_size: int = 8000, layers: int = 3, dim: int = 256, ffn_dim: int | None = None,
+                 heads: int = 4, max_epoch: int = 10, max_update: int | None = None, max_tokens: int = 4096,
+                 lr: float = 5e-4, dropout: float = 0.1, seed: int = 1, directions: str = "fwd,bwd",
+                 bleu_samples: int = 500, warmup: int | None = None) -> dict:
+    """Train and evaluate; returns the report written to OUT/report.json."""
+    import torch
+
+    os.makedirs(out, exist_ok=True)
+    if not pairs:
+        raise ValueError("no training pairs")
+    if valid_pairs is None:
+        idx = list(range(len(pairs)))
+        random.Random(seed).shuffle(idx)
+        n_valid = max(1, min(valid_size, len(pairs) // 10))
+        held = set(idx[:n_valid])
+        valid_pairs = [pairs[i] for i in sorted(held)]
+        pairs = [p for i, p in enumerate(pairs) if i not in held]
+    report = {"src_lang": src_lang, "tgt_lang": tgt_lang, "train_pairs": len(pairs),
+              "valid_pairs": len(valid_pairs), "directions": {}}
+    t0 = time.time()
+    print(f"[1/4] sentencepiece on {2 * len(pairs)} sentences (vocab {vocab_size})", flush=True)
+    spm_path = train_spm([s for s, _ in pairs] + [t for _, t in pairs], os.path.join(out, "spm"), vocab_size)
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=spm_path)
+    tok = os.path.join(out, "tok")
+    os.makedirs(tok, exist_ok=True)
+    for split, data in (("train", pairs), ("valid", valid_pairs)):
+        for side, lang in ((0, src_lang), (1, tgt_lang)):
+            with open(os.path.join(tok, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(" ".join(sp.encode(p[side], out_type=str)) + "\n" for p in data)
+    print(f"[2/4] fairseq-preprocess ({time.time() - t0:.0f}s)", flush=True)
+    data_bin = os.path.join(out, "data-bin")
+    shutil.rmtree(data_bin, ignore_errors=True)
+    _fairseq("preprocess", ["--source-lang", src_lang, "--target-lang", tgt_lang,
+                            "--trainpref", os.path.join(tok, "train"), "--validpref", os.path.join(tok, "valid"),
+                            "--destdir", data_bin, "--joined-dictionary", "--workers", "1"],
+             os.path.join(out, "preprocess.log"))
+    use_cuda = torch.cuda.is_available()
+    ffn_dim = ffn_dim or 4 * dim
+    wanted = [d.strip() for d in directions.split(",") if d.strip()]
+    pairs_of = {"fwd": (src_lang, tgt_lang), "bwd": (tgt_lang, src_lang)}
+    tokens_per_epoch = sum(len(sp.encode(t)) for _, t in pairs)
+    est_updates = max(1, tokens_per_epoch // max_tokens + 1) * max_epoch
+    warmup = warmup or min(4000, max(10, est_updates // 10))
+    for step, d in enumerate(wanted, start=3):
+        s, t = pairs_of[d]
+        name = f"{s}-{t}"
+        model_dir = os.path.join(out, name)
+        save_dir = os.path.join(out, f"checkpoints-{name}")
+        shutil.rmtree(save_dir, ignore_errors=True)
+        print(f"[{step}/4] fairseq-train {name}: {layers}+{layers} layers, d{dim}, {max_epoch} epochs "
+              f"({'GPU' if use_cuda else 'CPU'})", flush=True)
+        start = time.time()
+        args = [data_bin, "--source-lang", s, "--target-lang", t, "--arch", "transformer",
+                "--encoder-layers", str(layers), "--decoder-layers", str(layers),
+                "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
+                "--encoder-ffn-embed-dim", str(ffn_dim), "--decoder-ffn-embed-dim", str(ffn_dim),
+                "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads),
+                "--share-all-embeddings", "--dropout", str(dropout), "--optimizer", "adam",
+                "--adam-betas", "(0.9,0.98)", "--lr", str(lr), "--lr-scheduler", "inverse_sqrt",
+                "--warmup-updates", str(warmup), "--criterion", "label_smoothed_cross_entropy",
+                "--label-smoothing", "0.1", "--max-tokens", str(max_tokens), "--max-epoch", str(max_epoch),
+                "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", str(seed),
+                "--log-interval", "50", "--num-workers", "0", "--log-format", "simple"]
+        if max_update:
+            args += ["--max-update", str(max_update)]
+        args += ["--fp16"] if use_cuda else ["--cpu"]
+        _fairseq("train", args, os.path.join(out, f"train-{name}.log"))
+        seconds = time.time() - start
+        os.makedirs(model_dir, exist_ok=True)
+        _export_checkpoint(os.path.join(save_dir, "checkpoint_best.pt"), os.path.join(model_dir, "model.pt"))
+        for lang in (s, t):
+            shutil.copy(os.path.join(data_bin, f"dict.{lang}.txt"), model_dir)
+        shutil.copy(spm_path, os.path.join(model_dir, "spm.model"))
+        meta = {"src_lang": s, "tgt_lang": t, "arch": "transformer", "layers": layers, "dim": dim,
+                "ffn_dim": ffn_dim, "heads": heads, "vocab_size": len(sp), "train_pairs": len(pairs),
+                "valid_pairs": len(valid_pairs), "max_epoch": max_epoch, "train_seconds": round(seconds, 1),
+                "device": "cuda" if use_cuda else "cpu"}
+        with open(os.path.join(model_dir, "model.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+        shutil.rmtree(save_dir, ignore_errors=True)
+        sample = valid_pairs[:bleu_samples]
+        srcs = [p[0] if d == "fwd" else p[1] for p in sample]
+        refs = [p[1] if d == "fwd" else p[0] for p in sample]
+        bleu = evaluate_bleu(model_dir, srcs, refs)
+        meta.update({"bleu": bleu["bleu"], "bleu_signature": bleu["signature"], "bleu_sentences": bleu["sentences"]})
+        with open(os.path.join(model_dir, "model.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+        print(f"      {name}: BLEU {bleu['bleu']} on {bleu['sentences']} held-out sentences, "
+              f"trained in {seconds:.0f}s", flush=True)
+        report["directions"][name] = {**meta, "examples": bleu["examples"]}
+    shutil.rmtree(tok, ignore_errors=True)
+    report["seconds"] = round(time.time() - t0, 1)
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=2, ensure_ascii=False)
+    return report
+
+
+def _export_checkpoint(src: str, dst: str) -> None:
+    """Copy the best checkpoint without its optimizer state (a third of the size)."""
+    import torch
+
+    from models.fairseq_compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    state = torch.load(src, map_location="cpu", weights_only=True)
+    state.pop("last_optimizer_state", None)
+    torch.save(state, dst)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="paragen-train-nmt", description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tsv", help="bitext as src<TAB>tgt lines (plain or .gz)")
+    src.add_argument("--src_file", help="source side, one sentence per line (plain or .gz)")
+    ap.add_argument("--tgt_file", help="target side, line-aligned with --src_file")
+    ap.add_argument("--valid_src_file", help="held-out source (default: split from the training data)")
+    ap.add_argument("--valid_tgt_file", help="held-out target")
+    ap.add_argument("--valid_size", type=int, default=500, help="pairs held out when no valid files (max 10%%)")
+    ap.add_argument("--src_lang", default="cs")
+    ap.add_argument("--tgt_lang", default="en")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--vocab_size", type=int, default=8000, help="joint sentencepiece vocabulary")
+    ap.add_argument("--layers", type=int, default=3, help="encoder = decoder layers")
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--ffn_dim", type=int, default=None, help="default 4 x dim")
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--max_epoch", type=int, default=10)
+    ap.add_argument("--max_update", type=int, default=None)
+    ap.add_argument("--max_tokens", type=int, default=4096, help="tokens per batch")
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up updates (default: 10%% of training)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--directions", default="fwd,bwd", help="fwd (src->tgt), bwd (tgt->src) or both")
+    ap.add_argument("--max_lines", type=int, default=None, help="use only the first N pairs")
+    ap.add_argument("--bleu_samples", type=int, default=500, help="held-out sentences for BLEU")
+    a = ap.parse_args(argv)
+    if a.src_file and not a.tgt_file:
+        ap.error("--src_file needs --tgt_file")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    pairs = read_bitext(a.tsv, a.src_file, a.tgt_file, max_lines=a.max_lines)
+    valid = (read_bitext(src_file=a.valid_src_file, tgt_file=a.valid_tgt_file)
+             if a.valid_src_file else None)
+    report = train_models(pairs, a.out, a.src_lang, a.tgt_lang, valid, a.valid_size, a.vocab_size, a.layers,
+                          a.dim, a.ffn_dim, a.heads, a.max_epoch, a.max_update, a.max_tokens, a.lr,
+                          a.dropout, a.seed, a.directions, a.bleu_samples, a.warmup)
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "examples"} if k == "directions" else v
+                      for k, v in report.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
