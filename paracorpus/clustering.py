@@ -1,120 +1,233 @@
 """Levenshtein k-means over paraphrase candidates (ParaBank 2, Hu et al. 2019, §2.3).
 
 Candidates and the reference are lowercased, stripped of punctuation and segmented. There are k
-free clusters plus a reference cluster whose centre is the reference and is never re-centred;
-free centres start at the farthest candidates (farthest-first traversal from the reference) and
-move to their cluster's medoid. The best-scoring candidate of each non-empty free cluster is
-selected, the selections are ranked by score, and the top n are kept. Candidates close to the
-reference fall into its cluster and are never output: that is where the diversity comes from.
+free clusters plus a reference cluster (id 0) whose centre is the reference and is never
+re-centred. Free centres start at the farthest candidates (farthest-first traversal from the
+reference) and move to their cluster's medoid. The best-scoring candidate of each non-empty free
+cluster is selected, the selections are ranked by score (lower = better, NLL-like), and the top n
+are kept. Candidates close to the reference fall into its cluster and are never output: that is
+where the diversity comes from.
+
+The distance is the token-level Levenshtein distance, computed once per source as a full matrix
+with rapidfuzz; k-means then runs on that matrix with numpy only.
 """
 from __future__ import annotations
 
 import math
-import re
+import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 from rapidfuzz.process import cdist
 
-_PRIVATE_USE = 0xF0000   # supplementary private-use plane: 65k token codes that never clash
-# Punctuation and symbols become spaces (\w keeps letters and digits of every script).
-_NON_WORD = re.compile(r"[^\w\s]|_")
+__all__ = ["ClusterResult", "cluster_candidates", "distance_matrix", "encode_tokens",
+           "normalize_for_clustering", "token_distance"]
+
+
+class _PunctuationTable(dict):
+    """str.translate table: Unicode punctuation (category P*) -> space, everything else kept.
+
+    Filled lazily (one unicodedata lookup per distinct code point ever seen): building it for
+    all 1.1M code points up front would cost ~0.4 s at import."""
+
+    def __missing__(self, code: int) -> str:
+        ch = chr(code)
+        value = " " if unicodedata.category(ch)[0] == "P" else ch
+        self[code] = value
+        return value
+
+
+_PUNCT = _PunctuationTable()
 
 
 def normalize_for_clustering(text: str, segment=None) -> tuple:
-    """Lowercased, punctuation-free token sequence (sentencepiece pieces if `segment` is given)."""
-    text = " ".join(_NON_WORD.sub(" ", text.lower()).split())
+    """Lowercased, punctuation-free token sequence.
+
+    Punctuation (Unicode category P*) becomes a space, so "well-known" -> ("well", "known") and
+    "Hello,world" -> ("hello", "world"); whitespace runs collapse. With ``segment`` (a callable
+    str -> list[str], e.g. sentencepiece ``encode(text, out_type=str)``) the normalised text is
+    segmented and its pieces (empty ones dropped) are the tokens; otherwise whitespace tokens.
+    """
+    text = " ".join(text.lower().translate(_PUNCT).split())
     if segment is not None:
-        return tuple(p for p in segment(text) if p.strip("\u2581"))
+        return tuple(p for p in segment(text) if p)
     return tuple(text.split())
 
 
-def _encode(seqs: list[tuple]) -> list[str]:
-    """Map each distinct token to one character so rapidfuzz's string Levenshtein (fast, C++)
-    computes the token-level edit distance."""
+def encode_tokens(seqs: list[tuple]) -> list[str]:
+    """Map every distinct token to one character, so each token sequence becomes a string.
+
+    rapidfuzz's Levenshtein over strings equals the token-level distance once tokens are single
+    characters, and strings take its fast paths (bit-parallel, SIMD across choices in cdist),
+    whereas tuples of tokens are hashed element by element on every call (~4x slower here).
+    Codes are assigned from 0 in order of first appearance: up to 256 distinct tokens (the usual
+    case for the candidates of one source) the strings are 1-byte (latin-1) Python strings, which
+    rapidfuzz handles as uint8 - about 3x faster than 2- or 4-byte characters such as a
+    private-use range. Surrogate code points are skipped (valid in str, but avoided for hygiene).
+    """
     codes: dict = {}
+    chars: list[str] = []
     out = []
     for seq in seqs:
-        out.append("".join(chr(_PRIVATE_USE + codes.setdefault(tok, len(codes)) % 0xFFFE) for tok in seq))
-    if len(codes) > 0xFFFE:  # pragma: no cover - a 65k-token candidate set would need lists
-        raise ValueError("too many distinct tokens to cluster")
+        enc = []
+        for tok in seq:
+            c = codes.get(tok)
+            if c is None:
+                n = len(chars)
+                if n >= 0x110000 - 0x800:   # pragma: no cover - over a million distinct tokens
+                    raise ValueError("too many distinct tokens to encode")
+                c = chr(n if n < 0xD800 else n + 0x800)
+                codes[tok] = c
+                chars.append(c)
+            enc.append(c)
+        out.append("".join(enc))
     return out
 
 
+def token_distance(a, b) -> int:
+    """Token-level Levenshtein distance between two token sequences (rapidfuzz, no fast path)."""
+    return int(Levenshtein.distance(list(a), list(b)))
+
+
 def distance_matrix(seqs: list[tuple]) -> np.ndarray:
-    strings = _encode(seqs)
-    return cdist(strings, strings, scorer=Levenshtein.distance, dtype=np.int32, workers=1)
+    """Full pairwise token-level Levenshtein matrix (int32, symmetric, zero diagonal)."""
+    strings = encode_tokens(seqs)
+    # A copy for `choices`: with the very same list object rapidfuzz takes its symmetric
+    # (half-matrix) path, which skips the SIMD multi-string kernel and is ~3x slower.
+    return cdist(strings, list(strings), scorer=Levenshtein.distance, dtype=np.int32, workers=1)
 
 
 @dataclass(frozen=True)
 class ClusterResult:
-    selected: list[int]                  # candidate indices, best first, at most n
+    selected: list[int]                  # candidate indices, best score first, at most n
     cluster_of: list[int]                # cluster id per candidate; 0 = reference cluster
-    cluster_sizes: dict = field(default_factory=dict)   # cluster id -> number of candidates
-    iterations: int = 0
+    cluster_sizes: dict = field(default_factory=dict)    # cluster id -> number of candidates (non-empty only)
+    selected_clusters: list[int] = field(default_factory=list)   # cluster id of each selected candidate
+    centres: dict = field(default_factory=dict)   # free cluster id -> candidate index of its final centre (medoid)
+    iterations: int = 0                  # medoid update steps performed
+    num_distinct: int = 0                # distinct normalised candidates that were clustered
 
 
-def _score_key(score: float) -> float:
-    return score if math.isfinite(score) else math.inf
+def _score_keys(scores) -> np.ndarray:
+    """Scores as float64 with NaN and +-inf mapped to +inf (worst)."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    return np.where(np.isfinite(s), s, np.inf)
+
+
+def _farthest_first(dist: np.ndarray, k: int) -> list[int]:
+    """Indices (into dist, 0 = reference) of the reference followed by up to k free centres.
+
+    The first free centre is the point farthest from the reference, each next one the point
+    whose distance to its nearest chosen centre (reference included) is largest; ties go to the
+    lowest index. Stops early when every remaining point coincides with a centre."""
+    centres = [0]
+    nearest = dist[0, 1:].copy()
+    for _ in range(k):
+        p = int(np.argmax(nearest))              # argmax returns the first (lowest) index of ties
+        if nearest[p] <= 0:
+            break
+        centres.append(p + 1)
+        np.minimum(nearest, dist[p + 1, 1:], out=nearest)
+    return centres
+
+
+def _assign(dist: np.ndarray, centres: list[int]) -> np.ndarray:
+    """Cluster id (position in `centres`) of every point; ties -> lowest id (the reference, 0)."""
+    return np.argmin(dist[centres, 1:], axis=0)
+
+
+def _medoids(points_dist: np.ndarray, assign: np.ndarray, centres: list[int]) -> list[int]:
+    """New centres: each non-empty free cluster's medoid (the member with the smallest sum of
+    distances to the other members, ties -> lowest index); empty clusters keep their centre;
+    the reference centre (cluster 0) never moves."""
+    m = len(assign)
+    n_clusters = len(centres)
+    onehot = np.zeros((m, n_clusters))
+    onehot[np.arange(m), assign] = 1.0
+    # Sum of distances from every point to every cluster's members; exact in float64 (BLAS).
+    within = (points_dist @ onehot)[np.arange(m), assign]
+    key = within * m + np.arange(m)              # (sum, index): lowest sum, then lowest index
+    best = np.full(n_clusters, np.inf)
+    np.minimum.at(best, assign, key)
+    new = list(centres)
+    for c in range(1, n_clusters):
+        if best[c] < np.inf:
+            new[c] = int(best[c]) % m + 1        # +1: dist row/col 0 is the reference
+    return new
 
 
 def cluster_candidates(reference: str, candidates: list[str], scores: list[float], k: int = 7,
                        n: int = 5, max_iter: int = 10, segment=None) -> ClusterResult:
+    """Cluster `candidates` around `reference`; select the best of each free cluster (see module doc).
+
+    Candidates equal after normalisation are clustered as one point (represented by their
+    best-scoring member, which is the only one that can be selected) and all share its cluster
+    id. NaN and infinite scores rank worst; remaining ties go to the lowest candidate index.
+    """
     if len(candidates) != len(scores):
-        raise ValueError("one score per candidate")
+        raise ValueError(f"{len(candidates)} candidates but {len(scores)} scores")
     if not candidates:
         return ClusterResult([], [], {})
-    norm = [normalize_for_clustering(c, segment) for c in candidates]
-    ref = normalize_for_clustering(reference, segment)
-    # Duplicates (after normalisation) cluster as one point, represented by their best member.
-    groups: dict[tuple, list[int]] = {}
-    for i, seq in enumerate(norm):
-        groups.setdefault(seq, []).append(i)
-    uniq = list(groups)
-    best_of = [min(groups[s], key=lambda i: (_score_key(scores[i]), i)) for s in uniq]
+    keys = _score_keys(scores)
+    key_list = keys.tolist()
+
+    # Dedupe by normalised form; `best_of[u]` is the best-scoring original of distinct form u.
+    index_of: dict[tuple, int] = {}
+    uniq: list[tuple] = []
+    best_of: list[int] = []
+    uniq_of = []
+    for i, cand in enumerate(candidates):
+        seq = normalize_for_clustering(cand, segment)
+        u = index_of.get(seq)
+        if u is None:
+            u = index_of[seq] = len(uniq)
+            uniq.append(seq)
+            best_of.append(i)
+        elif key_list[i] < key_list[best_of[u]]:  # strict: lowest index wins ties
+            best_of[u] = i
+        uniq_of.append(u)
     m = len(uniq)
-    dist = distance_matrix([ref] + uniq).astype(np.int64)   # row/col 0 is the reference
-    k = min(k, m)
 
-    # Farthest-first initialisation: the reference is the first, fixed centre.
-    centres = [0]
-    nearest = dist[0, 1:].copy()
-    for _ in range(k):
-        cand = int(np.argmax(nearest))          # lowest index among ties
-        if nearest[cand] == 0:
-            break                               # everything left coincides with a centre
-        centres.append(cand + 1)
-        nearest = np.minimum(nearest, dist[cand + 1, 1:])
+    dist = distance_matrix([normalize_for_clustering(reference, segment)] + uniq)  # row/col 0: reference
+    centres = _farthest_first(dist, max(0, min(k, m)))
+    assign = _assign(dist, centres)
+    iterations = 0
+    if len(centres) > 1:
+        points_dist = dist[1:, 1:].astype(np.float64)
+        for _ in range(max_iter):
+            new_centres = _medoids(points_dist, assign, centres)
+            iterations += 1
+            if new_centres == centres:
+                break
+            centres = new_centres
+            new_assign = _assign(dist, centres)
+            if np.array_equal(new_assign, assign):
+                break
+            assign = new_assign
 
-    assign = None
-    it = 0
-    for it in range(1, max_iter + 1):
-        d = dist[np.array(centres)][:, 1:]      # centres x points
-        new_assign = np.argmin(d, axis=0)       # lowest cluster id wins ties (reference = 0)
-        if assign is not None and np.array_equal(new_assign, assign):
-            break
-        assign = new_assign
-        for c in range(1, len(centres)):        # cluster 0 (the reference) is never re-centred
-            members = np.flatnonzero(assign == c) + 1
-            if len(members):
-                sub = dist[np.ix_(members, members)].sum(1)
-                centres[c] = int(members[int(np.argmin(sub))])
-
-    cluster_of_uniq = assign.tolist()
-    cluster_of = [0] * len(candidates)
-    for u, seq in enumerate(uniq):
-        for i in groups[seq]:
-            cluster_of[i] = cluster_of_uniq[u]
+    uniq_cluster = assign.tolist()
+    cluster_of = [uniq_cluster[u] for u in uniq_of]
     sizes: dict[int, int] = {}
     for c in cluster_of:
         sizes[c] = sizes.get(c, 0) + 1
-    winners = {}
-    for u, c in enumerate(cluster_of_uniq):
+
+    # Best candidate of every non-empty free cluster, then rank by (score, index).
+    winners: dict[int, int] = {}
+    for u, c in enumerate(uniq_cluster):
         if c == 0:
-            continue
+            continue                              # the reference cluster never contributes
         i = best_of[u]
-        if c not in winners or (_score_key(scores[i]), i) < (_score_key(scores[winners[c]]), winners[c]):
+        w = winners.get(c)
+        if w is None or (key_list[i], i) < (key_list[w], w):
             winners[c] = i
-    ranked = sorted(winners.values(), key=lambda i: (_score_key(scores[i]), i))
-    return ClusterResult(ranked[:n], cluster_of, sizes, it)
+    ranked = sorted(winners.items(), key=lambda cw: (key_list[cw[1]], cw[1]))[:max(0, n)]
+    return ClusterResult(
+        selected=[i for _, i in ranked],
+        cluster_of=cluster_of,
+        cluster_sizes=sizes,
+        selected_clusters=[c for c, _ in ranked],
+        centres={c: best_of[centres[c] - 1] for c in range(1, len(centres))},
+        iterations=iterations,
+        num_distinct=m,
+    )

@@ -116,10 +116,17 @@ def _text(rows):
     return [(r["pair_id"], r["rank"], r["paraphrase"], r["cluster_id"], r["shard"]) for r in rows]
 
 
+_FLOATS = ("forward_nll", "backward_nll", "combined_score")
+
+
 def _same_rows(a, b):
-    assert _text(a) == _text(b)
+    """Equal rows; scores may differ in the last float bits with batch composition."""
+    assert len(a) == len(b)
     for x, y in zip(a, b):
-        assert x["combined_score"] == pytest.approx(y["combined_score"], abs=1e-4)
+        assert {k: v for k, v in x.items() if k not in _FLOATS} == {k: v for k, v in y.items() if k not in _FLOATS}
+        for k in _FLOATS:
+            if k in x and x[k] is not None:
+                assert x[k] == pytest.approx(y[k], abs=1e-4)
 
 
 def test_direct_multiprocessing_gives_the_same_rows(direct_run, bitext, tiny_nmt_models, tmp_path):
