@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,9 @@ import torch
 from models.fairseq_compat import allow_fairseq_checkpoints
 
 log = logging.getLogger(__name__)
+# fairseq 0.12 passes a bool key-padding mask with a float attention mask; torch warns on every
+# decoder call, which would drown the job's progress lines.
+warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask", category=UserWarning)
 
 _NEG_INF = float("-inf")
 

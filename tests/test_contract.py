@@ -1,0 +1,23 @@
+"""The README documents the output contract exactly as paracorpus/schema.py defines it."""
+import os
+
+from paracorpus.schema import (PARAPHRASE_COLUMNS, PARAPHRASE_SCHEMA, REJECT_COLUMNS, REJECT_REASONS,
+                               markdown_table)
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def test_readme_has_the_column_tables():
+    text = open(README, encoding="utf-8").read()
+    assert markdown_table(PARAPHRASE_COLUMNS) in text
+    assert markdown_table(REJECT_COLUMNS) in text
+    for reason in REJECT_REASONS:
+        assert f"`{reason}`" in text
+
+
+def test_schema_has_the_columns_the_issue_requires():
+    required = {"pair_id", "src_lang", "tgt_lang", "source", "reference", "paraphrase", "rank", "cluster_id",
+                "cluster_size", "forward_nll", "backward_nll", "combined_score", "constraint_set",
+                "num_sampled", "num_surviving", "mode", "config_hash"}
+    assert required <= set(PARAPHRASE_SCHEMA.names)
+    assert PARAPHRASE_SCHEMA.metadata[b"contract_version"] == b"1"
