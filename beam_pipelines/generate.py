@@ -174,6 +174,21 @@ def _prepare_output(output: str, overwrite: bool) -> None:
     os.makedirs(output, exist_ok=True)
 
 
+_RUNNER_ALIASES = {"daskrunner": "apache_beam.runners.dask.dask_runner.DaskRunner",
+                   "dask": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+
+
+def _qualify_runner(beam_args: list[str]) -> list[str]:
+    """Beam knows the DaskRunner only by its module path; accept the short name too."""
+    out = list(beam_args)
+    for i, arg in enumerate(out):
+        if arg == "--runner" and i + 1 < len(out):
+            out[i + 1] = _RUNNER_ALIASES.get(out[i + 1].lower(), out[i + 1])
+        elif arg.startswith("--runner="):
+            out[i] = "--runner=" + _RUNNER_ALIASES.get(arg.split("=", 1)[1].lower(), arg.split("=", 1)[1])
+    return out
+
+
 def run(argv=None) -> dict:
     parser = argparse.ArgumentParser(
         prog="paragen-generate", description=__doc__.split("\n")[0],
@@ -213,9 +228,9 @@ def run(argv=None) -> dict:
                               "cleaning": cleaning_dict, "preset": opts.preset})
     log.info("generation: %d shard(s), preset %s, mode %s, config %s", len(shards), opts.preset, cfg.mode, chash)
 
-    pipeline_options = PipelineOptions(beam_args)
+    pipeline_options = PipelineOptions(_qualify_runner(beam_args))
     pipeline_options.view_as(SetupOptions).save_main_session = False
-    runner = pipeline_options.view_as(StandardOptions).runner or "DirectRunner"
+    runner = (pipeline_options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
     start = time.time()
     with beam.Pipeline(options=pipeline_options) as p:
         build(p, shards, os.path.abspath(opts.output), cfg, cleaning, chash, os.path.abspath(opts.forward_model),

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run the generation job on a dask.distributed cluster (DaskRunner).
+set -euo pipefail
+usage() {
+  cat <<USAGE
+usage: DASK_SCHEDULER=tcp://host:8786 deploy/run_dask.sh JOB_ARGS...
+       deploy/run_dask.sh --local N JOB_ARGS...   start a scheduler and N workers here, run, stop them
+
+Workers need the project installed (scripts/bootstrap.sh) and the same paths for inputs, models
+and output. On each worker machine: dask worker tcp://SCHEDULER:8786 --nthreads 1 --nworkers 2
+USAGE
+}
+case "${1:-}" in -h|--help) usage; exit 0;; esac
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+pids=()
+cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+if [ "${1:-}" = "--local" ]; then
+  n=${2:?--local needs a worker count}; shift 2
+  tmp=$(mktemp -d)
+  "$PY" -m distributed.cli.dask_scheduler --host 127.0.0.1 --port 0 --scheduler-file "$tmp/s.json" \
+      --dashboard-address :0 >"$tmp/scheduler.log" 2>&1 & pids+=($!)
+  for _ in $(seq 100); do [ -s "$tmp/s.json" ] && break; sleep 0.2; done
+  DASK_SCHEDULER=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['address'])" "$tmp/s.json")
+  "$PY" -m distributed.cli.dask_worker "$DASK_SCHEDULER" --nworkers "$n" --nthreads 1 --no-dashboard \
+      >"$tmp/workers.log" 2>&1 & pids+=($!)
+fi
+: "${DASK_SCHEDULER:?set DASK_SCHEDULER or use --local N}"
+"$PY" -m beam_pipelines.generate --runner DaskRunner --dask_client_address "$DASK_SCHEDULER" "$@"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Submit the generation job to Google Cloud Dataflow (Runner v2, custom container, optional GPUs).
+set -euo pipefail
+usage() {
+  cat <<USAGE
+usage: PROJECT=my-project REGION=europe-west4 TEMP=gs://bucket/tmp IMAGE=REGION-docker.pkg.dev/... \\
+       deploy/run_dataflow.sh JOB_ARGS...
+
+JOB_ARGS are the generation job's options. The job reads and writes with Python file APIs, so
+--input/--output/--forward_model must be paths every worker sees: mount the bucket with
+Cloud Storage FUSE inside the image (e.g. /gcs/BUCKET/...), not gs:// URLs.
+Environment:
+  PROJECT REGION TEMP IMAGE   required
+  GPU                 accelerator type, e.g. nvidia-tesla-t4 (default: none, CPU workers)
+  MACHINE_TYPE        default n1-standard-8
+  MAX_WORKERS         default 16
+USAGE
+}
+case "${1:-}" in -h|--help) usage; exit 0;; esac
+: "${PROJECT:?}" "${REGION:?}" "${TEMP:?}" "${IMAGE:?}"
+args=(--runner DataflowRunner --project "$PROJECT" --region "$REGION" --temp_location "$TEMP"
+      --sdk_container_image "$IMAGE" --experiments=use_runner_v2
+      --machine_type "${MACHINE_TYPE:-n1-standard-8}" --max_num_workers "${MAX_WORKERS:-16}")
+if [ -n "${GPU:-}" ]; then
+  args+=(--dataflow_service_options "worker_accelerator=type:${GPU};count:1;install-nvidia-driver")
+fi
+cd "$(dirname "$0")/.."
+exec "${PYTHON:-.venv/bin/python}" -m beam_pipelines.generate "${args[@]}" "$@"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Submit the generation job to a Flink cluster through Beam's portable FlinkRunner.
+set -euo pipefail
+usage() {
+  cat <<USAGE
+usage: FLINK_MASTER=host:8081 IMAGE=registry/paragen:TAG deploy/run_flink.sh JOB_ARGS...
+
+Runs python -m beam_pipelines.generate with --runner FlinkRunner. JOB_ARGS are the job's own
+options (--input, --output, --forward_model, --backward_model, --preset, ...); paths must be
+visible to every Flink task manager (a shared filesystem mounted at the same path).
+Environment:
+  FLINK_MASTER       Flink REST address (required)
+  IMAGE              SDK harness image built from deploy/Dockerfile (required unless ENV_TYPE=PROCESS)
+  FLINK_VERSION      Flink version of the cluster (default 1.19; Beam 2.77 supports 1.19 1.20 2.0 2.1 2.2)
+  PARALLELISM        default parallelism (default 8)
+  ENV_TYPE           DOCKER (default), PROCESS or EXTERNAL (see Beam's portability docs)
+  JOB_SERVER_JAR     a local Flink job-server jar; otherwise Beam downloads it at submit time
+USAGE
+}
+case "${1:-}" in -h|--help) usage; exit 0;; esac
+: "${FLINK_MASTER:?set FLINK_MASTER (see --help)}"
+ENV_TYPE=${ENV_TYPE:-DOCKER}
+args=(--runner FlinkRunner --flink_master "$FLINK_MASTER" --flink_version "${FLINK_VERSION:-1.19}"
+      --parallelism "${PARALLELISM:-8}" --environment_type "$ENV_TYPE")
+if [ "$ENV_TYPE" = DOCKER ]; then
+  : "${IMAGE:?set IMAGE to the worker image (deploy/Dockerfile)}"
+  args+=(--environment_config "$IMAGE")
+fi
+[ -n "${JOB_SERVER_JAR:-}" ] && args+=(--flink_job_server_jar "$JOB_SERVER_JAR")
+cd "$(dirname "$0")/.."
+exec "${PYTHON:-.venv/bin/python}" -m beam_pipelines.generate "${args[@]}" "$@"
