@@ -27,7 +27,8 @@ from paracorpus.schema import CONTRACT_VERSION, PARAPHRASE_SCHEMA, REJECT_SCHEMA
 from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, discover_shards, shard_fingerprint
 from transforms.cleaning import CleanPairs, Deduplicate
 from transforms.generation import GenerateForShard
-from transforms.io import COUNTS_TAG, REJECTS_TAG, ReadShard, WriteCounts, WritePartition, output_shard
+from transforms.io import (COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged, WriteCounts,
+                           WritePartition, output_shard)
 
 log = logging.getLogger("paragen")
 
@@ -106,19 +107,20 @@ def build(p: beam.Pipeline, shards, output: str, cfg: GenerationConfig, cleaning
           chash: str, forward_model: str, backward_model: str | None, device: str | None,
           max_line_chars: int, src_column: str, tgt_column: str) -> None:
     lang_pair = f"{cleaning.src_lang}-{cleaning.tgt_lang}"
+    n_shards = cfg.num_output_shards
     read = (p | "ShardList" >> beam.Create(shards)
             | "ReadShards" >> beam.ParDo(ReadShard(max_line_chars, src_column, tgt_column, chash))
-            .with_outputs(REJECTS_TAG, COUNTS_TAG, main="pairs"))
+            | "SplitRead" >> SplitTagged((MAIN_TAG, REJECTS_TAG, COUNTS_TAG)))
     _ = read[COUNTS_TAG] | "WriteReadCounts" >> beam.ParDo(WriteCounts(output))
-    cleaned = read.pairs | "Clean" >> beam.ParDo(CleanPairs(cleaning, chash)).with_outputs(REJECTS_TAG, main="pairs")
-    dedup = cleaned.pairs | "Deduplicate" >> Deduplicate(chash)
-    n_shards = cfg.num_output_shards
-    generated = (dedup.pairs
+    cleaned = (read[MAIN_TAG] | "Clean" >> beam.ParDo(CleanPairs(cleaning, chash))
+               | "SplitClean" >> SplitTagged())
+    dedup = cleaned[MAIN_TAG] | "Deduplicate" >> Deduplicate(chash) | "SplitDedup" >> SplitTagged()
+    generated = (dedup[MAIN_TAG]
                  | "KeyByOutputShard" >> beam.Map(lambda r: (output_shard(r["pair_id"], n_shards), r))
                  | "GroupByOutputShard" >> beam.GroupByKey()
                  | "Generate" >> beam.ParDo(GenerateForShard(forward_model, backward_model, device, chash, cfg))
-                 .with_outputs(REJECTS_TAG, main="rows"))
-    _ = (generated.rows
+                 | "SplitGenerated" >> SplitTagged())
+    _ = (generated[MAIN_TAG]
          | "KeyRows" >> beam.Map(lambda r: ((lang_pair, output_shard(r["pair_id"], n_shards)), r))
          | "GroupRows" >> beam.GroupByKey()
          | "WriteParaphrases" >> beam.ParDo(WritePartition(output, "paraphrases", PARAPHRASE_SCHEMA,

@@ -4,12 +4,12 @@ from __future__ import annotations
 import apache_beam as beam
 
 from paracorpus.cleaning import CleaningConfig, Rejection, clean_pair, dedup_key
-from transforms.io import REJECTS_TAG
+from transforms.io import MAIN_TAG, REJECTS_TAG
 from transforms.progress import Progress
 
 
-def _reject(rec: dict, stage: str, reason: str, detail: str, config_hash: str) -> beam.pvalue.TaggedOutput:
-    return beam.pvalue.TaggedOutput(REJECTS_TAG, {
+def _reject(rec: dict, stage: str, reason: str, detail: str, config_hash: str) -> tuple:
+    return (REJECTS_TAG, {
         "pair_id": rec["pair_id"], "input_shard": rec["input_shard"], "input_index": rec["input_index"],
         "stage": stage, "reason": reason, "detail": detail, "source": rec["source"][:1000],
         "reference": rec["reference"][:1000], "config_hash": config_hash})
@@ -29,7 +29,7 @@ class CleanPairs(beam.DoFn):
             yield _reject(rec, "clean", out.reason, out.detail, self.config_hash)
             return
         self.progress.inc("pairs_clean")
-        yield {**rec, "source": out[0], "reference": out[1]}
+        yield (MAIN_TAG, {**rec, "source": out[0], "reference": out[1]})
 
 
 class KeepFirstOfDuplicates(beam.DoFn):
@@ -44,7 +44,7 @@ class KeepFirstOfDuplicates(beam.DoFn):
     def process(self, element):
         _key, recs = element
         recs = sorted(recs, key=lambda r: (r["input_shard"], r["input_index"]))
-        yield recs[0]
+        yield (MAIN_TAG, recs[0])
         for dup in recs[1:]:
             self.progress.inc("rejected_duplicate")
             yield _reject(dup, "dedup", "duplicate", f"duplicate of pair {recs[0]['pair_id']}",
@@ -52,7 +52,7 @@ class KeepFirstOfDuplicates(beam.DoFn):
 
 
 class Deduplicate(beam.PTransform):
-    """Global deduplication of cleaned pairs; returns a DoOutputsTuple (main, rejects)."""
+    """Global deduplication of cleaned pairs; emits (kind, value) pairs like the DoFns."""
 
     def __init__(self, config_hash: str):
         super().__init__()
@@ -62,5 +62,4 @@ class Deduplicate(beam.PTransform):
         return (pairs
                 | "KeyByText" >> beam.Map(lambda r: (dedup_key(r["source"], r["reference"]), r))
                 | "GroupDuplicates" >> beam.GroupByKey()
-                | "KeepFirst" >> beam.ParDo(KeepFirstOfDuplicates(self.config_hash))
-                .with_outputs(REJECTS_TAG, main="pairs"))
+                | "KeepFirst" >> beam.ParDo(KeepFirstOfDuplicates(self.config_hash)))

@@ -9,7 +9,7 @@ import apache_beam as beam
 
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import CleanPair, dual_xent_scores, paraphrase_batch, reject
-from transforms.io import REJECTS_TAG
+from transforms.io import MAIN_TAG, REJECTS_TAG
 from transforms.progress import Progress
 
 
@@ -34,7 +34,7 @@ class _ModelDoFn(beam.DoFn):
 
 
 class GenerateForShard(_ModelDoFn):
-    """(output shard, pairs) -> paraphrase rows (main) and rejects, decoding in batches.
+    """(output shard, pairs) -> (main, paraphrase row) | (rejects, reject row), decoding in batches.
 
     Batches are cut from a GroupByKey result rather than by beam.BatchElements: the DaskRunner
     drops what a DoFn emits in finish_bundle, where BatchElements flushes its last batch.
@@ -64,7 +64,7 @@ class GenerateForShard(_ModelDoFn):
             for pair, score in zip(pairs, scores):
                 if score > self.cfg.dual_xent_threshold:
                     self.progress.inc("rejected_dual_xent")
-                    yield beam.pvalue.TaggedOutput(REJECTS_TAG, reject(
+                    yield (REJECTS_TAG, reject(
                         pair, "dual_xent", "dual_xent", f"{score:.3f} > {self.cfg.dual_xent_threshold}",
                         self.config_hash))
                 else:
@@ -80,5 +80,6 @@ class GenerateForShard(_ModelDoFn):
         self.progress.inc("pairs_generated", len(pairs))
         for r in rejects:
             self.progress.inc(f"rejected_{r['reason']}")
-            yield beam.pvalue.TaggedOutput(REJECTS_TAG, r)
-        yield from rows
+            yield (REJECTS_TAG, r)
+        for row in rows:
+            yield (MAIN_TAG, row)

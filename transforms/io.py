@@ -19,12 +19,33 @@ from paracorpus.cleaning import pair_id
 from paracorpus.shards import ShardSpec, read_shard
 from transforms.progress import Progress
 
+MAIN_TAG = "main"
 REJECTS_TAG = "rejects"
 COUNTS_TAG = "counts"
 
 
+def _select(item, kind):
+    if item[0] == kind:
+        yield item[1]
+
+
+class SplitTagged(beam.PTransform):
+    """Split a stream of (kind, value) into one PCollection per kind.
+
+    DoFns here emit (kind, value) pairs instead of using ParDo(...).with_outputs(): the DaskRunner
+    collects every tagged output of a multi-output ParDo into one collection, mixing them up.
+    """
+
+    def __init__(self, kinds=(MAIN_TAG, REJECTS_TAG)):
+        super().__init__()
+        self.kinds = kinds
+
+    def expand(self, pcoll):
+        return {kind: pcoll | f"Only_{kind}" >> beam.FlatMap(_select, kind) for kind in self.kinds}
+
+
 class ReadShard(beam.DoFn):
-    """ShardSpec -> raw pair dicts; undecodable records go to the rejects output."""
+    """ShardSpec -> (main, raw pair dict) | (rejects, reject row) | (counts, (shard, records read))."""
 
     def __init__(self, max_line_chars: int, src_column: str, tgt_column: str, config_hash: str):
         self.max_line_chars = max_line_chars
@@ -41,7 +62,7 @@ class ReadShard(beam.DoFn):
             pid = pair_id(rec.shard, rec.index, rec.src, rec.tgt)
             if rec.error:
                 self.progress.inc(f"rejected_{rec.error}")
-                yield beam.pvalue.TaggedOutput(REJECTS_TAG, {
+                yield (REJECTS_TAG, {
                     "pair_id": pid, "input_shard": rec.shard, "input_index": rec.index,
                     "stage": "read", "reason": rec.error, "detail": rec.detail,
                     "source": None if rec.src is None else rec.src[:1000],
@@ -49,9 +70,9 @@ class ReadShard(beam.DoFn):
                     "config_hash": self.config_hash})
             else:
                 self.progress.inc("pairs_read")
-                yield {"pair_id": pid, "input_shard": rec.shard, "input_index": rec.index,
-                       "source": rec.src, "reference": rec.tgt}
-        yield beam.pvalue.TaggedOutput(COUNTS_TAG, (spec.name, n))
+                yield (MAIN_TAG, {"pair_id": pid, "input_shard": rec.shard, "input_index": rec.index,
+                                  "source": rec.src, "reference": rec.tgt})
+        yield (COUNTS_TAG, (spec.name, n))
         self.progress.flush()
 
 
