@@ -111,7 +111,7 @@ def build(p: beam.Pipeline, shards, output: str, cfg: GenerationConfig, cleaning
     read = (p | "ShardList" >> beam.Create(shards)
             | "ReadShards" >> beam.ParDo(ReadShard(max_line_chars, src_column, tgt_column, chash))
             | "SplitRead" >> SplitTagged((MAIN_TAG, REJECTS_TAG, COUNTS_TAG)))
-    _ = read[COUNTS_TAG] | "WriteReadCounts" >> beam.ParDo(WriteCounts(output))
+    counts_written = read[COUNTS_TAG] | "WriteReadCounts" >> beam.ParDo(WriteCounts(output))
     cleaned = (read[MAIN_TAG] | "Clean" >> beam.ParDo(CleanPairs(cleaning, chash))
                | "SplitClean" >> SplitTagged())
     dedup = cleaned[MAIN_TAG] | "Deduplicate" >> Deduplicate(chash) | "SplitDedup" >> SplitTagged()
@@ -120,17 +120,24 @@ def build(p: beam.Pipeline, shards, output: str, cfg: GenerationConfig, cleaning
                  | "GroupByOutputShard" >> beam.GroupByKey()
                  | "Generate" >> beam.ParDo(GenerateForShard(forward_model, backward_model, device, chash, cfg))
                  | "SplitGenerated" >> SplitTagged())
-    _ = (generated[MAIN_TAG]
+    rows_written = (generated[MAIN_TAG]
          | "KeyRows" >> beam.Map(lambda r: ((lang_pair, output_shard(r["pair_id"], n_shards)), r))
          | "GroupRows" >> beam.GroupByKey()
          | "WriteParaphrases" >> beam.ParDo(WritePartition(output, "paraphrases", PARAPHRASE_SCHEMA,
                                                            ("pair_id", "rank"))))
-    _ = ((read[REJECTS_TAG], cleaned[REJECTS_TAG], dedup[REJECTS_TAG], generated[REJECTS_TAG])
+    rejects_written = ((read[REJECTS_TAG], cleaned[REJECTS_TAG], dedup[REJECTS_TAG], generated[REJECTS_TAG])
          | "AllRejects" >> beam.Flatten()
          | "KeyRejects" >> beam.Map(lambda r: ((lang_pair, output_shard(r["pair_id"], n_shards)), r))
          | "GroupRejects" >> beam.GroupByKey()
          | "WriteRejects" >> beam.ParDo(WritePartition(output, "rejects", REJECT_SCHEMA,
                                                        ("input_shard", "input_index"))))
+    # One sink that depends on every write: the DaskRunner computes only the graph behind the
+    # last transform of the pipeline, so the writes must all lead into it.
+    _ = ((counts_written, rows_written, rejects_written)
+         | "AllWritten" >> beam.Flatten()
+         | "KeyDone" >> beam.Map(lambda _: (None, 1))
+         | "GroupDone" >> beam.GroupByKey()
+         | "JobDone" >> beam.Map(lambda kv: sum(kv[1])))
 
 
 def summarize(output: str) -> dict:
