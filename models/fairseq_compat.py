@@ -2,7 +2,10 @@
 
 torch.load defaults to weights_only=True, which refuses the argparse.Namespace that fairseq
 stores in a checkpoint. Allowlisting that one class keeps unpickling restricted to tensors,
-primitive containers and the listed globals.
+primitive containers and the listed globals. For the checkpoints fairseq-fixed 0.12.3.1 writes
+(training and models.train_nmt exports alike), torch.serialization.get_unsafe_globals_in_checkpoint
+reports exactly ['argparse.Namespace']: "args" is None and "cfg" a plain dict whose "model"
+entry is the Namespace of the model's command-line arguments.
 """
 from __future__ import annotations
 

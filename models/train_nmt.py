@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -58,24 +59,46 @@ def _read_tsv_lines(path):  # tabs survive: _lines() collapses whitespace, so re
 
 
 def train_spm(texts: list[str], prefix: str, vocab_size: int) -> str:
+    """Joint unigram sentencepiece model at PREFIX.model / PREFIX.vocab.
+
+    A vocabulary larger than a tiny corpus supports shrinks (hard_vocab_limit=False); one smaller
+    than the corpus's character set grows to the smallest size sentencepiece accepts."""
     import sentencepiece as spm
 
     path = prefix + ".train.txt"
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(t + "\n" for t in texts)
-    # hard_vocab_limit=False: a tiny corpus gets a smaller vocabulary instead of an error.
-    spm.SentencePieceTrainer.train(input=path, model_prefix=prefix, vocab_size=vocab_size,
-                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
-                                   minloglevel=2, num_threads=1)  # one thread: deterministic
-    os.remove(path)
+    try:
+        for _attempt in range(2):
+            try:
+                spm.SentencePieceTrainer.train(input=path, model_prefix=prefix, vocab_size=vocab_size,
+                                               model_type="unigram", character_coverage=1.0,
+                                               hard_vocab_limit=False, minloglevel=2,
+                                               num_threads=1)  # one thread: deterministic
+                break
+            except RuntimeError as e:
+                need = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
+                if not need or _attempt:
+                    raise
+                print(f"      vocab_size {vocab_size} is below the {need.group(1)} characters and meta "
+                      f"pieces of the corpus; using {int(need.group(1)) + 8}", flush=True)
+                vocab_size = int(need.group(1)) + 8
+    finally:
+        os.remove(path)
     return prefix + ".model"
 
 
-def _fairseq(command: str, args: list[str], log_path: str) -> None:
-    """Run a fairseq CLI through models.fairseq_compat (safe checkpoint loading), streaming its log."""
+def _fairseq(command: str, args: list[str], log_path: str, cpu_threads: int | None = None) -> None:
+    """Run a fairseq CLI through models.fairseq_compat (safe checkpoint loading), streaming its log.
+
+    ``python -m models.fairseq_compat`` runs with the interpreter of this process (sys.executable),
+    so it is the fairseq of this virtualenv; the console scripts fairseq-train / fairseq-preprocess
+    next to it run the same code but would load checkpoints without the allowlist."""
     cmd = [sys.executable, "-m", "models.fairseq_compat", command, *args]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if cpu_threads:
+        env.update(OMP_NUM_THREADS=str(cpu_threads), MKL_NUM_THREADS=str(cpu_threads))
     with open(log_path, "w") as logf:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for line in proc.stdout:
@@ -87,6 +110,8 @@ def _fairseq(command: str, args: list[str], log_path: str) -> None:
 
 
 def evaluate_bleu(model_dir: str, sources: list[str], references: list[str], beam: int = 5) -> dict:
+    """Corpus BLEU (sacrebleu, default 13a tokenisation) of beam-search translations of SOURCES
+    against the untokenised REFERENCES. Returns bleu, signature, sentences and 5 examples."""
     import sacrebleu
 
     from models.nmt import Translator
@@ -105,47 +130,79 @@ def train_models(pairs: list[tuple[str, str]], out: str, src_lang: str = "cs", t
                  vocab_size: int = 8000, layers: int = 3, dim: int = 256, ffn_dim: int | None = None,
                  heads: int = 4, max_epoch: int = 10, max_update: int | None = None, max_tokens: int = 4096,
                  lr: float = 5e-4, dropout: float = 0.1, seed: int = 1, directions: str = "fwd,bwd",
-                 bleu_samples: int = 500, warmup: int | None = None) -> dict:
-    """Train and evaluate; returns the report written to OUT/report.json."""
+                 bleu_samples: int = 500, warmup: int | None = None, cpu_threads: int | None = None) -> dict:
+    """Train and evaluate; returns the report written to OUT/report.json.
+
+    PAIRS and VALID_PAIRS are (src, tgt) sentences; whitespace is normalised and pairs with an
+    empty side are dropped. Without VALID_PAIRS, min(VALID_SIZE, 10%) pairs are held out (seeded).
+    CPU_THREADS caps torch/OpenMP threads in the fairseq subprocesses and, while this call runs,
+    in this process (BLEU decoding); 1 is much faster for small models on a busy machine.
+    """
+    import torch
+
+    threads_before = torch.get_num_threads()
+    if cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    try:
+        return _train_models(pairs, out, src_lang, tgt_lang, valid_pairs, valid_size, vocab_size, layers, dim,
+                             ffn_dim, heads, max_epoch, max_update, max_tokens, lr, dropout, seed, directions,
+                             bleu_samples, warmup, cpu_threads)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _train_models(pairs, out, src_lang, tgt_lang, valid_pairs, valid_size, vocab_size, layers, dim, ffn_dim,
+                  heads, max_epoch, max_update, max_tokens, lr, dropout, seed, directions, bleu_samples, warmup,
+                  cpu_threads) -> dict:
     import torch
 
     os.makedirs(out, exist_ok=True)
+    pairs = _clean(pairs)
+    if valid_pairs is not None:
+        valid_pairs = _clean(valid_pairs)
     if not pairs:
         raise ValueError("no training pairs")
+    unknown = {d.strip() for d in directions.split(",") if d.strip()} - {"fwd", "bwd"}
+    if unknown:
+        raise ValueError(f"directions must be fwd and/or bwd, got {sorted(unknown)}")
     if valid_pairs is None:
-        idx = list(range(len(pairs)))
-        random.Random(seed).shuffle(idx)
-        n_valid = max(1, min(valid_size, len(pairs) // 10))
-        held = set(idx[:n_valid])
-        valid_pairs = [pairs[i] for i in sorted(held)]
-        pairs = [p for i, p in enumerate(pairs) if i not in held]
+        pairs, valid_pairs = hold_out(pairs, valid_size, seed)
+    if not pairs or not valid_pairs:
+        raise ValueError(f"need training and held-out pairs (got {len(pairs)} and {len(valid_pairs)})")
     report = {"src_lang": src_lang, "tgt_lang": tgt_lang, "train_pairs": len(pairs),
-              "valid_pairs": len(valid_pairs), "directions": {}}
+              "valid_pairs": len(valid_pairs), "stage_seconds": {}, "directions": {}}
     t0 = time.time()
-    print(f"[1/4] sentencepiece on {2 * len(pairs)} sentences (vocab {vocab_size})", flush=True)
+    wanted = [d.strip() for d in directions.split(",") if d.strip()]
+    stages = 2 + len(wanted)
+    print(f"[1/{stages}] sentencepiece on {2 * len(pairs)} sentences (vocab {vocab_size})", flush=True)
     spm_path = train_spm([s for s, _ in pairs] + [t for _, t in pairs], os.path.join(out, "spm"), vocab_size)
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=spm_path)
+    report["vocab_size"] = len(sp)
+    report["stage_seconds"]["sentencepiece"] = round(time.time() - t0, 1)
     tok = os.path.join(out, "tok")
     os.makedirs(tok, exist_ok=True)
     for split, data in (("train", pairs), ("valid", valid_pairs)):
         for side, lang in ((0, src_lang), (1, tgt_lang)):
             with open(os.path.join(tok, f"{split}.{lang}"), "w", encoding="utf-8") as f:
                 f.writelines(" ".join(sp.encode(p[side], out_type=str)) + "\n" for p in data)
-    print(f"[2/4] fairseq-preprocess ({time.time() - t0:.0f}s)", flush=True)
+    print(f"[2/{stages}] fairseq-preprocess (sentencepiece: {len(sp)} pieces, {time.time() - t0:.0f}s)", flush=True)
+    t1 = time.time()
     data_bin = os.path.join(out, "data-bin")
     shutil.rmtree(data_bin, ignore_errors=True)
     _fairseq("preprocess", ["--source-lang", src_lang, "--target-lang", tgt_lang,
                             "--trainpref", os.path.join(tok, "train"), "--validpref", os.path.join(tok, "valid"),
                             "--destdir", data_bin, "--joined-dictionary", "--workers", "1"],
-             os.path.join(out, "preprocess.log"))
+             os.path.join(out, "preprocess.log"), cpu_threads)
+    report["stage_seconds"]["preprocess"] = round(time.time() - t1, 1)
     use_cuda = torch.cuda.is_available()
     ffn_dim = ffn_dim or 4 * dim
-    wanted = [d.strip() for d in directions.split(",") if d.strip()]
     pairs_of = {"fwd": (src_lang, tgt_lang), "bwd": (tgt_lang, src_lang)}
     tokens_per_epoch = sum(len(sp.encode(t)) for _, t in pairs)
     est_updates = max(1, tokens_per_epoch // max_tokens + 1) * max_epoch
+    if max_update:
+        est_updates = min(est_updates, max_update)
     warmup = warmup or min(4000, max(10, est_updates // 10))
     for step, d in enumerate(wanted, start=3):
         s, t = pairs_of[d]
@@ -153,7 +210,7 @@ def train_models(pairs: list[tuple[str, str]], out: str, src_lang: str = "cs", t
         model_dir = os.path.join(out, name)
         save_dir = os.path.join(out, f"checkpoints-{name}")
         shutil.rmtree(save_dir, ignore_errors=True)
-        print(f"[{step}/4] fairseq-train {name}: {layers}+{layers} layers, d{dim}, {max_epoch} epochs "
+        print(f"[{step}/{stages}] fairseq-train {name}: {layers}+{layers} layers, d{dim}, {max_epoch} epochs "
               f"({'GPU' if use_cuda else 'CPU'})", flush=True)
         start = time.time()
         args = [data_bin, "--source-lang", s, "--target-lang", t, "--arch", "transformer",
@@ -165,12 +222,16 @@ def train_models(pairs: list[tuple[str, str]], out: str, src_lang: str = "cs", t
                 "--adam-betas", "(0.9,0.98)", "--lr", str(lr), "--lr-scheduler", "inverse_sqrt",
                 "--warmup-updates", str(warmup), "--criterion", "label_smoothed_cross_entropy",
                 "--label-smoothing", "0.1", "--max-tokens", str(max_tokens), "--max-epoch", str(max_epoch),
-                "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", str(seed),
-                "--log-interval", "50", "--num-workers", "0", "--log-format", "simple"]
+                "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-last-checkpoints",
+                "--no-save-optimizer-state", "--seed", str(seed),
+                "--log-interval", "50", "--num-workers", "0", "--log-format", "simple",
+                # fairseq 0.12 drops a last batch smaller than this multiple (default 8) from every
+                # split (facebookresearch/fairseq#5036): a held-out set under 8 pairs would be empty.
+                "--required-batch-size-multiple", "1"]
         if max_update:
             args += ["--max-update", str(max_update)]
         args += ["--fp16"] if use_cuda else ["--cpu"]
-        _fairseq("train", args, os.path.join(out, f"train-{name}.log"))
+        _fairseq("train", args, os.path.join(out, f"train-{name}.log"), cpu_threads)
         seconds = time.time() - start
         os.makedirs(model_dir, exist_ok=True)
         _export_checkpoint(os.path.join(save_dir, "checkpoint_best.pt"), os.path.join(model_dir, "model.pt"))
@@ -180,25 +241,46 @@ def train_models(pairs: list[tuple[str, str]], out: str, src_lang: str = "cs", t
         meta = {"src_lang": s, "tgt_lang": t, "arch": "transformer", "layers": layers, "dim": dim,
                 "ffn_dim": ffn_dim, "heads": heads, "vocab_size": len(sp), "train_pairs": len(pairs),
                 "valid_pairs": len(valid_pairs), "max_epoch": max_epoch, "train_seconds": round(seconds, 1),
-                "device": "cuda" if use_cuda else "cpu"}
+                "device": "cuda" if use_cuda else "cpu", "bleu": None, "bleu_signature": None}
         with open(os.path.join(model_dir, "model.json"), "w") as f:
             json.dump(meta, f, indent=2)
         shutil.rmtree(save_dir, ignore_errors=True)
         sample = valid_pairs[:bleu_samples]
         srcs = [p[0] if d == "fwd" else p[1] for p in sample]
         refs = [p[1] if d == "fwd" else p[0] for p in sample]
+        t2 = time.time()
         bleu = evaluate_bleu(model_dir, srcs, refs)
+        report["stage_seconds"][f"train-{name}"] = round(seconds, 1)
+        report["stage_seconds"][f"bleu-{name}"] = round(time.time() - t2, 1)
         meta.update({"bleu": bleu["bleu"], "bleu_signature": bleu["signature"], "bleu_sentences": bleu["sentences"]})
         with open(os.path.join(model_dir, "model.json"), "w") as f:
             json.dump(meta, f, indent=2)
         print(f"      {name}: BLEU {bleu['bleu']} on {bleu['sentences']} held-out sentences, "
-              f"trained in {seconds:.0f}s", flush=True)
+              f"trained in {seconds:.0f}s, decoded in {time.time() - t2:.0f}s", flush=True)
         report["directions"][name] = {**meta, "examples": bleu["examples"]}
     shutil.rmtree(tok, ignore_errors=True)
     report["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=2, ensure_ascii=False)
     return report
+
+
+def hold_out(pairs: list, valid_size: int, seed: int = 1) -> tuple[list, list]:
+    """(train, held-out): min(valid_size, 10% of the pairs, at least 1) positions drawn with SEED;
+    both keep the input order."""
+    idx = list(range(len(pairs)))
+    random.Random(seed).shuffle(idx)
+    held = set(idx[:max(1, min(valid_size, len(pairs) // 10))])
+    return ([p for i, p in enumerate(pairs) if i not in held], [pairs[i] for i in sorted(held)])
+
+
+def _clean(pairs) -> list[tuple[str, str]]:
+    out = []
+    for s, t in pairs:
+        s, t = " ".join(s.split()), " ".join(t.split())
+        if s and t:
+            out.append((s, t))
+    return out
 
 
 def _export_checkpoint(src: str, dst: str) -> None:
@@ -239,17 +321,24 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--directions", default="fwd,bwd", help="fwd (src->tgt), bwd (tgt->src) or both")
     ap.add_argument("--max_lines", type=int, default=None, help="use only the first N pairs")
+    ap.add_argument("--cpu_threads", type=int, default=None,
+                    help="torch/OpenMP threads for training and decoding (default: torch's choice; "
+                         "1 is best for small models on a shared machine)")
     ap.add_argument("--bleu_samples", type=int, default=500, help="held-out sentences for BLEU")
     a = ap.parse_args(argv)
     if a.src_file and not a.tgt_file:
         ap.error("--src_file needs --tgt_file")
+    if a.tsv and a.tgt_file:
+        ap.error("--tgt_file goes with --src_file, not --tsv")
+    if bool(a.valid_src_file) != bool(a.valid_tgt_file):
+        ap.error("--valid_src_file and --valid_tgt_file go together")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     pairs = read_bitext(a.tsv, a.src_file, a.tgt_file, max_lines=a.max_lines)
     valid = (read_bitext(src_file=a.valid_src_file, tgt_file=a.valid_tgt_file)
              if a.valid_src_file else None)
     report = train_models(pairs, a.out, a.src_lang, a.tgt_lang, valid, a.valid_size, a.vocab_size, a.layers,
                           a.dim, a.ffn_dim, a.heads, a.max_epoch, a.max_update, a.max_tokens, a.lr,
-                          a.dropout, a.seed, a.directions, a.bleu_samples, a.warmup)
+                          a.dropout, a.seed, a.directions, a.bleu_samples, a.warmup, a.cpu_threads)
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "examples"} if k == "directions" else v
                       for k, v in report.items()}, indent=2))
 

@@ -9,7 +9,12 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 TINY = dict(vocab_size=200, layers=1, dim=64, ffn_dim=128, heads=2, max_epoch=8, max_tokens=2048,
-            lr=3e-3, dropout=0.0, warmup=30, valid_size=50, bleu_samples=50)
+            lr=3e-3, dropout=0.0, warmup=30, valid_size=50, bleu_samples=50,
+            cpu_threads=1)  # one thread: several times faster than two when the CPUs are shared
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: trains a model or runs a pipeline end to end (deselect with -m 'not slow')")
 
 
 @pytest.fixture(scope="session")
