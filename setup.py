@@ -10,7 +10,7 @@ setup(
     version="0.1.0",
     description="Distributed paraphrase-corpus generation, filtering and embedding training",
     python_requires=">=3.11",
-    packages=find_packages(include=["beam_pipelines*", "models*", "transforms*", "paracorpus*"]),
+    packages=find_packages(include=["beam_pipelines*", "models*", "transforms*", "paracorpus*", "embeddings*"]),
     install_requires=[
         "apache-beam[dask]>=2.77,<2.78",   # the pipelines; [dask] for the DaskRunner
         "torch>=2.6",                        # NMT decoding and encoders (safe weights_only loading)
@@ -22,10 +22,15 @@ setup(
         "sacrebleu>=2.6,<3",                 # BLEU of the NMT models; sentence BLEU in the filter job
         "kenlm>=0.3,<0.4",                   # language-model perplexity filter (query only)
         "numpy>=2",
+        "scipy>=1.13,<2",                    # Pearson / Spearman of the STS evaluation
+        "tqdm>=4.66,<5",                     # progress bar of embedding training
     ],
     extras_require={"test": ["pytest>=8"]},
     entry_points={"console_scripts": [
         "paragen-generate=beam_pipelines.generate:main",
         "paragen-train-nmt=models.train_nmt:main",
+        "paragen-train-embeddings=embeddings.train:main",
+        "paragen-sts=embeddings.sts:main",
+        "paragen-lexicon=embeddings.lexicon:main",
     ]},
 )

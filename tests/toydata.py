@@ -33,3 +33,33 @@ def toy_bitext(n: int, seed: int = 0) -> list[tuple[str, str]]:
         cs = f"{cs_s[0].upper()}{cs_s[1:]} {cs_v} {cs_p} ."
         pairs.append((cs, en))
     return pairs
+
+
+def _english(rng, s, v, p) -> str:
+    subj, verb, place = rng.choice(SUBJECTS[s][1]), rng.choice(VERBS[v][1]), rng.choice(PLACES[p][1])
+    if rng.random() < 0.25:
+        return f"{place[0].upper()}{place[1:]} , {subj} {verb} ."
+    return f"{subj[0].upper()}{subj[1:]} {verb} {place} ."
+
+
+def toy_paraphrases(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """n English paraphrase pairs: two independent wordings of one (subject, verb, place) meaning."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        s, v, p = rng.randrange(len(SUBJECTS)), rng.randrange(len(VERBS)), rng.randrange(len(PLACES))
+        out.append((_english(rng, s, v, p), _english(rng, s, v, p)))
+    return out
+
+
+def toy_sts(n: int, seed: int = 0) -> list[tuple[float, str, str]]:
+    """(gold, s1, s2): gold = 5 x the share of the three slots (subject, verb, place) both mean."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a = [rng.randrange(len(SUBJECTS)), rng.randrange(len(VERBS)), rng.randrange(len(PLACES))]
+        b = [x if rng.random() < 0.5 else rng.randrange(k)
+             for x, k in zip(a, (len(SUBJECTS), len(VERBS), len(PLACES)))]
+        gold = 5 * sum(x == y for x, y in zip(a, b)) / 3
+        out.append((gold, _english(rng, *a), _english(rng, *b)))
+    return out

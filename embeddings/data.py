@@ -1,0 +1,156 @@
+"""Where training pairs come from: the generation (or filter) job's Parquet, or a TSV file.
+
+Pairs are streamed in record batches and shuffled through a bounded buffer, so a 5M-pair corpus
+never sits in Python lists. Every row is accounted for: ``PairSource.stats`` counts rows read,
+used, and skipped by reason (null or empty side, malformed TSV line).
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import random
+import re
+from collections import Counter
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+_WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<=|>=|<|>)\s*(.+?)\s*$")
+_OPS = {"==": "__eq__", "!=": "__ne__", "<=": "__le__", ">=": "__ge__", "<": "__lt__", ">": "__gt__"}
+
+
+def _literal(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def parse_where(clauses: list[str], schema: pa.Schema) -> ds.Expression | None:
+    """['rank<=2', 'keep == true', "lang_pair == 'cs-en'"] -> one pyarrow filter (AND).
+    Unknown columns fail here, with the columns that exist, before any data is read."""
+    expr = None
+    for clause in clauses or []:
+        m = _WHERE.match(clause)
+        if not m:
+            raise ValueError(f"cannot parse filter {clause!r}: use COLUMN OP VALUE with OP one of "
+                             f"{' '.join(_OPS)}")
+        col, op, value = m.groups()
+        if col not in schema.names:
+            raise ValueError(f"filter {clause!r}: no column {col!r}; columns are {', '.join(schema.names)}")
+        term = getattr(pc.field(col), _OPS[op])(_literal(value))
+        expr = term if expr is None else expr & term
+    return expr
+
+
+def _is_parquet(path: str) -> bool:
+    return os.path.isdir(path) or path.endswith(".parquet")
+
+
+class PairSource:
+    """A re-iterable stream of (sentence1, sentence2) pairs.
+
+    PATH: a directory of Parquet (Hive partitions, e.g. ``<generate --output>/paraphrases``, or the
+    output directory itself, whose ``paraphrases/`` is used), a .parquet file, or a TSV file
+    (``sentence1<TAB>sentence2``, optionally .gz; a glob matches several). COLUMNS names the two
+    text columns of Parquet input; WHERE are filter clauses (see parse_where).
+    """
+
+    def __init__(self, path: str, columns: tuple[str, str] = ("reference", "paraphrase"),
+                 where: list[str] | None = None, max_pairs: int | None = None, batch_rows: int = 65536):
+        self.path, self.columns, self.max_pairs, self.batch_rows = path, tuple(columns), max_pairs, batch_rows
+        self.where = list(where or [])
+        self.stats: Counter = Counter()
+        if _is_parquet(path):
+            root = path
+            if os.path.isdir(os.path.join(path, "paraphrases")):
+                root = os.path.join(path, "paraphrases")
+            if not os.path.exists(root):
+                raise FileNotFoundError(path)
+            self._dataset = ds.dataset(root, format="parquet", partitioning="hive")
+            missing = [c for c in self.columns if c not in self._dataset.schema.names]
+            if missing:
+                raise ValueError(f"{path}: no column {', '.join(missing)}; columns are "
+                                 f"{', '.join(self._dataset.schema.names)}")
+            self._filter = parse_where(self.where, self._dataset.schema)
+        else:
+            self._files = sorted(glob.glob(path)) or ([path] if os.path.exists(path) else [])
+            if not self._files:
+                raise FileNotFoundError(path)
+            if self.where:
+                raise ValueError("--where filters apply to Parquet input, not to TSV files")
+            self._dataset = None
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        self.stats = Counter()
+        n = 0
+        for s1, s2 in (self._parquet_pairs() if self._dataset is not None else self._tsv_pairs()):
+            self.stats["read"] += 1
+            if not s1 or not s2 or not s1.strip() or not s2.strip():
+                self.stats["skipped_empty_side"] += 1
+                continue
+            self.stats["used"] += 1
+            yield s1, s2
+            n += 1
+            if self.max_pairs is not None and n >= self.max_pairs:
+                return
+
+    def _parquet_pairs(self):
+        a, b = self.columns
+        scanner = self._dataset.scanner(columns=[a, b], filter=self._filter, batch_size=self.batch_rows)
+        for batch in scanner.to_batches():
+            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())
+
+    def _tsv_pairs(self):
+        for path in self._files:
+            opener = gzip.open if path.endswith(".gz") else open
+            with opener(path, "rb") as f:
+                for raw in f:
+                    try:
+                        line = raw.decode("utf-8").rstrip("\r\n")
+                    except UnicodeDecodeError:
+                        self.stats["skipped_bad_utf8"] += 1
+                        continue
+                    fields = line.split("\t")
+                    if len(fields) != 2:
+                        self.stats["skipped_not_two_columns"] += 1
+                        continue
+                    yield fields[0], fields[1]
+
+    def describe(self) -> str:
+        cols = "" if self._dataset is None else f" columns {self.columns[0]},{self.columns[1]}"
+        where = f" where {' and '.join(self.where)}" if self.where else ""
+        return f"{self.path}{cols}{where}"
+
+
+def shuffled(pairs, buffer_size: int, rng: random.Random) -> Iterator:
+    """Streaming shuffle through a buffer of BUFFER_SIZE items (exact shuffle when the corpus fits)."""
+    buf = []
+    for p in pairs:
+        if len(buf) < buffer_size:
+            buf.append(p)
+            continue
+        i = rng.randrange(buffer_size)
+        yield buf[i]
+        buf[i] = p
+    rng.shuffle(buf)
+    yield from buf
+
+
+def scramble(tokens: list[str], rate: float, rng: random.Random) -> list[str]:
+    """With probability RATE, the tokens in a random order (ParaNMT's word scrambling); the bag of
+    words never changes."""
+    if rate > 0 and len(tokens) > 1 and rng.random() < rate:
+        tokens = tokens[:]
+        rng.shuffle(tokens)
+    return tokens

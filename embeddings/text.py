@@ -1,0 +1,73 @@
+"""Tokenisation and vocabularies shared by every encoder.
+
+Text is hostile input: it is capped in characters and tokens before it reaches a tensor, and
+control characters are treated as whitespace.
+"""
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections import Counter
+from typing import Iterable
+
+MAX_CHARS = 5000        # longer sentences are cut before tokenising (a 100k-char line costs nothing)
+MAX_TOKENS = 100        # and then to this many tokens
+
+PAD, UNK = "<pad>", "<unk>"
+_TOKEN = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def tokenize(sentence: str, max_tokens: int = MAX_TOKENS) -> list[str]:
+    """Lower-cased words and punctuation marks (the papers train on lower-cased tokenised text)."""
+    text = unicodedata.normalize("NFKC", sentence[:MAX_CHARS]).lower()
+    return _TOKEN.findall(_CONTROL.sub(" ", text))[:max_tokens]
+
+
+def char_trigrams(word: str) -> list[str]:
+    """Character trigrams of '#word#' (boundary marks make prefixes and suffixes distinct)."""
+    w = f"#{word}#"
+    return [w[i:i + 3] for i in range(len(w) - 2)]
+
+
+def sentence_trigrams(tokens: list[str]) -> list[str]:
+    return [g for t in tokens for g in char_trigrams(t)]
+
+
+class Vocabulary:
+    """Index 0 is padding, 1 the unknown symbol; the rest by descending count, then alphabetically."""
+
+    def __init__(self, items: list[str]):
+        if items[:2] != [PAD, UNK]:
+            raise ValueError("a vocabulary starts with <pad>, <unk>")
+        if len(set(items)) != len(items):
+            raise ValueError("vocabulary items are not unique")
+        self.items = list(items)
+        self.index = {w: i for i, w in enumerate(self.items)}
+
+    @classmethod
+    def build(cls, counts: Counter, min_count: int = 1, max_size: int | None = None) -> "Vocabulary":
+        kept = sorted((w for w, c in counts.items() if c >= min_count and w not in (PAD, UNK)),
+                      key=lambda w: (-counts[w], w))
+        if max_size is not None:
+            kept = kept[:max(0, max_size - 2)]
+        return cls([PAD, UNK, *kept])
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def ids(self, tokens: Iterable[str]) -> list[int]:
+        """Token ids; words below the minimum count map to <unk> (one learned vector)."""
+        get = self.index.get
+        return [get(t, 1) for t in tokens]
+
+    def to_json(self) -> str:
+        return json.dumps(self.items, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Vocabulary":
+        items = json.loads(text)
+        if not isinstance(items, list) or not all(isinstance(w, str) for w in items):
+            raise ValueError("vocabulary file must be a JSON list of strings")
+        return cls(items)
