@@ -9,6 +9,7 @@ import json
 import re
 import unicodedata
 from collections import Counter
+from functools import lru_cache
 from typing import Iterable
 
 MAX_CHARS = 5000        # longer sentences are cut before tokenising (a 100k-char line costs nothing)
@@ -25,10 +26,11 @@ def tokenize(sentence: str, max_tokens: int = MAX_TOKENS) -> list[str]:
     return _TOKEN.findall(_CONTROL.sub(" ", text))[:max_tokens]
 
 
-def char_trigrams(word: str) -> list[str]:
+@lru_cache(maxsize=500_000)   # words repeat (Zipf): most lookups hit the cache
+def char_trigrams(word: str) -> tuple[str, ...]:
     """Character trigrams of '#word#' (boundary marks make prefixes and suffixes distinct)."""
     w = f"#{word}#"
-    return [w[i:i + 3] for i in range(len(w) - 2)]
+    return tuple(w[i:i + 3] for i in range(len(w) - 2))
 
 
 def sentence_trigrams(tokens: list[str]) -> list[str]:

@@ -50,8 +50,8 @@ def test_tokenize_and_trigrams_treat_hostile_text():
     assert tokenize("A man's HAT, isn't it?") == ["a", "man's", "hat", ",", "isn't", "it", "?"]
     assert tokenize("a\x00b\x1fc") == ["a", "b", "c"]                 # control characters split
     assert len(tokenize("word " * 100_000)) == 100                     # capped, and fast
-    assert char_trigrams("a") == ["#a#"]
-    assert char_trigrams("dog") == ["#do", "dog", "og#"]
+    assert char_trigrams("a") == ("#a#",)
+    assert char_trigrams("dog") == ("#do", "dog", "og#")
     v = Vocabulary.build({"b": 3, "a": 3, "c": 1}, min_count=2)
     assert v.items == ["<pad>", "<unk>", "a", "b"] and v.ids(["b", "zzz", "c"]) == [3, 1, 1]
     assert Vocabulary.from_json(v.to_json()).items == v.items
