@@ -10,7 +10,8 @@ setup(
     version="0.1.0",
     description="Distributed paraphrase-corpus generation, filtering and embedding training",
     python_requires=">=3.11",
-    packages=find_packages(include=["beam_pipelines*", "models*", "transforms*", "paracorpus*", "embeddings*"]),
+    package_data={"filtering": ["presets/*.yaml"]},
+    packages=find_packages(include=["beam_pipelines*", "models*", "transforms*", "paracorpus*", "embeddings*", "filtering*"]),
     install_requires=[
         "apache-beam[dask]>=2.77,<2.78",   # the pipelines; [dask] for the DaskRunner
         "torch>=2.6",                        # NMT decoding and encoders (safe weights_only loading)
@@ -24,6 +25,9 @@ setup(
         "numpy>=2",
         "scipy>=1.13,<2",                    # Pearson / Spearman of the STS evaluation
         "tqdm>=4.66,<5",                     # progress bar of embedding training
+        "PyYAML>=6,<7",                      # filter-job config files
+        "apted>=1.0.3,<2",                   # tree edit distance (syntactic diversity filter)
+        "matplotlib>=3.9,<4",                # plots of the filter report
     ],
     extras_require={"test": ["pytest>=8"]},
     entry_points={"console_scripts": [
@@ -32,5 +36,6 @@ setup(
         "paragen-train-embeddings=embeddings.train:main",
         "paragen-sts=embeddings.sts:main",
         "paragen-lexicon=embeddings.lexicon:main",
+        "paragen-filter=beam_pipelines.filter:main",
     ]},
 )

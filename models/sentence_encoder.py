@@ -122,7 +122,8 @@ class SentenceEncoder:
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     na = np.linalg.norm(a, axis=1)
     nb = np.linalg.norm(b, axis=1)
-    return (a * b).sum(1) / np.maximum(na * nb, 1e-12)
+    # clipped: float rounding puts identical sentences a hair above 1
+    return np.clip((a * b).sum(1) / np.maximum(na * nb, 1e-12), -1.0, 1.0)
 
 
 def load_encoder(path: str, device: str | None = None) -> SentenceEncoder:

@@ -1,0 +1,193 @@
+"""Filter job: score every paraphrase pair of a generation run, decide with reasons, report.
+
+    python -m beam_pipelines.filter --input runs/gen-out --output runs/filtered \
+        --config paranmt --encoder runs/enc-wt --runner DirectRunner
+
+Reads ``<input>/paraphrases`` (the generation job's Hive-partitioned Parquet), writes
+``<output>/scored/<same partition>/part-*.parquet`` with every input row and column, one column
+per score, ``keep`` and ``reasons``; then ``_filter_manifest.json`` and the statistics report
+(``report/report.md``, ``report.json``, PNG plots). Models that must be fitted on the data
+(KenLM, classifiers) are trained first, on the driver, on a hash-selected sample of the input
+(rows flagged ``fit_sample``), and saved under ``<output>/_fitted``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
+
+from beam_pipelines.generate import _qualify_runner
+from transforms.filtering import ScoreFile, merge_stats
+
+log = logging.getLogger("paragen.filter")
+
+
+def list_partitions(input_dir: str) -> tuple[str, list[str]]:
+    """(root, relative paths of the Parquet files under ROOT), sorted: the explicit shard list."""
+    root = os.path.join(input_dir, "paraphrases") if os.path.isdir(os.path.join(input_dir, "paraphrases")) \
+        else input_dir
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"{input_dir}: no such directory")
+    files = []
+    for d, _, names in os.walk(root):
+        files += [os.path.relpath(os.path.join(d, n), root) for n in names
+                  if n.endswith(".parquet") and not n.startswith(".")]
+    if not files:
+        raise FileNotFoundError(f"{root}: no Parquet files (expected the generation job's paraphrases/)")
+    return root, sorted(files)
+
+
+def fit_sample(root: str, files: list[str], rows: int):
+    """Up to ROWS rows whose pair_id falls in a fixed tenth of the hash space, in file order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts, n = [], 0
+    for rel in files:
+        t = pq.read_table(os.path.join(root, rel), columns=["pair_id", "reference", "paraphrase"])
+        ids = t.column("pair_id").to_pylist()
+        mask = [int(hashlib.sha1((i or "").encode()).hexdigest()[:8], 16) % 10 == 0 for i in ids]
+        sel = t.filter(pa.array(mask))
+        parts.append(sel)
+        n += sel.num_rows
+        if n >= rows:
+            break
+    table = pa.concat_tables(parts).slice(0, rows) if parts else None
+    return table
+
+
+def _spm_from_manifest(input_dir: str) -> str | None:
+    path = os.path.join(input_dir, "_manifest.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        manifest = json.load(f)
+    model = manifest.get("models", {}).get("forward", {}).get("path")
+    spm = os.path.join(model, "spm.model") if model else None
+    return spm if spm and os.path.isfile(spm) else None
+
+
+def run(argv=None) -> dict:
+    from filtering.config import load_config, presets
+
+    parser = argparse.ArgumentParser(
+        prog="paragen-filter", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Beam options (--runner DirectRunner|DaskRunner, --direct_running_mode, --direct_num_workers, "
+               "--dask_client_address, ...) pass through to Beam.")
+    parser.add_argument("--input", required=True, help="generation job output directory (or its paraphrases/)")
+    parser.add_argument("--output", required=True, help="directory for scored/, _fitted/, report/")
+    parser.add_argument("--config", default="paranmt",
+                        help=f"YAML/JSON config file or preset ({', '.join(presets())}); default paranmt")
+    parser.add_argument("--encoder", help="encoder directory for the paraphrase_score filter")
+    parser.add_argument("--spm_model", help="sentencepiece model for bag_of_pieces (default: the generation "
+                                            "run's forward model, from its _manifest.json)")
+    parser.add_argument("--lm_model", help="KenLM model for lm_perplexity (default: fitted on the input)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier filter run in --output")
+    parser.add_argument("--no_report", action="store_true", help="skip the statistics report")
+    known, beam_args = parser.parse_known_args(argv)
+    overrides = {"paraphrase_score": {"model": known.encoder} if known.encoder else {},
+                 "bag_of_pieces": {"spm_model": known.spm_model or _spm_from_manifest(known.input)},
+                 "lm_perplexity": {"model": known.lm_model} if known.lm_model else {}}
+    overrides = {k: {kk: vv for kk, vv in v.items() if vv} for k, v in overrides.items()}
+    try:
+        cfg = load_config(known.config, overrides)
+        root, files = list_partitions(known.input)
+        for f in cfg.filters:                  # load every given model now: a bad path fails before the job
+            if not f.needs_fit():
+                f.setup()
+    except (ValueError, FileNotFoundError, ImportError, OSError) as e:
+        parser.error(str(e))
+    output = os.path.abspath(known.output)
+    existing = [n for n in ("scored", "_fitted", "report", "_filter_manifest.json")
+                if os.path.exists(os.path.join(output, n))]
+    if existing and not known.overwrite:
+        parser.error(f"{output} already holds a filter run ({', '.join(existing)}); pass --overwrite")
+    for n in existing:
+        p = os.path.join(output, n)
+        shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+    os.makedirs(output, exist_ok=True)
+    t0 = time.time()
+    print(f"filter: {len(files)} file(s) under {root}; config {cfg.source}; "
+          f"rules: {'; '.join(r.describe() for r in cfg.rules) or 'none'}", flush=True)
+    raw = json.loads(json.dumps(cfg.raw))
+    fit_ids: list[str] = []
+    if any(f.needs_fit() for f in cfg.filters):
+        sample = fit_sample(root, files, cfg.fit_sample)
+        if sample is None or sample.num_rows < 10:
+            parser.error("too few rows to fit the LM / classifiers (need 10 in the hash sample)")
+        fit_ids = sorted(set(sample.column("pair_id").to_pylist()))
+        workdir = os.path.join(output, "_fitted")
+        os.makedirs(workdir, exist_ok=True)
+        print(f"fitting on {sample.num_rows} sample rows ({len(fit_ids)} pairs)", flush=True)
+        for f, entry in zip(cfg.filters, raw["filters"]):
+            if f.needs_fit():
+                updates = f.fit(sample, workdir, log=lambda m: print(m, flush=True))
+                entry.update(updates)
+    opts = PipelineOptions(_qualify_runner(beam_args))
+    opts.view_as(SetupOptions).save_main_session = False
+    scored_root = os.path.join(output, "scored")
+    with beam.Pipeline(options=opts) as p:
+        _ = (p | "Files" >> beam.Create(files)
+             | "Reshuffle" >> beam.Reshuffle()
+             | "Score" >> beam.ParDo(ScoreFile(root, scored_root, raw, overrides, fit_ids))
+             | "Key" >> beam.Map(lambda s: (None, s))
+             | "Group" >> beam.GroupByKey()
+             | "Merge" >> beam.Map(lambda kv: merge_stats(kv[1]))
+             | "WriteStats" >> beam.Map(_write_json, os.path.join(output, "_filter_stats.json")))
+    elapsed = time.time() - t0
+    with open(os.path.join(output, "_filter_stats.json")) as f:
+        stats = json.load(f)
+    rows_in = sum(_num_rows(os.path.join(root, rel)) for rel in files)
+    rows_out = sum(_num_rows(os.path.join(scored_root, rel)) for rel in files)
+    manifest = {"input": os.path.abspath(known.input), "config": raw, "config_source": cfg.source,
+                "rules": [r.describe() for r in cfg.rules], "files": len(files), "rows_in": rows_in,
+                "rows_out": rows_out, "kept": stats.get("kept", 0),
+                "rejected_by_reason": {k[7:]: v for k, v in sorted(stats.items()) if k.startswith("reason:")},
+                "reconciled": rows_in == rows_out == stats.get("rows", -1), "fit_sample_pairs": len(fit_ids),
+                "seconds": round(elapsed, 2), "rows_per_s": round(rows_in / max(elapsed, 1e-9), 1)}
+    _write_json(manifest, os.path.join(output, "_filter_manifest.json"))
+    print(f"scored {rows_in} rows in {elapsed:.1f}s ({manifest['rows_per_s']:.0f} rows/s): "
+          f"kept {manifest['kept']}, rejected {rows_in - manifest['kept']}", flush=True)
+    for reason, n in manifest["rejected_by_reason"].items():
+        print(f"  {reason}: {n}")
+    print(f"  reconciled (rows in = rows out): {manifest['reconciled']}", flush=True)
+    if not known.no_report:
+        from filtering.report import write_report
+
+        path = write_report(scored_root, os.path.join(output, "report"), cfg, manifest)
+        print(f"report: {path}", flush=True)
+    if not manifest["reconciled"]:
+        raise SystemExit("error: rows in != rows out; see _filter_manifest.json")
+    return manifest
+
+
+def _num_rows(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def _write_json(obj, path: str):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv=None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    run(argv if argv is not None else sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

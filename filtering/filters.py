@@ -1,0 +1,344 @@
+"""The filters: each a small class that scores a batch of pairs and declares, per score, which
+direction is kept. Thresholds come from the config (filtering/config.py).
+
+A filter declares SCORES = {score_column: direction}; direction is
+  "high"    keep when score >= min (only ``min`` may be set),
+  "low"     keep when score <= max (only ``max`` may be set),
+  "between" keep when min <= score <= max (either or both may be set).
+A score without thresholds is computed and written but rejects nothing. A null score (e.g. no
+backward model, an unparsable sentence) never rejects.
+
+Filters that need a model trained on the data (KenLM, classifier) implement ``fit``: the driver
+calls it once on a sample before the pipeline; it returns the parameters (model paths) that
+workers load in ``setup``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from filtering import text_scores as ts
+
+DIRECTIONS = ("high", "low", "between")
+
+
+class PairBatch:
+    """Rows of the generation output seen by the filters; token lists are computed once and shared."""
+
+    def __init__(self, table: pa.Table | pa.RecordBatch):
+        self.table = table
+        self.reference: list[str] = [s or "" for s in table.column("reference").to_pylist()]
+        self.paraphrase: list[str] = [s or "" for s in table.column("paraphrase").to_pylist()]
+        self._cache: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.reference)
+
+    def cached(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    @property
+    def ref_tokens(self) -> list[list[str]]:
+        return self.cached("ref_tokens", lambda: [ts.tokenize(s) for s in self.reference])
+
+    @property
+    def para_tokens(self) -> list[list[str]]:
+        return self.cached("para_tokens", lambda: [ts.tokenize(s) for s in self.paraphrase])
+
+    def column(self, name: str) -> list:
+        if name not in self.table.schema.names:
+            raise KeyError(f"input has no column {name!r}")
+        return self.table.column(name).to_pylist()
+
+
+class Filter:
+    NAME = ""
+    SCORES: dict[str, str] = {}
+    PARAMS: dict[str, object] = {}          # accepted parameters and their defaults
+
+    def __init__(self, **params):
+        unknown = set(params) - set(self.PARAMS)
+        if unknown:
+            raise ValueError(f"filter {self.NAME!r}: unknown parameter(s) {', '.join(sorted(unknown))}; "
+                             f"accepted: {', '.join(self.PARAMS) or 'none'}")
+        self.params = {**self.PARAMS, **params}
+        self.check_params()
+
+    def check_params(self) -> None:
+        pass
+
+    @property
+    def scores(self) -> dict[str, str]:
+        return dict(self.SCORES)
+
+    def fit(self, sample: pa.Table, workdir: str, log=print) -> dict:
+        """Train what the filter needs on SAMPLE; return parameter updates (e.g. model paths)."""
+        return {}
+
+    def needs_fit(self) -> bool:
+        """True while a model this filter needs has still to be trained on the data."""
+        return False
+
+    def setup(self) -> None:
+        """Load models (once per worker)."""
+
+    def score(self, batch: PairBatch) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+def _floats(values) -> np.ndarray:
+    return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+# ------------------------------------------------------------------ text-only filters
+
+class LengthFilter(Filter):
+    """Tokens in the reference and in the paraphrase (Wieting et al. 2017 bin by translation length)."""
+    NAME = "length"
+    SCORES = {"reference_length": "between", "paraphrase_length": "between"}
+
+    def score(self, batch):
+        return {"reference_length": np.array([len(t) for t in batch.ref_tokens], dtype=np.float64),
+                "paraphrase_length": np.array([len(t) for t in batch.para_tokens], dtype=np.float64)}
+
+
+class LengthRatioFilter(Filter):
+    """Longer side's tokens / shorter side's tokens (1.0 for equal lengths, inf with an empty side)."""
+    NAME = "length_ratio"
+    SCORES = {"length_ratio": "low"}
+
+    def score(self, batch):
+        out = []
+        for a, b in zip(batch.ref_tokens, batch.para_tokens):
+            lo, hi = sorted((len(a), len(b)))
+            out.append(hi / lo if lo else (math.inf if hi else 1.0))
+        return {"length_ratio": np.array(out, dtype=np.float64)}
+
+
+_NGRAM_NAMES = {1: "unigram", 2: "bigram", 3: "trigram", 4: "fourgram"}
+
+
+class NgramOverlapFilter(Filter):
+    """Shared n-grams / n-grams of the shorter side, for each n in ``n`` (default 1, 2, 3)."""
+    NAME = "ngram_overlap"
+    PARAMS = {"n": [1, 2, 3]}
+
+    def check_params(self):
+        n = self.params["n"]
+        if not isinstance(n, list) or not n or any(k not in _NGRAM_NAMES for k in n):
+            raise ValueError(f"filter 'ngram_overlap': n must be a list of orders from 1 to 4, got {n!r}")
+
+    @property
+    def scores(self):
+        return {f"{_NGRAM_NAMES[k]}_overlap": "between" for k in self.params["n"]}
+
+    def score(self, batch):
+        return {f"{_NGRAM_NAMES[k]}_overlap": np.array([ts.ngram_overlap(a, b, k) for a, b in
+                                                        zip(batch.ref_tokens, batch.para_tokens)])
+                for k in self.params["n"]}
+
+
+class BleuFilter(Filter):
+    """Smoothed sentence BLEU of the paraphrase against the reference (Nakov et al. 2012) and
+    1 - BLEU, the ParaBank 2 diversity score."""
+    NAME = "bleu"
+    SCORES = {"sentence_bleu": "between", "one_minus_bleu": "between"}
+
+    def score(self, batch):
+        b = np.array([ts.sentence_bleu(p, r) for r, p in zip(batch.ref_tokens, batch.para_tokens)])
+        return {"sentence_bleu": b, "one_minus_bleu": 1.0 - b}
+
+
+class BagOfPiecesFilter(Filter):
+    """Intersection over union of lower-cased sentencepiece pieces without punctuation (ParaBank 2).
+    ``spm_model``: the generation models' spm.model (default: taken from the run manifest)."""
+    NAME = "bag_of_pieces"
+    SCORES = {"pieces_iou": "between"}
+    PARAMS = {"spm_model": None}
+
+    def check_params(self):
+        pass   # resolved by the job from the manifest when None; checked in setup
+
+    def setup(self):
+        import sentencepiece as spm
+
+        if not self.params["spm_model"]:
+            raise ValueError("filter 'bag_of_pieces' needs spm_model (no generation manifest names one)")
+        self._sp = spm.SentencePieceProcessor(model_file=self.params["spm_model"])
+
+    def score(self, batch):
+        sp = self._sp
+        return {"pieces_iou": np.array([ts.bag_of_pieces_similarity(sp.encode(r.lower(), out_type=str),
+                                                                    sp.encode(p.lower(), out_type=str))
+                                        for r, p in zip(batch.reference, batch.paraphrase)])}
+
+
+class TranslationCostFilter(Filter):
+    """Forward NLL per token of the paraphrase given the source, from the generation output."""
+    NAME = "translation_cost"
+    SCORES = {"translation_cost": "low"}
+
+    def score(self, batch):
+        return {"translation_cost": _floats(batch.column("forward_nll"))}
+
+
+# ------------------------------------------------------------------ model-based filters
+
+class LanguageModelFilter(Filter):
+    """Perplexity of the paraphrase under a 3-gram KenLM model of held-out references (lower is
+    more fluent). ``model``: an ARPA/binary KenLM file; without one, ``fit`` estimates an
+    interpolated Kneser-Ney model on the fit sample's references (filtering/lm.py)."""
+    NAME = "lm_perplexity"
+    SCORES = {"lm_perplexity": "low"}
+    PARAMS = {"model": None, "order": 3}
+
+    def check_params(self):
+        if not isinstance(self.params["order"], int) or not 1 <= self.params["order"] <= 5:
+            raise ValueError("filter 'lm_perplexity': order must be an integer from 1 to 5")
+
+    def needs_fit(self):
+        return not self.params["model"]
+
+    def fit(self, sample, workdir, log=print):
+        if self.params["model"]:
+            return {}
+        import os
+
+        from filtering.lm import write_arpa
+
+        path = os.path.join(workdir, "lm.arpa")
+        refs = sorted(set(s for s in sample.column("reference").to_pylist() if s))
+        write_arpa((ts.tokenize(s) for s in refs), path, self.params["order"])
+        log(f"  lm_perplexity: {self.params['order']}-gram Kneser-Ney on {len(refs)} references -> {path}")
+        return {"model": path}
+
+    def setup(self):
+        import kenlm
+
+        self._lm = kenlm.Model(self.params["model"])
+
+    def score(self, batch):
+        lm = self._lm
+        return {"lm_perplexity": np.array([lm.perplexity(" ".join(t)) for t in batch.para_tokens])}
+
+
+class ClassifierFilter(Filter):
+    """P(reference) of the paraphrase under a reference-vs-back-translation classifier (Wieting et al.
+    2017): ``variants`` word (word averaging) and/or lstm; trained in ``fit`` on the fit sample's
+    references (label 1) and paraphrases (label 0) unless ``models`` are given."""
+    NAME = "classifier"
+    PARAMS = {"variants": ["word", "lstm"], "models": None, "epochs": 3, "dim": 100}
+
+    def check_params(self):
+        v = self.params["variants"]
+        if not isinstance(v, list) or not v or any(x not in ("word", "lstm") for x in v):
+            raise ValueError(f"filter 'classifier': variants must be a list of word/lstm, got {v!r}")
+
+    @property
+    def scores(self):
+        return {f"p_reference_{v}": "high" for v in self.params["variants"]}
+
+    def needs_fit(self):
+        return not self.params["models"]
+
+    def fit(self, sample, workdir, log=print):
+        if self.params["models"]:
+            return {}
+        import os
+
+        from filtering.classifier import train_classifier
+
+        refs = sample.column("reference").to_pylist()
+        paras = sample.column("paraphrase").to_pylist()
+        models = {}
+        for v in self.params["variants"]:
+            path = os.path.join(workdir, f"classifier-{v}")
+            acc = train_classifier(refs, paras, v, path, epochs=self.params["epochs"], dim=self.params["dim"])
+            log(f"  classifier ({v}): held-out accuracy {acc:.3f} -> {path}")
+            models[v] = path
+        return {"models": models}
+
+    def setup(self):
+        from filtering.classifier import load_classifier
+
+        self._models = {v: load_classifier(self.params["models"][v]) for v in self.params["variants"]}
+
+    def score(self, batch):
+        return {f"p_reference_{v}": m.p_reference(batch.paraphrase) for v, m in self._models.items()}
+
+
+class ParaphraseScoreFilter(Filter):
+    """Cosine of reference and paraphrase under an encoder of the embedding job (ParaNMT keeps [0.4, 1])."""
+    NAME = "paraphrase_score"
+    SCORES = {"paraphrase_score": "between"}
+    PARAMS = {"model": None}
+
+    def check_params(self):
+        if not self.params["model"]:
+            raise ValueError("filter 'paraphrase_score' needs model: an encoder directory (python -m embeddings.train)")
+
+    def setup(self):
+        from models.sentence_encoder import load_encoder
+
+        self._enc = load_encoder(self.params["model"])
+
+    def score(self, batch):
+        return {"paraphrase_score": self._enc.similarity(batch.reference, batch.paraphrase).astype(np.float64)}
+
+
+class TreeEditFilter(Filter):
+    """Tree edit distance (APTED, unit costs) between the top ``levels`` levels of the constituency
+    parses of reference and paraphrase (ParaBank 2 diversity). Parser: link-grammar."""
+    NAME = "tree_edit"
+    SCORES = {"tree_edit_distance": "between"}
+    PARAMS = {"levels": 3}
+
+    def check_params(self):
+        if not isinstance(self.params["levels"], int) or self.params["levels"] < 1:
+            raise ValueError("filter 'tree_edit': levels must be an integer >= 1")
+
+    def setup(self):
+        from filtering.syntax import Parser
+
+        self._parser = Parser()
+
+    def score(self, batch):
+        from filtering.syntax import top_levels, tree_edit_distance
+
+        out = []
+        for r, p in zip(batch.reference, batch.paraphrase):
+            tr, tp = self._parser.parse(r), self._parser.parse(p)
+            if tr is None or tp is None:
+                out.append(math.nan)
+            else:
+                lv = self.params["levels"]
+                out.append(float(tree_edit_distance(top_levels(tr, lv), top_levels(tp, lv))))
+        return {"tree_edit_distance": np.array(out, dtype=np.float64)}
+
+
+FILTERS: dict[str, type[Filter]] = {f.NAME: f for f in (
+    LengthFilter, LengthRatioFilter, NgramOverlapFilter, BleuFilter, BagOfPiecesFilter, TranslationCostFilter,
+    LanguageModelFilter, ClassifierFilter, ParaphraseScoreFilter, TreeEditFilter)}
+
+
+def decide(scores: dict[str, np.ndarray], rules: Sequence[tuple[str, str, float | None, float | None]],
+           n: int) -> tuple[np.ndarray, list[list[str]]]:
+    """Apply RULES (score, direction, min, max); a failed bound adds 'score<min' or 'score>max' to
+    the row's reasons. Returns (keep, reasons)."""
+    reasons: list[list[str]] = [[] for _ in range(n)]
+    for name, _direction, lo, hi in rules:
+        v = scores[name]
+        with np.errstate(invalid="ignore"):
+            if lo is not None:
+                for i in np.nonzero(v < lo)[0]:
+                    reasons[i].append(f"{name}<min")
+            if hi is not None:
+                for i in np.nonzero(v > hi)[0]:
+                    reasons[i].append(f"{name}>max")
+    keep = np.array([not r for r in reasons], dtype=bool)
+    return keep, reasons

@@ -1,0 +1,48 @@
+"""Thin DoFn around filtering.scoring.score_file: one input Parquet file in, one scored file out."""
+from __future__ import annotations
+
+import os
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+
+class ScoreFile(beam.DoFn):
+    """(relative path) -> stats Counter as a dict. Filters are built and their models loaded once
+    per worker in setup(); RAW_CONFIG is the validated config with fitted parameters filled in."""
+
+    def __init__(self, input_root: str, output_root: str, raw_config: dict, overrides: dict, fit_ids: list):
+        self.input_root, self.output_root = input_root, output_root
+        self.raw_config, self.overrides, self.fit_ids = raw_config, overrides, fit_ids
+        self.rows = Metrics.counter("filter", "rows_scored")
+        self.kept = Metrics.counter("filter", "rows_kept")
+        self.files = Metrics.counter("filter", "files_written")
+
+    def setup(self):
+        from filtering.config import parse_config
+
+        self.cfg = parse_config(self.raw_config, "job config", self.overrides)
+        for f in self.cfg.filters:
+            f.setup()
+        self._fit_ids = frozenset(self.fit_ids)
+
+    def process(self, rel_path: str):
+        from filtering.scoring import score_file
+
+        stats = score_file(os.path.join(self.input_root, rel_path), os.path.join(self.output_root, rel_path),
+                           self.cfg, self._fit_ids)
+        self.rows.inc(stats["rows"])
+        self.kept.inc(stats["kept"])
+        self.files.inc()
+        for key, n in stats.items():
+            if key.startswith("reason:"):
+                Metrics.counter("filter", "rejected_" + key[7:].replace("<", "_below_").replace(">", "_above_")).inc(n)
+        yield dict(stats)
+
+
+def merge_stats(dicts) -> dict:
+    total: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + v
+    return total
