@@ -53,7 +53,7 @@ def load_classifier(path: str) -> ReferenceClassifier:
 
 
 def train_classifier(references, translations, variant: str, out: str, epochs: int = 3, dim: int = 100,
-                     batch_size: int = 64, lr: float = 1e-3, seed: int = 1, held_out: float = 0.1) -> float:
+                     batch_size: int = 64, lr: float = 5e-3, seed: int = 1, held_out: float = 0.1) -> float:
     """Train on REFERENCES (label 1) vs TRANSLATIONS (label 0), deduplicated; save to OUT and return
     the accuracy on a held-out tenth."""
     if variant not in ("word", "lstm"):

@@ -51,7 +51,6 @@ def estimate(sentences: Iterable[list[str]], order: int = 3) -> dict[int, dict[t
         for g in list(adj[n]):
             if adj[n][g] == 0 and g != (BOS,):
                 del adj[n][g]
-    vocab = [g[0] for g in raw[1]]
     probs: dict[int, dict[tuple, float]] = {}
     gammas: dict[int, dict[tuple, float]] = {}
     # unigrams

@@ -3,7 +3,6 @@ bag-of-pieces. Tokens are embeddings.text.tokenize's lower-cased words and punct
 """
 from __future__ import annotations
 
-import math
 import unicodedata
 from collections import Counter
 
@@ -33,7 +32,7 @@ def sentence_bleu(hyp: list[str], ref: list[str], max_n: int = 4) -> float:
     terms are added here and sacrebleu computes the rest."""
     from sacrebleu.metrics.bleu import BLEU
 
-    if not hyp:
+    if not hyp or not ref:      # smoothing alone would give an empty side a positive score
         return 0.0
     correct, total = [], []
     for n in range(1, max_n + 1):

@@ -4,7 +4,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pyarrow.dataset as ds
 import pytest
@@ -135,39 +134,6 @@ def test_direct_multiprocessing_gives_the_same_rows(direct_run, bitext, tiny_nmt
               "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"))
     _same_rows(_rows(tmp_path / "mp"), _rows(out))
     _same_rows(_rows(tmp_path / "mp", "rejects"), _rows(out, "rejects"))
-
-
-@pytest.fixture
-def dask_cluster(tmp_path):
-    """A real scheduler and two worker processes on loopback."""
-    sched_file = tmp_path / "scheduler.json"
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                               "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        deadline = time.time() + 60
-        while not sched_file.exists() and time.time() < deadline:
-            time.sleep(0.2)
-        address = json.load(open(sched_file))["address"]
-        procs += [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address,
-                                    "--nthreads", "1", "--nworkers", "2", "--no-dashboard",
-                                    "--host", "127.0.0.1", "--local-directory", str(tmp_path / "w")],
-                                   env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-        from distributed import Client
-
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=120)
-            assert len(client.scheduler_info()["workers"]) >= 2
-        yield address
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def test_dask_cluster_gives_the_same_rows(direct_run, bitext, tiny_nmt_models, tmp_path, dask_cluster):

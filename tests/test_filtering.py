@@ -1,0 +1,383 @@
+"""Filter job: each filter on hand-computed examples, threshold logic, config validation, the Beam
+job on DirectRunner and a real Dask cluster (every row exactly once, with its reasons), report."""
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from filtering import text_scores as ts
+from filtering.config import load_config, parse_config
+from filtering.filters import FILTERS, PairBatch, decide
+from filtering.lm import estimate, write_arpa
+from filtering.syntax import parse_bracketed, top_levels, tree_edit_distance
+from paracorpus.schema import PARAPHRASE_SCHEMA
+from tests.toydata import toy_paraphrases
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _batch(pairs, **columns):
+    data = {"reference": [a for a, _ in pairs], "paraphrase": [b for _, b in pairs], **columns}
+    return PairBatch(pa.table(data))
+
+
+def _score(name, pairs, **params):
+    return FILTERS[name](**params).score(_batch(pairs))
+
+
+# ------------------------------------------------------------------ text-only filters
+
+EDGE = [("", "a man ."), ("Hello", "hello"), ("a man sits .", "a man sits ."), ("a b c d", "a b x")]
+
+
+def test_length_and_ratio_on_edge_cases():
+    s = _score("length", EDGE)
+    assert s["reference_length"].tolist() == [0, 1, 4, 4]
+    assert s["paraphrase_length"].tolist() == [3, 1, 4, 3]
+    r = _score("length_ratio", EDGE + [("", "")])["length_ratio"]
+    assert r[0] == math.inf and r[1] == 1.0 and r[3] == pytest.approx(4 / 3) and r[4] == 1.0
+
+
+def test_ngram_overlap_by_hand():
+    s = _score("ngram_overlap", EDGE)
+    # empty side: nothing to share; one token each ("hello"): unigram 1, no bigram or trigram
+    assert [s["unigram_overlap"][0], s["bigram_overlap"][0], s["trigram_overlap"][0]] == [0, 0, 0]
+    assert [s["unigram_overlap"][1], s["bigram_overlap"][1], s["trigram_overlap"][1]] == [1, 0, 0]
+    assert [s["unigram_overlap"][2], s["bigram_overlap"][2], s["trigram_overlap"][2]] == [1, 1, 1]   # identical
+    # "a b c d" vs "a b x": unigrams {a, b} of 3; bigram (a b) of 2; no shared trigram of 1
+    assert s["unigram_overlap"][3] == pytest.approx(2 / 3) and s["bigram_overlap"][3] == pytest.approx(1 / 2)
+    assert s["trigram_overlap"][3] == 0
+    assert ts.ngram_overlap(["a", "a", "b"], ["a", "b", "b"], 1) == pytest.approx(2 / 3)    # clipped counts
+    with pytest.raises(ValueError, match="orders"):
+        FILTERS["ngram_overlap"](n=[5])
+
+
+def test_sentence_bleu_plus_one_by_hand():
+    hyp, ref = "a man sits in the park .".split(), "a man is sitting in the park .".split()
+    from collections import Counter
+
+    def grams(t, n):
+        return Counter(tuple(t[i:i + n]) for i in range(len(t) - n + 1))
+    logp = sum(math.log((sum((grams(hyp, n) & grams(ref, n)).values()) + 1) / (len(hyp) - n + 1 + 1))
+               for n in range(1, 5))
+    expect = math.exp(min(0.0, 1 - (len(ref) + 1) / len(hyp)) + logp / 4)
+    assert ts.sentence_bleu(hyp, ref) == pytest.approx(expect)
+    s = _score("bleu", EDGE)
+    assert s["sentence_bleu"][0] == 0.0 and s["one_minus_bleu"][0] == 1.0          # empty reference side
+    # identical 4-token sides: every smoothed precision is 1; the +1 reference length costs exp(1 - 5/4)
+    assert s["sentence_bleu"][2] == pytest.approx(math.exp(1 - 5 / 4))
+    assert s["sentence_bleu"][1] == pytest.approx(math.exp(1 - 2 / 1 + math.log(2 / 2)))  # one token, equal
+    assert np.allclose(s["sentence_bleu"] + s["one_minus_bleu"], 1.0)
+
+
+def test_bag_of_pieces_by_hand_and_with_a_sentencepiece_model(tmp_path):
+    assert ts.bag_of_pieces_similarity(["▁A", "▁man", ","], ["▁a", "▁guy", "."]) == pytest.approx(1 / 3)
+    assert ts.bag_of_pieces_similarity([",", "."], ["!"]) == 0.0                      # only punctuation
+    assert ts.bag_of_pieces_similarity(["▁x"], ["▁X"]) == 1.0
+    from models.train_nmt import train_spm
+
+    spm_path = train_spm([s for p in toy_paraphrases(300, seed=2) for s in p], str(tmp_path / "spm"), 60)
+    f = FILTERS["bag_of_pieces"](spm_model=spm_path)
+    f.setup()
+    s = f.score(_batch([("A man sits .", "a man sits !"), ("A man sits .", "The dog runs."), ("", "")]))
+    assert s["pieces_iou"][0] == 1.0 and s["pieces_iou"][1] < 0.5 and s["pieces_iou"][2] == 0.0
+
+
+def test_translation_cost_passes_the_column_and_null_never_rejects():
+    b = _batch([("a", "b"), ("c", "d"), ("e", "f")], forward_nll=pa.array([1.5, None, 4.0], pa.float32()))
+    v = FILTERS["translation_cost"]().score(b)["translation_cost"]
+    assert v[0] == 1.5 and math.isnan(v[1]) and v[2] == 4.0
+    keep, reasons = decide({"translation_cost": v}, [("translation_cost", "low", None, 3.5)], 3)
+    assert keep.tolist() == [True, True, False] and reasons[2] == ["translation_cost>max"]
+
+
+# ------------------------------------------------------------------ model-based filters
+
+def test_kneser_ney_arpa_is_normalised_and_kenlm_prefers_fluent_text(tmp_path):
+    import kenlm
+
+    sents = [ts.tokenize(a) for a, _ in toy_paraphrases(800, seed=5)]
+    model = estimate(sents, 3)
+
+    def lp(g):
+        if g in model[len(g)]:
+            return model[len(g)][g][0]
+        if len(g) == 1:
+            return model[1][("<unk>",)][0]
+        return (model[len(g) - 1].get(g[:-1], (0, None))[1] or 0.0) + lp(g[1:])
+
+    vocab = [g[0] for g in model[1] if g[0] != "<s>"]
+    for ctx in [("<s>",), ("a", "man"), ("the",), ("never", "seen")]:
+        assert sum(10 ** lp(ctx + (w,)) for w in vocab) == pytest.approx(1.0, abs=1e-6)
+    path = write_arpa(sents, str(tmp_path / "lm.arpa"), 3)
+    lm = kenlm.Model(path)
+    assert lm.order == 3
+    fluent, scrambled = "a man is sitting in the park .", "park the man in . sitting a is"
+    assert lm.perplexity(fluent) * 10 < lm.perplexity(scrambled)
+    f = FILTERS["lm_perplexity"](model=path)
+    f.setup()
+    v = f.score(_batch([("x", fluent), ("x", scrambled), ("x", "")]))["lm_perplexity"]
+    assert v[0] < v[1] and np.isfinite(v).all()
+    with pytest.raises(ValueError):
+        estimate([], 3)
+
+
+def test_lm_filter_fits_on_the_sample(tmp_path):
+    f = FILTERS["lm_perplexity"]()
+    assert f.needs_fit()
+    sample = pa.table({"reference": [a for a, _ in toy_paraphrases(200, seed=1)], "paraphrase": ["x"] * 200})
+    updates = f.fit(sample, str(tmp_path), log=lambda m: None)
+    assert os.path.isfile(updates["model"])
+
+
+def test_reference_classifier_learns_a_separable_signal(tmp_path):
+    from filtering.classifier import load_classifier, train_classifier
+
+    refs = [a for a, _ in toy_paraphrases(600, seed=1)]
+    # "machine output" with a tell-tale word choice: "one" for the article
+    trans = [re.sub(r"\b[Aa]n? ", "one ", b) for _, b in toy_paraphrases(600, seed=2)]
+    acc = train_classifier(refs, trans, "word", str(tmp_path / "clf"), epochs=4, dim=32)
+    assert acc > 0.9
+    clf = load_classifier(str(tmp_path / "clf"))
+    p = clf.p_reference(refs[:50] + trans[:50])
+    assert p[:50].mean() > 0.5 > p[50:].mean()
+    assert np.mean(p[:50, None] > p[None, 50:]) > 0.95                 # references rank above translations
+    f = FILTERS["classifier"](variants=["word"], models={"word": str(tmp_path / "clf")})
+    assert not f.needs_fit()
+    f.setup()
+    assert np.allclose(f.score(_batch([("r", refs[0])]))["p_reference_word"], clf.p_reference([refs[0]]))
+
+
+def test_paraphrase_score_is_the_encoder_cosine(tmp_path):
+    from embeddings.train import TrainConfig, train
+    from models.sentence_encoder import load_encoder
+
+    train(toy_paraphrases(300, seed=1), str(tmp_path / "enc"), TrainConfig(dim=16, epochs=1, progress=False),
+          log=lambda m: None)
+    f = FILTERS["paraphrase_score"](model=str(tmp_path / "enc"))
+    f.setup()
+    pairs = [("A man sits .", "A man sits ."), ("A man sits .", "A dog runs on the beach ."), ("", "x")]
+    v = f.score(_batch(pairs))["paraphrase_score"]
+    assert v[0] == pytest.approx(1.0) and v[0] <= 1.0 and v[1] < v[0]
+    enc = load_encoder(str(tmp_path / "enc"))
+    a, b = enc.encode(["A man sits ."]), enc.encode(["A dog runs on the beach ."])
+    assert v[1] == pytest.approx(float((a[0] @ b[0]) / np.linalg.norm(a[0]) / np.linalg.norm(b[0])), abs=1e-5)
+    with pytest.raises(ValueError, match="needs model"):
+        FILTERS["paraphrase_score"]()
+
+
+def test_tree_edit_distance_on_hand_made_trees():
+    a = parse_bracketed("(S (NP a man.n) (VP is.v (VP riding.v (NP a bike.n))) .)")
+    assert a[0] == "S" and a[1][0] == ("NP", (("a", ()), ("man.n", ())))
+    assert top_levels(a, 1) == ("S", ())
+    assert top_levels(a, 2) == ("S", (("NP", ()), ("VP", ())))                      # words dropped
+    assert top_levels(a, 3) == ("S", (("NP", ()), ("VP", (("VP", ()),))))
+    b = parse_bracketed("(S (PP on (NP the street.n)) (NP a man.n) (VP rides.v))")
+    assert tree_edit_distance(top_levels(a, 3), top_levels(a, 3)) == 0
+    # a: S(NP, VP(VP)); b: S(PP(NP), NP, VP): insert PP and its NP, delete the inner VP -> 3
+    assert tree_edit_distance(top_levels(a, 3), top_levels(b, 3)) == 3
+    assert tree_edit_distance(top_levels(a, 2), top_levels(b, 2)) == 1                # insert PP
+    assert tree_edit_distance(("S", ()), ("X", ())) == 1                               # rename
+    with pytest.raises((ValueError, IndexError)):
+        parse_bracketed("(S (NP a) extra")
+
+
+def test_tree_edit_filter_with_link_grammar():
+    try:
+        f = FILTERS["tree_edit"]()
+        f.setup()
+    except ImportError as e:
+        pytest.skip(f"link-grammar not installed ({e}); scripts/install_parser.sh installs it")
+    v = f.score(_batch([("A man is riding a bike .", "A man is riding a bike ."),
+                        ("A man is riding a bike .", "On the street , a bike is ridden by a man ."),
+                        ("", "A man .")]))["tree_edit_distance"]
+    assert v[0] == 0 and v[1] > 0 and math.isnan(v[2])                               # empty: no parse
+
+
+# ------------------------------------------------------------------ decisions and config
+
+def test_decide_applies_bounds_and_names_the_rules():
+    scores = {"s": np.array([0.1, 0.5, 0.9, np.nan]), "t": np.array([1.0, 5.0, 2.0, 9.0])}
+    rules = [("s", "between", 0.4, 0.8), ("t", "low", None, 4.0)]
+    keep, reasons = decide(scores, rules, 4)
+    assert keep.tolist() == [False, False, False, False]
+    assert reasons == [["s<min"], ["t>max"], ["s>max"], ["t>max"]]                  # NaN s passes
+    keep, reasons = decide(scores, [("s", "high", 0.5, None)], 4)
+    assert keep.tolist() == [False, True, True, True] and reasons[0] == ["s<min"]
+    assert decide(scores, [], 4)[0].all()                                             # no rules: keep all
+
+
+def test_presets_load_and_match_the_papers():
+    cfg = load_config("paranmt", {"paraphrase_score": {"model": "some/encoder"}})
+    rules = {r.score: (r.min, r.max) for r in cfg.rules}
+    assert rules["paraphrase_score"] == (0.4, 1.0) and rules["trigram_overlap"] == (None, 0.7)
+    assert rules["reference_length"] == (None, 30) and rules["paraphrase_length"] == (None, 30)
+    cfg = load_config("wieting2017")
+    assert {f.NAME for f in cfg.filters} >= {"length", "lm_perplexity", "classifier", "translation_cost"}
+    assert {r.score: (r.min, r.max) for r in cfg.rules}["paraphrase_length"] == (0, 10)
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"filters": [{"name": "lenght"}]}, "unknown filter 'lenght'"),
+    ({"filters": [{"name": "length", "thresholds": {"reference_length": {"max": "thirty"}}}]}, "must be a number"),
+    ({"filters": [{"name": "length", "thresholds": {"reference_length": {"min": 5, "max": 2}}}]}, "above max"),
+    ({"filters": [{"name": "length", "thresholds": {"ref_len": {"max": 3}}}]}, "has no score 'ref_len'"),
+    ({"filters": [{"name": "translation_cost", "thresholds": {"translation_cost": {"min": 1}}}]}, "only max"),
+    ({"filters": [{"name": "classifier", "variants": ["svm"]}]}, "variants"),
+    ({"filters": [{"name": "length", "colour": "red"}]}, "unknown parameter"),
+    ({"filters": []}, "non-empty"),
+    ({"filters": [{"name": "length"}, {"name": "length"}]}, "twice"),
+    ({"filters": [{"name": "length"}], "fit_sample": "lots"}, "fit_sample"),
+])
+def test_bad_configs_fail_clearly(raw, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config(raw, "test.yaml")
+
+
+# ------------------------------------------------------------------ the job
+
+CONFIG = """
+filters:
+  - name: length
+    thresholds: {reference_length: {max: 30}, paraphrase_length: {max: 9}}
+  - name: ngram_overlap
+    thresholds: {trigram_overlap: {max: 0.7}}
+  - name: bleu
+  - name: translation_cost
+    thresholds: {translation_cost: {max: 2.5}}
+  - name: lm_perplexity
+  - name: classifier
+    variants: [word]
+    epochs: 1
+    dim: 16
+  - name: paraphrase_score
+    thresholds: {paraphrase_score: {min: 0.4, max: 1.0}}
+fit_sample: 200
+"""
+
+
+@pytest.fixture(scope="module")
+def generation_output(tmp_path_factory):
+    """A generation-job output (contract schema, Hive layout, 3 shards) plus an encoder."""
+    from embeddings.train import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("gen")
+    rows = []
+    for i, (a, b) in enumerate(toy_paraphrases(900, seed=3)):
+        row = {f.name: None for f in PARAPHRASE_SCHEMA}
+        row.update(pair_id=hashlib.sha1(str(i // 3).encode()).hexdigest()[:16], reference=a, paraphrase=b,
+                   rank=1 + i % 3, forward_nll=None if i % 50 == 0 else 1.0 + (i % 7) / 3, constraint_set=[],
+                   src_lang="cs", tgt_lang="en", mode="sample")
+        rows.append(row)
+    rows[5]["paraphrase"] = ""                                       # hostile rows are scored, not lost
+    rows[6]["paraphrase"] = "x" * 5000
+    for shard in range(3):
+        d = root / "paraphrases" / "lang_pair=cs-en" / f"shard={shard:05d}"
+        d.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows[shard::3], schema=PARAPHRASE_SCHEMA), d / "part-00000.parquet")
+    train(toy_paraphrases(500, seed=1), str(root / "enc"), TrainConfig(dim=16, epochs=1, progress=False),
+          log=lambda m: None)
+    (root / "cfg.yaml").write_text(CONFIG)
+    return root, rows
+
+
+def _run(gen, out, *extra):
+    from beam_pipelines.filter import run
+
+    root, _ = gen
+    return run(["--input", str(root), "--output", str(out), "--config", str(root / "cfg.yaml"),
+                "--encoder", str(root / "enc"), *extra])
+
+
+def _scored(out):
+    return ds.dataset(os.path.join(out, "scored"), format="parquet", partitioning="hive").to_table()
+
+
+@pytest.fixture(scope="module")
+def direct_filter_run(generation_output, tmp_path_factory):
+    out = tmp_path_factory.mktemp("filtered")
+    manifest = _run(generation_output, out, "--runner", "DirectRunner")
+    return out, manifest
+
+
+def test_every_row_once_with_its_reasons(generation_output, direct_filter_run):
+    _, rows = generation_output
+    out, manifest = direct_filter_run
+    t = _scored(out)
+    assert t.num_rows == len(rows) == manifest["rows_in"] == manifest["rows_out"] and manifest["reconciled"]
+    got = sorted((r["pair_id"], r["rank"]) for r in t.select(["pair_id", "rank"]).to_pylist())
+    assert got == sorted((r["pair_id"], r["rank"]) for r in rows)                    # exactly once each
+    assert set(PARAPHRASE_SCHEMA.names) <= set(t.column_names)                       # every input column kept
+    cfg = load_config(str(generation_output[0] / "cfg.yaml"), {"paraphrase_score": {"model": "x"}})
+    for name in cfg.score_columns + ["keep", "reasons", "fit_sample"]:
+        assert name in t.column_names
+    kept = 0
+    for r in t.to_pylist():
+        expect = []
+        for rule in cfg.rules:
+            v = r[rule.score]
+            if v is not None and rule.min is not None and v < rule.min:
+                expect.append(f"{rule.score}<min")
+            if v is not None and rule.max is not None and v > rule.max:
+                expect.append(f"{rule.score}>max")
+        assert r["reasons"] == expect and r["keep"] == (not expect)
+        kept += r["keep"]
+    assert 0 < kept < len(rows) and kept == manifest["kept"]
+    assert sum(t.column("fit_sample").to_pylist()) > 0
+    by_reason = manifest["rejected_by_reason"]
+    assert by_reason["translation_cost>max"] == sum("translation_cost>max" in r for r in t.column("reasons").to_pylist())
+
+
+def test_report_is_written(direct_filter_run):
+    out, manifest = direct_filter_run
+    report = json.load(open(os.path.join(out, "report", "report.json")))
+    assert report["rows"] == manifest["rows_in"] and report["kept"] == manifest["kept"]
+    assert set(report["diversity_by_rank"]) == {"1", "2", "3"}
+    for side in ("references", "paraphrases"):
+        s = report["text"][side]
+        assert 0 < s["unigram_entropy"] < s["trigram_entropy"] and s["average_idf"] > 0
+    for plot in report["plots"]:
+        assert open(os.path.join(out, "report", plot), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    md = open(os.path.join(out, "report", "report.md")).read()
+    assert "Rejections by reason" in md and "translation_cost>max" in md and "Diversity by rank" in md
+
+
+def test_dask_cluster_gives_the_same_rows(generation_output, direct_filter_run, dask_cluster, tmp_path):
+    out, _ = direct_filter_run
+    manifest = _run(generation_output, tmp_path / "dask", "--runner", "DaskRunner", "--dask_client_address",
+                    dask_cluster, "--no_report")
+    assert manifest["reconciled"]
+    cols = ["pair_id", "rank", "keep", "reasons", "trigram_overlap", "paraphrase_score", "lm_perplexity"]
+
+    def rows(path):
+        return sorted(_scored(path).select(cols).to_pylist(), key=lambda r: (r["pair_id"], r["rank"]))
+    a, b = rows(tmp_path / "dask"), rows(out)
+    assert [(r["pair_id"], r["rank"], r["keep"], r["reasons"]) for r in a] == \
+           [(r["pair_id"], r["rank"], r["keep"], r["reasons"]) for r in b]
+    assert np.allclose([r["paraphrase_score"] for r in a], [r["paraphrase_score"] for r in b], atol=1e-6)
+
+
+def test_cli_fails_before_work_on_bad_config(generation_output, tmp_path):
+    root, _ = generation_output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("filters:\n  - name: lenght\n")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", "--input", str(root), "--output", str(out),
+                        "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown filter 'lenght'" in r.stderr and not out.exists()
+    bad.write_text("filters:\n  - name: length\n    thresholds: {paraphrase_length: {max: -}}\n")
+    r = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", "--input", str(root), "--output", str(out),
+                        "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "must be a number" in r.stderr and not out.exists()
+    r = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "--config" in r.stdout and "paranmt" in r.stdout
