@@ -381,3 +381,32 @@ def test_cli_fails_before_work_on_bad_config(generation_output, tmp_path):
     r = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "--config" in r.stdout and "paranmt" in r.stdout
+
+
+def test_threshold_tuning_from_keep_rate_and_dev_set():
+    from filtering.tune import threshold_for_keep_rate, threshold_from_dev
+
+    v = np.arange(100, dtype=float)
+    lo = threshold_for_keep_rate(v, "high", 0.25)
+    assert np.mean(v >= lo) == pytest.approx(0.25, abs=0.01)
+    hi = threshold_for_keep_rate(np.append(v, np.nan), "low", 0.6)
+    assert np.mean(v <= hi) == pytest.approx(0.6, abs=0.01)
+    scores = [0.1, 0.2, 0.35, 0.5, 0.6, 0.9]
+    labels = [0, 0, 0, 1, 1, 1]
+    bound, acc = threshold_from_dev(scores, labels, "high")
+    assert 0.35 < bound < 0.5 and acc == 1.0
+    bound, acc = threshold_from_dev([1.0, 2.0, 3.0, 4.0], [1, 1, 0, 1], "low")
+    assert 2.0 < bound and acc == 0.75
+    with pytest.raises(ValueError):
+        threshold_from_dev([0.1, 0.2], [1, 1], "high")
+    with pytest.raises(ValueError):
+        threshold_for_keep_rate(v, "between", 0.5)
+
+
+def test_tune_cli_on_a_filter_run(direct_filter_run):
+    out, _ = direct_filter_run
+    r = subprocess.run([sys.executable, "-m", "filtering.tune", "--scored", os.path.join(out, "scored"),
+                        "--score", "trigram_overlap", "--direction", "low", "--keep_rate", "0.5"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "trigram_overlap: max" in r.stdout and "thresholds: {trigram_overlap: {max:" in r.stdout
