@@ -26,16 +26,20 @@ DIRECTIONS = ("high", "low", "between")
 
 
 class PairBatch:
-    """Rows of the generation output seen by the filters; token lists are computed once and shared."""
+    """Rows of the generation output seen by the filters; tokens are computed once and shared.
+
+    Tokens come in two forms: ``ref_ids`` / ``para_ids`` (ts.TokenColumn: flat int32 token ids and
+    row offsets, one vocabulary for both sides, what the token-level filters compute on with numpy)
+    and ``ref_tokens`` / ``para_tokens`` (a list of token lists per row, for the other filters)."""
 
     def __init__(self, table: pa.Table | pa.RecordBatch):
         self.table = table
-        self.reference: list[str] = [s or "" for s in table.column("reference").to_pylist()]
-        self.paraphrase: list[str] = [s or "" for s in table.column("paraphrase").to_pylist()]
+        self._reference_column = table.column("reference")
+        self._paraphrase_column = table.column("paraphrase")
         self._cache: dict = {}
 
     def __len__(self) -> int:
-        return len(self.reference)
+        return self.table.num_rows
 
     def cached(self, key, make):
         if key not in self._cache:
@@ -43,12 +47,48 @@ class PairBatch:
         return self._cache[key]
 
     @property
+    def reference(self) -> list[str]:
+        return self.cached("reference", lambda: [s or "" for s in self._reference_column.to_pylist()])
+
+    @property
+    def paraphrase(self) -> list[str]:
+        return self.cached("paraphrase", lambda: [s or "" for s in self._paraphrase_column.to_pylist()])
+
+    def _token_ids(self) -> tuple[ts.TokenColumn, ts.TokenColumn]:
+        return self.cached("token_ids", lambda: tuple(ts.tokenize_columns(self._reference_column,
+                                                                          self._paraphrase_column)))
+
+    @property
+    def ref_ids(self) -> ts.TokenColumn:
+        return self._token_ids()[0]
+
+    @property
+    def para_ids(self) -> ts.TokenColumn:
+        return self._token_ids()[1]
+
+    @property
+    def ref_lengths(self) -> np.ndarray:
+        return self.cached("ref_lengths", lambda: self.ref_ids.lengths)
+
+    @property
+    def para_lengths(self) -> np.ndarray:
+        return self.cached("para_lengths", lambda: self.para_ids.lengths)
+
+    @property
     def ref_tokens(self) -> list[list[str]]:
-        return self.cached("ref_tokens", lambda: [ts.tokenize(s) for s in self.reference])
+        return self.cached("ref_tokens", lambda: self.ref_ids.token_lists())
 
     @property
     def para_tokens(self) -> list[list[str]]:
-        return self.cached("para_tokens", lambda: [ts.tokenize(s) for s in self.paraphrase])
+        return self.cached("para_tokens", lambda: self.para_ids.token_lists())
+
+    def ngram_matches(self, max_n: int) -> list[np.ndarray]:
+        """Per row, the n-grams reference and paraphrase share (clipped counts), for n = 1..MAX_N."""
+        counts = self._cache.get("ngram_matches", [])
+        if len(counts) < max_n:                 # every order comes from one pass
+            counts = ts.ngram_match_counts(self.ref_ids, self.para_ids, max_n)
+            self._cache["ngram_matches"] = counts
+        return counts[:max_n]
 
     def column(self, name: str) -> list:
         if name not in self.table.schema.names:
@@ -103,8 +143,8 @@ class LengthFilter(Filter):
     SCORES = {"reference_length": "between", "paraphrase_length": "between"}
 
     def score(self, batch):
-        return {"reference_length": np.array([len(t) for t in batch.ref_tokens], dtype=np.float64),
-                "paraphrase_length": np.array([len(t) for t in batch.para_tokens], dtype=np.float64)}
+        return {"reference_length": batch.ref_lengths.astype(np.float64),
+                "paraphrase_length": batch.para_lengths.astype(np.float64)}
 
 
 class LengthRatioFilter(Filter):
@@ -113,11 +153,7 @@ class LengthRatioFilter(Filter):
     SCORES = {"length_ratio": "low"}
 
     def score(self, batch):
-        out = []
-        for a, b in zip(batch.ref_tokens, batch.para_tokens):
-            lo, hi = sorted((len(a), len(b)))
-            out.append(hi / lo if lo else (math.inf if hi else 1.0))
-        return {"length_ratio": np.array(out, dtype=np.float64)}
+        return {"length_ratio": ts.length_ratio_batch(batch.ref_lengths, batch.para_lengths)}
 
 
 _NGRAM_NAMES = {1: "unigram", 2: "bigram", 3: "trigram", 4: "fourgram"}
@@ -138,9 +174,11 @@ class NgramOverlapFilter(Filter):
         return {f"{_NGRAM_NAMES[k]}_overlap": "between" for k in self.params["n"]}
 
     def score(self, batch):
-        return {f"{_NGRAM_NAMES[k]}_overlap": np.array([ts.ngram_overlap(a, b, k) for a, b in
-                                                        zip(batch.ref_tokens, batch.para_tokens)])
-                for k in self.params["n"]}
+        orders = self.params["n"]
+        matches = batch.ngram_matches(max(orders))
+        return {f"{_NGRAM_NAMES[k]}_overlap": ts.ngram_overlap_batch(batch.ref_lengths, batch.para_lengths,
+                                                                     matches[k - 1], k)
+                for k in orders}
 
 
 class BleuFilter(Filter):
@@ -150,7 +188,7 @@ class BleuFilter(Filter):
     SCORES = {"sentence_bleu": "between", "one_minus_bleu": "between"}
 
     def score(self, batch):
-        b = np.array([ts.sentence_bleu(p, r) for r, p in zip(batch.ref_tokens, batch.para_tokens)])
+        b = ts.sentence_bleu_batch(batch.para_lengths, batch.ref_lengths, batch.ngram_matches(4), max_n=4)
         return {"sentence_bleu": b, "one_minus_bleu": 1.0 - b}
 
 

@@ -410,3 +410,119 @@ def test_tune_cli_on_a_filter_run(direct_filter_run):
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "trigram_overlap: max" in r.stdout and "thresholds: {trigram_overlap: {max:" in r.stdout
+
+
+# ------------------------------------------------------------------ vectorised token-level scores
+
+HOSTILE = ["", " ", "x", "A", ".", "'", "''", "'a", "a'", "a'b'c", "a''b", "don't", "Don't STOP", "''quoted''",
+           "rock 'n' roll", "it's the dog's", "l'homme", "don’t", "it’s ’quoted’", "Ďáblova žena",
+           "ĎÁBLOVA ŽENA", "naïve café", "NAÏVE CAFÉ", "ﬁne ﬂower", "Ⅻ ½ x²", "İstanbul", "ΟΔΟΣ ΣΑΣ",
+           "straße STRASSE", "tab\there", "null\x00byte", "bell\x07 esc\x1b[0m", "del\x7fc1\x85\x9f",
+           "line\nbreak\r\n", "\x0b\x0c\x1c\x1d\x1e\x1f", "nbsp\u00a0here", "zero\u200bwidth",
+           "emoji 😀 🎉!", "👍🏽👍", "中文句子。", "日本語のテキスト、です", "한국어 문장", "مرحبا بالعالم",
+           "under_score snake_case __x__", "123 4.5 6,7 -8", "a-b a/b a\\b", "$%^&*()[]{}<>|~`",
+           " ".join(["word"] * 300), " ".join(f"w{i}" for i in range(300)), "x" * 6000,
+           ("ab " * 3000) + "tail", "a" * 4999 + " b", "a" * 5001, "é" * 4999 + "a b"]
+
+
+def _vector_pairs():
+    """Toy paraphrases, every ordered pair of hostile strings, random ASCII noise and mixed rows."""
+    import random
+
+    rng = random.Random(7)
+    pairs = list(toy_paraphrases(1500, seed=11))
+    pairs += [(a, b) for a in HOSTILE[::3] for b in HOSTILE[1::2]]
+    pairs += [(s, s) for s in HOSTILE]                                     # identical sides
+    pairs += [(s, "") for s in HOSTILE] + [("", s) for s in HOSTILE]
+    alphabet = "aAbB zZ09_'’.,!?-\"'\t\n\x00\x1f\x7f"
+    for _ in range(800):
+        pairs.append(tuple("".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(2)))
+    words = "a the man dog is sitting . , ' don't x y ’ café Ďábel 😀 中".split()
+    for _ in range(800):
+        pairs.append(tuple(" ".join(rng.choice(words) for _ in range(rng.randrange(0, 25))) for _ in range(2)))
+    return pairs
+
+
+def test_vectorised_tokens_equal_tokenize():
+    from embeddings.text import tokenize
+
+    pairs = _vector_pairs()
+    assert len(pairs) > 3000
+    ref, para = ts.tokenize_columns(pa.array([a for a, _ in pairs]), pa.array([b for _, b in pairs]))
+    assert ref.token_lists() == [tokenize(a) for a, _ in pairs]
+    assert para.token_lists() == [tokenize(b) for _, b in pairs]
+    assert (ref.lengths <= 100).all() and ref.ids.dtype == np.int32
+    # chunked columns with nulls, string and large_string, a RecordBatch, a sliced array
+    chunks = pa.chunked_array([pa.array(["A man .", None, "don't"]), pa.array([None, "Ďáblova žena"], pa.string())])
+    other = pa.array(["x", "y", None, "zz", "’s"], pa.large_string())
+    b = PairBatch(pa.table({"reference": chunks, "paraphrase": other}))
+    assert b.ref_tokens == [tokenize(s or "") for s in chunks.to_pylist()]
+    assert b.para_tokens == [tokenize(s or "") for s in other.to_pylist()]
+    assert b.reference[1] == "" and len(b) == 5
+    rb = pa.RecordBatch.from_pydict({"reference": ["A b", "c"], "paraphrase": ["d", "E f g"]})
+    assert PairBatch(rb).para_lengths.tolist() == [1, 3]
+    sliced = pa.array(["skip", "A'b c", "d’e", "tail"]).slice(1, 2)
+    (col,) = ts.tokenize_columns(sliced)
+    assert col.token_lists() == [["a'b", "c"], tokenize("d’e")]
+    empty = ts.tokenize_columns(pa.array([], pa.string()), pa.array([], pa.string()))
+    assert [len(c) for c in empty] == [0, 0]
+    assert ts.ngram_match_counts(*empty, 4)[3].shape == (0,)
+
+
+def _reference_scores(pairs):
+    from embeddings.text import tokenize
+
+    rt, pt = [tokenize(a) for a, _ in pairs], [tokenize(b) for _, b in pairs]
+    out = {"reference_length": [len(t) for t in rt], "paraphrase_length": [len(t) for t in pt]}
+    ratio = []
+    for a, b in zip(rt, pt):
+        lo, hi = sorted((len(a), len(b)))
+        ratio.append(hi / lo if lo else (math.inf if hi else 1.0))
+    out["length_ratio"] = ratio
+    for k, name in ((1, "unigram"), (2, "bigram"), (3, "trigram"), (4, "fourgram")):
+        out[f"{name}_overlap"] = [ts.ngram_overlap(a, b, k) for a, b in zip(rt, pt)]
+    out["sentence_bleu"] = [ts.sentence_bleu(b, a) for a, b in zip(rt, pt)]
+    out["one_minus_bleu"] = [1.0 - v for v in out["sentence_bleu"]]
+    return {k: np.array(v, dtype=np.float64) for k, v in out.items()}
+
+
+def test_vectorised_scores_equal_the_per_pair_functions():
+    pairs = _vector_pairs()
+    expect = _reference_scores(pairs)
+    batch = _batch(pairs)
+    got = {}
+    for f in (FILTERS["length"](), FILTERS["length_ratio"](), FILTERS["ngram_overlap"](n=[1, 2, 3, 4]),
+              FILTERS["bleu"]()):
+        got.update(f.score(batch))
+    assert set(got) == set(expect)
+    for name, v in expect.items():
+        assert got[name].shape == v.shape and got[name].dtype == np.float64, name
+        assert np.allclose(got[name], v, rtol=0, atol=1e-9), name
+        assert (np.isinf(got[name]) == np.isinf(v)).all(), name
+    # the overlap filter alone with some orders; BLEU on a fresh batch (its own n-gram pass)
+    s = FILTERS["ngram_overlap"](n=[3, 1]).score(_batch(pairs))
+    assert np.allclose(s["trigram_overlap"], expect["trigram_overlap"], rtol=0, atol=1e-9)
+    assert np.allclose(s["unigram_overlap"], expect["unigram_overlap"], rtol=0, atol=1e-9)
+    s = FILTERS["bleu"]().score(_batch(pairs))
+    assert np.allclose(s["sentence_bleu"], expect["sentence_bleu"], rtol=0, atol=1e-9)
+
+
+def test_ngram_match_counts_for_every_key_layout():
+    """Keys with global ids, with ids renumbered within rows (a large vocabulary), and the sort per
+    order (fields too wide for one int64) all give the per-pair clipped counts."""
+    pairs = _vector_pairs()[:1500] + [("a a a b", "a a b b"), ("the " * 50, "the " * 20), ("b a b a", "a b a b")]
+    ref, para = ts.tokenize_columns(pa.array([a for a, _ in pairs]), pa.array([b for _, b in pairs]))
+    rt, pt = ref.token_lists(), para.token_lists()
+    expect = [np.array([sum((ts.ngrams(a, n) & ts.ngrams(b, n)).values()) for a, b in zip(rt, pt)])
+              for n in (1, 2, 3, 4)]
+    big = pa.array([str(i) for i in range(1 << 21)])              # 22-bit ids: 4 fields do not fit
+    wide = (ts.TokenColumn(ref.ids, ref.offsets, big), ts.TokenColumn(para.ids, para.offsets, big))
+    for got in (ts.ngram_match_counts(ref, para, 4), ts.ngram_match_counts(*wide, 4),
+                ts._ngram_match_counts_by_order(ref, para, 4), ts.ngram_match_counts(ref, para, 2) + [None, None]):
+        for n in (1, 2, 3, 4):
+            if got[n - 1] is not None:
+                assert got[n - 1].tolist() == expect[n - 1].tolist(), n
+    bleu = ts.sentence_bleu_batch(np.array([3, 0, 2]), np.array([3, 2, 0]),
+                                  [np.array([3, 0, 0]), np.array([2, 0, 0]), np.array([1, 0, 0]), np.array([0, 0, 0])])
+    assert bleu[0] == pytest.approx(ts.sentence_bleu(list("abc"), list("abc")), abs=1e-12)
+    assert bleu[1:].tolist() == [0.0, 0.0]
