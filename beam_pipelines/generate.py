@@ -70,6 +70,9 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     ]:
         g.add_argument(f"--{name}", type=typ, default=None, help=f"{doc} (default: from preset)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="model weights' precision: auto = fp16 on a GPU, fp32 on the CPU; bf16 is "
+                        "about 1.5x faster on CPUs with AVX512-BF16, with slightly different scores")
     g.add_argument("--max_line_chars", type=int, default=DEFAULT_MAX_LINE_CHARS,
                    help="records longer than this are rejected unparsed")
     g.add_argument("--max_tokens", type=int, default=100, help="max whitespace tokens per side")
@@ -105,7 +108,7 @@ def _parse_encodings(spec: str) -> dict:
 
 def build(p: beam.Pipeline, shards, output: str, cfg: GenerationConfig, cleaning: CleaningConfig,
           chash: str, forward_model: str, backward_model: str | None, device: str | None,
-          max_line_chars: int, src_column: str, tgt_column: str) -> None:
+          precision: str, max_line_chars: int, src_column: str, tgt_column: str) -> None:
     lang_pair = f"{cleaning.src_lang}-{cleaning.tgt_lang}"
     n_shards = cfg.num_output_shards
     read = (p | "ShardList" >> beam.Create(shards)
@@ -118,7 +121,8 @@ def build(p: beam.Pipeline, shards, output: str, cfg: GenerationConfig, cleaning
     generated = (dedup[MAIN_TAG]
                  | "KeyByOutputShard" >> beam.Map(lambda r: (output_shard(r["pair_id"], n_shards), r))
                  | "GroupByOutputShard" >> beam.GroupByKey()
-                 | "Generate" >> beam.ParDo(GenerateForShard(forward_model, backward_model, device, chash, cfg))
+                 | "Generate" >> beam.ParDo(GenerateForShard(forward_model, backward_model, device, chash, cfg,
+                                                                  precision))
                  | "SplitGenerated" >> SplitTagged())
     rows_written = (generated[MAIN_TAG]
          | "KeyRows" >> beam.Map(lambda r: ((lang_pair, output_shard(r["pair_id"], n_shards)), r))
@@ -234,7 +238,8 @@ def run(argv=None) -> dict:
                      "encodings": cleaning.encodings, "max_tokens": cleaning.max_tokens,
                      "max_length_ratio": cleaning.max_length_ratio, "max_line_chars": opts.max_line_chars}
     chash = config_hash(cfg, {"models": {k: v["fingerprint"] for k, v in models.items()},
-                              "cleaning": cleaning_dict, "preset": opts.preset})
+                              "cleaning": cleaning_dict, "preset": opts.preset,
+                              "precision": opts.precision})
     log.info("generation: %d shard(s), preset %s, mode %s, config %s", len(shards), opts.preset, cfg.mode, chash)
 
     pipeline_options = PipelineOptions(_qualify_runner(beam_args))
@@ -244,12 +249,13 @@ def run(argv=None) -> dict:
     with beam.Pipeline(options=pipeline_options) as p:
         build(p, shards, os.path.abspath(opts.output), cfg, cleaning, chash, os.path.abspath(opts.forward_model),
               os.path.abspath(opts.backward_model) if opts.backward_model else None, opts.device,
-              opts.max_line_chars, opts.src_column or opts.src_lang, opts.tgt_column or opts.tgt_lang)
+              opts.precision, opts.max_line_chars, opts.src_column or opts.src_lang, opts.tgt_column or opts.tgt_lang)
     elapsed = time.time() - start
     counts = summarize(opts.output)
     manifest = {
         "contract_version": CONTRACT_VERSION, "config_hash": chash, "preset": opts.preset,
         "config": cfg.to_dict(), "cleaning": cleaning_dict, "models": models, "runner": runner,
+        "precision": opts.precision,
         "inputs": [shard_fingerprint(s) for s in shards], "counts": counts,
         "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

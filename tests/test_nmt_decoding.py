@@ -102,3 +102,30 @@ def test_beam_search_is_fairseq_nbest(fwd, bwd, sources):
 def test_missing_model_dir_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="model.pt"):
         Translator(str(tmp_path))
+
+
+def test_precision_is_validated(tiny_nmt_models):
+    from models.nmt import resolve_precision
+
+    assert resolve_precision("auto", "cpu") == "fp32"
+    assert resolve_precision("auto", "cuda") == "fp16"
+    with pytest.raises(ValueError, match="needs a GPU"):
+        resolve_precision("fp16", "cpu")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        Translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu", precision="int4")
+
+
+def test_bf16_keeps_bans_and_scores_close_to_fp32(tiny_nmt_models, fwd, sources):
+    t16 = load_translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu", precision="bf16")
+    words = ("a", "the")
+    out = t16.sample([SampleRequest(s, f"h{i}", words, 6) for i, s in enumerate(sources)], topk=10, seed=4)
+    phrases = t16.banned_phrases(words)
+    flat = [(s, h) for s, hs in zip(sources, out) for h in hs if h.text]
+    assert len(flat) > 10
+    for _, h in flat:
+        assert not any(_contains(h.token_ids, p) for p in phrases)
+    # bf16 weights change scores only a little: rescore the bf16 samples in fp32.
+    fp32 = fwd.score([s for s, _ in flat], [h.text for _, h in flat])
+    same_tokens = [(h.nll, ref) for (_, h), ref in zip(flat, fp32) if fwd.pieces(h.text) == list(h.pieces)]
+    assert same_tokens
+    assert max(abs(a - b) for a, b in same_tokens) < 0.15

@@ -20,15 +20,15 @@ def _pairs(batch: list[dict]) -> list[CleanPair]:
 
 class _ModelDoFn(beam.DoFn):
     def __init__(self, forward_model: str, backward_model: str | None, device: str | None,
-                 config_hash: str):
+                 config_hash: str, precision: str = "auto"):
         self.forward_model, self.backward_model = forward_model, backward_model
-        self.device, self.config_hash = device, config_hash
+        self.device, self.config_hash, self.precision = device, config_hash, precision
 
     def setup(self):
         from models.nmt import load_translator
 
-        self.forward = load_translator(self.forward_model, device=self.device)
-        self.backward = (load_translator(self.backward_model, device=self.device)
+        self.forward = load_translator(self.forward_model, device=self.device, precision=self.precision)
+        self.backward = (load_translator(self.backward_model, device=self.device, precision=self.precision)
                          if self.backward_model else None)
         self.progress = Progress(type(self).__name__)
 
@@ -40,8 +40,9 @@ class GenerateForShard(_ModelDoFn):
     drops what a DoFn emits in finish_bundle, where BatchElements flushes its last batch.
     """
 
-    def __init__(self, forward_model, backward_model, device, config_hash, cfg: GenerationConfig):
-        super().__init__(forward_model, backward_model, device, config_hash)
+    def __init__(self, forward_model, backward_model, device, config_hash, cfg: GenerationConfig,
+                 precision: str = "auto"):
+        super().__init__(forward_model, backward_model, device, config_hash, precision)
         self.cfg = cfg
 
     def process(self, element):
