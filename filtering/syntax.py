@@ -89,7 +89,10 @@ class Parser:
         lg = _import_linkgrammar()
         self._lg = lg
         self._dict = lg.Dictionary("en")
-        self._opts = lg.ParseOptions(verbosity=0, max_parse_time=2)
+        # Null links let the parser skip words it cannot attach: back-translations are often a
+        # little ungrammatical, and without them about half get no parse at all.
+        self._opts = lg.ParseOptions(verbosity=0, max_parse_time=2, min_null_count=0,
+                                     max_null_count=max_words)
         self.max_words = max_words
         self.parse = lru_cache(maxsize=100_000)(self._parse)    # references repeat across ranks
 

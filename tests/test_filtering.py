@@ -201,6 +201,9 @@ def test_tree_edit_filter_with_link_grammar():
                         ("A man is riding a bike .", "On the street , a bike is ridden by a man ."),
                         ("", "A man .")]))["tree_edit_distance"]
     assert v[0] == 0 and v[1] > 0 and math.isnan(v[2])                               # empty: no parse
+    # A typical ungrammatical back-translation still gets a (robust, null-link) parse.
+    w = f.score(_batch([("Two young men are outside.", "Two young men are outside a lot of store.")]))
+    assert not math.isnan(w["tree_edit_distance"][0])
 
 
 # ------------------------------------------------------------------ decisions and config
