@@ -6,7 +6,7 @@ set -euo pipefail
 if python3 -c "import sys; sys.path.insert(0, '/usr/lib/python3/dist-packages'); import linkgrammar" 2>/dev/null; then
   echo "link-grammar already installed"; exit 0
 fi
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"   # -n: fail rather than wait for a password
 $SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq link-grammar python3-link-grammar
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq link-grammar python3-link-grammar
 echo "link-grammar installed"
