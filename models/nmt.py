@@ -286,6 +286,8 @@ class Translator:
                 row_src.append(src_index[r.source])
                 row_seed.append(_key_seed(seed, r.key, s))
         n_rows = len(row_req)
+        if n_rows == 0:                                      # every request asked for 0 samples
+            return
         max_len = max(self._max_len(len(src_cache[s])) for s in sources)
         seeds = np.array(row_seed, dtype=np.uint64)
 
@@ -330,6 +332,7 @@ class Translator:
         # encoder-side keys and values are projected once per source, not once per sample; the
         # decoder state is then copied out to the rows.
         dec_row = node.clone()                               # decoder row of each active row
+        dec_global = torch.arange(n_rows, device=dev)        # global row of each decoder row, from step 1
         row_limit = torch.tensor([self._max_len(len(src_cache[reqs[q].source])) for q in row_req], device=dev)
         vocab = len(self.tgt_dict)
         incremental_state: dict = {}
@@ -402,7 +405,6 @@ class Translator:
                 model.decoder.reorder_incremental_state_scripting(incremental_state, dec_row)
                 encoder_out = model.encoder.reorder_encoder_out(encoder_out, dec_row)
                 dec_row = torch.arange(n_rows, device=dev)
-                dec_global = active.clone()
             if bool(done.any()):
                 for row in active[done].tolist():
                     ids = tokens[row, lmax + 1:lmax + step + 1].tolist()

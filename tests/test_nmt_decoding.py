@@ -129,3 +129,9 @@ def test_bf16_keeps_bans_and_scores_close_to_fp32(tiny_nmt_models, fwd, sources)
     same_tokens = [(h.nll, ref) for (_, h), ref in zip(flat, fp32) if fwd.pieces(h.text) == list(h.pieces)]
     assert same_tokens
     assert max(abs(a - b) for a, b in same_tokens) < 0.15
+
+
+def test_zero_samples_gives_no_hypotheses(fwd, sources):
+    out = fwd.sample([SampleRequest(sources[0], "z", (), 0), SampleRequest(sources[1], "y", (), 2)], seed=1)
+    assert out[0] == [] and len(out[1]) == 2
+    assert fwd.sample([SampleRequest(sources[0], "z", (), 0)], seed=1) == [[]]
