@@ -46,16 +46,20 @@ def list_partitions(input_dir: str) -> tuple[str, list[str]]:
 
 
 def fit_sample(root: str, files: list[str], rows: int):
-    """Up to ROWS rows whose pair_id falls in a fixed tenth of the hash space, in file order."""
+    """About ROWS rows: every row of the pairs whose pair_id hashes into a share of the hash space
+    sized from the input's row count (Parquet metadata), so all ranks of a pair go together and
+    reruns pick the same pairs; at most ROWS rows, in file order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    total = sum(pq.ParquetFile(os.path.join(root, rel)).metadata.num_rows for rel in files)
+    cut = int(min(1.0, rows / max(total, 1)) * 0xFFFFFFFF)
     parts, n = [], 0
     for rel in files:
         t = pq.read_table(os.path.join(root, rel), columns=["pair_id", "reference", "paraphrase"])
         ids = t.column("pair_id").to_pylist()
-        mask = [int(hashlib.sha1((i or "").encode()).hexdigest()[:8], 16) % 10 == 0 for i in ids]
-        sel = t.filter(pa.array(mask))
+        mask = [int(hashlib.sha1((i or "").encode()).hexdigest()[:8], 16) <= cut for i in ids]
+        sel = t.filter(pa.array(mask, type=pa.bool_()))
         parts.append(sel)
         n += sel.num_rows
         if n >= rows:

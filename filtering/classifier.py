@@ -55,7 +55,9 @@ def load_classifier(path: str) -> ReferenceClassifier:
 def train_classifier(references, translations, variant: str, out: str, epochs: int = 3, dim: int = 100,
                      batch_size: int = 64, lr: float = 5e-3, seed: int = 1, held_out: float = 0.1) -> float:
     """Train on REFERENCES (label 1) vs TRANSLATIONS (label 0), deduplicated; save to OUT and return
-    the accuracy on a held-out tenth."""
+    the balanced accuracy (mean of the two classes' recall) on a held-out tenth. A pair has one
+    reference and several paraphrases, so the classes are weighted to count equally: plain
+    accuracy would reward always answering "translation"."""
     if variant not in ("word", "lstm"):
         raise ValueError(f"classifier variant must be word or lstm, got {variant!r}")
     refs = sorted({s for s in references if s})
@@ -72,7 +74,9 @@ def train_classifier(references, translations, variant: str, out: str, epochs: i
     clf = ReferenceClassifier(enc)
     params = list(enc.module.parameters()) + list(clf.head.parameters())
     opt = torch.optim.Adam(params, lr=lr)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    n_pos = sum(y for _, y in train)
+    pos_weight = torch.tensor((len(train) - n_pos) / max(n_pos, 1.0))
+    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)
     for _ in range(epochs):
         rng.shuffle(train)
         enc.module.train()
@@ -84,6 +88,8 @@ def train_classifier(references, translations, variant: str, out: str, epochs: i
             loss.backward()
             opt.step()
     p = clf.p_reference([s for s, _ in test])
-    acc = float(np.mean((p >= 0.5) == np.array([y == 1.0 for _, y in test])))
+    truth = np.array([y == 1.0 for _, y in test])
+    hit = (p >= 0.5) == truth
+    acc = float(np.mean([hit[truth == c].mean() for c in (True, False) if (truth == c).any()]))
     clf.save(out)
     return acc

@@ -297,7 +297,7 @@ class ClassifierFilter(Filter):
         for v in self.params["variants"]:
             path = os.path.join(workdir, f"classifier-{v}")
             acc = train_classifier(refs, paras, v, path, epochs=self.params["epochs"], dim=self.params["dim"])
-            log(f"  classifier ({v}): held-out accuracy {acc:.3f} -> {path}")
+            log(f"  classifier ({v}): held-out balanced accuracy {acc:.3f} -> {path}")
             models[v] = path
         return {"models": models}
 

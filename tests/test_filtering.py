@@ -157,6 +157,16 @@ def test_reference_classifier_learns_a_separable_signal(tmp_path):
     assert np.allclose(f.score(_batch([("r", refs[0])]))["p_reference_word"], clf.p_reference([refs[0]]))
 
 
+def test_classifier_accuracy_is_balanced_so_no_signal_scores_near_chance(tmp_path):
+    from filtering.classifier import train_classifier
+
+    # Same distribution for both classes, five translations per reference: plain accuracy of
+    # "always translation" would be 0.83; the balanced figure must stay near 0.5.
+    sents = [a for a, _ in toy_paraphrases(1200, seed=7)]
+    acc = train_classifier(sents[:200], sents[200:1200], "word", str(tmp_path / "clf"), epochs=3, dim=16)
+    assert acc < 0.7
+
+
 def test_paraphrase_score_is_the_encoder_cosine(tmp_path):
     from embeddings.train import TrainConfig, train
     from models.sentence_encoder import load_encoder
@@ -529,3 +539,18 @@ def test_ngram_match_counts_for_every_key_layout():
                                   [np.array([3, 0, 0]), np.array([2, 0, 0]), np.array([1, 0, 0]), np.array([0, 0, 0])])
     assert bleu[0] == pytest.approx(ts.sentence_bleu(list("abc"), list("abc")), abs=1e-12)
     assert bleu[1:].tolist() == [0.0, 0.0]
+
+
+def test_fit_sample_is_sized_from_the_input_and_keeps_pairs_whole(generation_output):
+    from beam_pipelines.filter import fit_sample, list_partitions
+
+    gen, rows = generation_output
+    root, files = list_partitions(str(gen))
+    for want in (90, 300):
+        sample = fit_sample(root, files, want)
+        assert want / 3 <= sample.num_rows <= want          # about WANT rows, never more
+        ids = sample.column("pair_id").to_pylist()
+        assert ids == fit_sample(root, files, want).column("pair_id").to_pylist()     # deterministic
+        per_pair = {i: sum(r["pair_id"] == i for r in rows) for i in set(ids)}
+        whole = sum(ids.count(i) == n for i, n in per_pair.items())
+        assert whole >= len(per_pair) - 1                  # only the last pair may be cut by the cap
