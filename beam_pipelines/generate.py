@@ -72,7 +72,7 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                    help="model weights' precision: auto = fp16 on a GPU, fp32 on the CPU; bf16 is "
-                        "about 1.5x faster on CPUs with AVX512-BF16, with slightly different scores")
+                        "about 1.3x faster on CPUs with AVX512-BF16, with slightly different scores")
     g.add_argument("--max_line_chars", type=int, default=DEFAULT_MAX_LINE_CHARS,
                    help="records longer than this are rejected unparsed")
     g.add_argument("--max_tokens", type=int, default=100, help="max whitespace tokens per side")
