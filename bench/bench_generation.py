@@ -4,7 +4,8 @@
         --bitext ../shared/data/bitext/multi30k/val --sources 60 --pairs 200
 
 Prints (Markdown):
-  1. sampling: our engine vs `fairseq-generate --sampling` (same model, sources, k, N, max length);
+  1. sampling: our engine vs `fairseq-generate --sampling` (same model, sources, k, N, max length),
+     and CTranslate2 float32/int8 on the converted model when ctranslate2 is installed;
   2. clustering: ms per source at 150 candidates (bench/bench_clustering.py);
   3. Beam DirectRunner vs a plain Python loop over the same functions (whole job, same pairs);
   4. peak memory (RSS) of this process and of child processes.
@@ -60,11 +61,62 @@ def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, 
             times.append(time.perf_counter() - start)
         secs = statistics.median(times)
         n_cands = sum(len(h) for h in hyps)
+        tokens = sum(len(x.token_ids) + 1 for h in hyps for x in h)        # + </s>, as fairseq counts
         out.append({"engine": label, "seconds": secs, "sources_per_s": len(sources) / secs,
-                    "candidates_per_s": n_cands / secs})
+                    "candidates_per_s": n_cands / secs, "tokens_per_candidate": tokens / n_cands})
+    out.extend(ctranslate2_sampling(t, sources, samples, topk, repeats))
     runs = [fairseq_generate_sampling(t, sources, samples, topk) for _ in range(repeats)]
     out.append(sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2])
     return out
+
+
+def ctranslate2_sampling(t, sources: list[str], samples: int, topk: int, repeats: int) -> list[dict]:
+    """A second yardstick, when `ctranslate2` is installed (requirements-bench.txt): CTranslate2,
+    a C++ inference engine, on the same model converted with its fairseq converter, float32 and
+    int8. Unconstrained only: its `suppress_sequences` applies to a whole batch, not per pair.
+    Same sources, k, N and length limit (per batch of 16 length-sorted sources, the limit of the
+    longest), so each row decodes about the same number of tokens (printed)."""
+    try:
+        import ctranslate2
+        from ctranslate2.converters import FairseqConverter
+    except ImportError:
+        print("(ctranslate2 not installed: no CTranslate2 rows; pip install -r requirements-bench.txt)\n")
+        return []
+    from models.fairseq_compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    pieces = sorted((t.pieces(s) for s in sources), key=len)
+    batches = [pieces[i:i + 16] for i in range(0, len(pieces), 16)]
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for quant in ("float32", "int8"):
+            path = os.path.join(tmp, quant)
+            FairseqConverter(os.path.join(t.model_dir, "model.pt"), t.model_dir, source_lang=t.src_lang,
+                             target_lang=t.tgt_lang).convert(path, quantization=quant)
+            engine = ctranslate2.Translator(path, device="cpu", intra_threads=torch_threads())
+
+            def run():
+                return [h for b in batches for r in engine.translate_batch(
+                    b, max_batch_size=len(b), beam_size=1, sampling_topk=topk, num_hypotheses=samples,
+                    max_decoding_length=t._max_len(len(b[-1]) + 1)) for h in r.hypotheses]
+
+            run()                                                    # warm-up
+            times, hyps = [], []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                hyps = run()
+                times.append(time.perf_counter() - start)
+            secs = statistics.median(times)
+            out.append({"engine": f"CTranslate2 {ctranslate2.__version__} {quant}, {samples} samples/source",
+                        "seconds": secs, "sources_per_s": len(sources) / secs,
+                        "candidates_per_s": len(hyps) / secs,
+                        "tokens_per_candidate": sum(len(h) + 1 for h in hyps) / len(hyps)})
+    return out
+
+
+def torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
 
 
 def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) -> dict:
@@ -96,9 +148,12 @@ def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) ->
             raise RuntimeError(f"fairseq-generate failed:\n{done.stderr[-3000:]}")
         m = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s", done.stderr + done.stdout)
         n_hyps = sum(1 for line in done.stdout.splitlines() if line.startswith("H-"))
+        # P- lines hold one positional score per token, </s> included (its summary counts 1-best only).
+        n_tokens = sum(len(line.split("\t")[1].split()) for line in done.stdout.splitlines() if line.startswith("P-"))
         secs = float(m.group(3)) if m else wall
         return {"engine": f"fairseq-generate --sampling --beam {samples} --nbest {samples}",
                 "seconds": secs, "sources_per_s": len(sources) / secs, "candidates_per_s": n_hyps / secs,
+                "tokens_per_candidate": n_tokens / max(n_hyps, 1),
                 "process_wall_s": wall}
 
 
@@ -173,10 +228,12 @@ def main() -> None:
                              args.samples, args.topk, args.sets)
         base = res[-1]
         print(f"## Sampling, {args.sources} sources, top-{args.topk} (median of 3 runs each)\n")
-        print("| engine | seconds | sources/s | candidates/s | speed-up vs fairseq-generate |\n|---|---|---|---|---|")
+        print("| engine | seconds | sources/s | candidates/s | tokens/candidate | speed-up vs fairseq-generate |\n"
+              "|---|---|---|---|---|---|")
         for r in res:
             print(f"| {r['engine']} | {r['seconds']:.2f} | {r['sources_per_s']:.2f} | "
-                  f"{r['candidates_per_s']:.0f} | {r['sources_per_s'] / base['sources_per_s']:.2f}x |")
+                  f"{r['candidates_per_s']:.0f} | {r['tokens_per_candidate']:.1f} | "
+                  f"{r['sources_per_s'] / base['sources_per_s']:.2f}x |")
         print(f"\n(fairseq-generate process wall time incl. start-up: {base['process_wall_s']:.1f}s)\n")
 
     if "clustering" not in skip:

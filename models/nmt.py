@@ -103,7 +103,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def resolve_precision(precision: str, device_type: str) -> str:
     """Weights' precision. auto: fp16 on a GPU, fp32 on the CPU. bf16 makes CPU decoding about
-    1.3x faster on CPUs with AVX512-BF16 or AMX (measured: bench/bench_generation.py), at the cost
+    1.1-1.3x faster on CPUs with AVX512-BF16 or AMX (measured: bench/bench_generation.py), at the cost
     of slightly different scores and samples; softmax and scores are always computed in fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
