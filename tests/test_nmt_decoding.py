@@ -53,17 +53,19 @@ def test_banned_phrases_never_appear(fwd, sources):
 
 
 def test_multi_piece_phrase_is_blocked_at_its_last_piece(fwd, sources):
-    # Ban a phrase the unconstrained model produces, spelled as several pieces.
-    free = fwd.sample([SampleRequest(sources[0], "m", (), 20)], topk=10, seed=2)[0]
-    seq = next(h.token_ids for h in free if len(h.token_ids) >= 3)
-    phrase = tuple(seq[:2])
-    words = ("".join(fwd.tgt_dict[i] for i in phrase).replace("\u2581", " ").strip(),)
-    if fwd.banned_phrases(words) and all(len(p) == 1 for p in fwd.banned_phrases(words)):
-        pytest.skip("the toy vocabulary spells this word as one piece")
-    out = fwd.sample([SampleRequest(sources[0], "m", words, 20)], topk=10, seed=2)[0]
+    # Find a word the unconstrained model writes as several pieces, then ban that word.
+    free = fwd.sample([SampleRequest(s, f"m{i}", (), 20) for i, s in enumerate(sources)], topk=10, seed=2)
+    found = [(i, word, p) for i, hyps in enumerate(free) for h in hyps for word in h.text.split()
+             for p in fwd.banned_phrases((word,)) if len(p) > 1 and _contains(h.token_ids, p)]
+    assert found, "the toy model writes some word as several pieces"
+    i, word, phrase = found[0]
+    out = fwd.sample([SampleRequest(sources[i], f"m{i}", (word,), 20)], topk=10, seed=2)[0]
+    assert len(out) == 20
     for h in out:
-        for p in fwd.banned_phrases(words):
-            assert not _contains(h.token_ids, p)
+        for p in fwd.banned_phrases((word,)):
+            assert not _contains(h.token_ids, p), (word, h.pieces)
+    # Only the last piece is blocked: the phrase's first pieces may still start other words.
+    assert any(_contains(h.token_ids, phrase[:-1]) for h in out)
 
 
 def test_same_seed_same_samples_independent_of_batching(fwd, sources):
