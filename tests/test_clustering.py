@@ -179,6 +179,18 @@ def test_reference_centre_is_never_recentred():
     assert res.selected == [4]
 
 
+def test_medoid_update_keeps_the_reference_centre():
+    # Cluster 0 = {a, b, c} (candidates 0-2) whose medoid is b; a re-centred cluster 0 would
+    # move off the reference (index 0 of the full matrix). Cluster 1 = {d, e} moves to d.
+    d = np.array([[0, 1, 2, 9, 9],
+                  [1, 0, 1, 9, 9],
+                  [2, 1, 0, 9, 9],
+                  [9, 9, 9, 0, 1],
+                  [9, 9, 9, 1, 0]], dtype=float)
+    new = _medoids(d, np.array([0, 0, 0, 1, 1]), [0, 5])
+    assert new == [0, 4]                      # +1: matrix index 0 is the reference
+
+
 # --- selection -----------------------------------------------------------------------------
 
 def test_reference_cluster_never_contributes():
@@ -310,7 +322,11 @@ def test_scores_may_be_numpy():
     a = cluster_candidates(ref, cands, scores)
     b = cluster_candidates(ref, cands, np.asarray(scores, dtype=np.float32).astype(np.float64))
     assert a == b
-    assert not any(math.isnan(x) for x in scores)
+    assert cluster_candidates(ref, cands, np.asarray(scores, dtype=np.float32)) == \
+        cluster_candidates(ref, cands, [float(x) for x in np.asarray(scores, dtype=np.float32)])
+    with_nan = np.asarray(scores)
+    with_nan[0] = np.nan
+    assert cluster_candidates(ref, cands, with_nan) == cluster_candidates(ref, cands, list(with_nan))
 
 
 # --- hand-made candidate sets (first version of this file) ---------------------------------
@@ -339,7 +355,8 @@ def test_at_most_n_ranked_distinct_clusters():
     for i in r.selected:                     # best of its cluster
         c = r.cluster_of[i]
         assert scores[i] == min(s for s, cc in zip(scores, r.cluster_of) if cc == c)
-    assert sum(r.cluster_sizes.values()) == 150 and max(r.cluster_sizes) <= 7
+    assert sum(r.cluster_sizes.values()) == 150 and max(r.cluster_sizes) <= 7 and len(r.cluster_sizes) <= 8
+    assert 0 not in {r.cluster_of[i] for i in r.selected}
     assert r == cluster_candidates(ref, cands, scores, k=7, n=5)    # deterministic
 
 

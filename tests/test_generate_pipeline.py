@@ -62,6 +62,12 @@ def test_counts_reconcile_and_hostile_records_are_rejects(direct_run):
     for index, reason in HOSTILE.items():
         assert rejects[index]["reason"] == reason, rejects.get(index)
     assert rejects[43]["source"] is not None and len(rejects[43]["source"]) <= 1000
+    # Every record is accounted for exactly once: one reject row or paraphrase rows, never both.
+    reject_rows = _rows(out, "rejects")
+    assert len(reject_rows) == len(rejects) == counts["rejected"]
+    kept_ids = {r["pair_id"] for r in _rows(out)}
+    assert len(kept_ids) == counts["pairs_with_paraphrases"]
+    assert not kept_ids & {r["pair_id"] for r in reject_rows}
     assert counts["pairs_with_paraphrases"] > 20     # most toy pairs yield paraphrases
 
 
@@ -79,7 +85,11 @@ def test_parquet_matches_the_contract(direct_run):
     rej = ds.dataset(os.path.join(out, "rejects"), format="parquet", partitioning="hive")
     assert rej.schema.names[:len(REJECT_SCHEMA)] == REJECT_SCHEMA.names
     manifest = json.load(open(os.path.join(out, "_manifest.json")))
-    assert manifest["inputs"][0]["sha256"][0] and manifest["models"]["forward"]["fingerprint"]
+    import hashlib
+    shard = manifest["inputs"][0]
+    with open(shard["paths"][0], "rb") as f:
+        assert shard["sha256"] == [hashlib.sha256(f.read()).hexdigest()]
+    assert manifest["models"]["forward"]["fingerprint"]
 
 
 def test_ranking_clusters_and_constraints(direct_run):
@@ -87,6 +97,7 @@ def test_ranking_clusters_and_constraints(direct_run):
     by_pair = {}
     for r in _rows(out):
         by_pair.setdefault(r["pair_id"], []).append(r)
+    assert by_pair
     for rows in by_pair.values():
         assert 1 <= len(rows) <= manifest["config"]["keep"]
         assert [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
@@ -105,7 +116,9 @@ def test_ranking_clusters_and_constraints(direct_run):
 def test_same_seed_same_rows_other_seed_other_rows(direct_run, bitext, tiny_nmt_models, tmp_path):
     out, _ = direct_run
     again = run(_args(bitext, tmp_path / "again", tiny_nmt_models))
-    assert _text(_rows(tmp_path / "again")) == _text(_rows(out))
+    _same_rows(_rows(tmp_path / "again"), _rows(out))
+    _same_rows(_rows(tmp_path / "again", "rejects"), _rows(out, "rejects"))
+    assert again["config_hash"] == json.load(open(os.path.join(out, "_manifest.json")))["config_hash"]
     run(_args(bitext, tmp_path / "seed2", tiny_nmt_models, "--seed", "2"))
     assert _text(_rows(tmp_path / "seed2")) != _text(_rows(out))
     assert again["config_hash"] != json.load(open(tmp_path / "seed2" / "_manifest.json"))["config_hash"]
@@ -124,6 +137,7 @@ def _same_rows(a, b):
     for x, y in zip(a, b):
         assert {k: v for k, v in x.items() if k not in _FLOATS} == {k: v for k, v in y.items() if k not in _FLOATS}
         for k in _FLOATS:
+            assert (x.get(k) is None) == (y.get(k) is None), k
             if k in x and x[k] is not None:
                 assert x[k] == pytest.approx(y[k], abs=1e-4)
 
@@ -160,12 +174,12 @@ def test_cli_help_and_clear_errors(tmp_path, bitext, tiny_nmt_models):
     done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "--forward_model" in done.stdout and "parabank2" in done.stdout
-    with pytest.raises(SystemExit):
-        run(_args(bitext, tmp_path / "x", str(tmp_path)))                 # no model.pt there
-    with pytest.raises(SystemExit):
-        run(_args(str(tmp_path / "missing.tsv"), tmp_path / "y", tiny_nmt_models))
-    with pytest.raises(SystemExit):
-        run(_args(bitext, tmp_path / "z", tiny_nmt_models, "--num_samples", "0"))
+    for bad in (_args(bitext, tmp_path / "x", str(tmp_path)),                # no model.pt there
+                _args(str(tmp_path / "missing.tsv"), tmp_path / "y", tiny_nmt_models),
+                _args(bitext, tmp_path / "z", tiny_nmt_models, "--num_samples", "0")):
+        with pytest.raises(SystemExit) as excinfo:
+            run(bad)
+        assert excinfo.value.code not in (0, None)      # a failure with a message, not a clean exit
     assert not (tmp_path / "z" / "paraphrases").exists()
     out = tmp_path / "existing"
     out.mkdir()
