@@ -25,6 +25,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
 from beam_pipelines.generate import _qualify_runner
+from paracorpus.atomic import write_json
 from transforms.filtering import ScoreFile, merge_stats
 
 log = logging.getLogger("paragen.filter")
@@ -180,11 +181,7 @@ def _num_rows(path: str) -> int:
 
 
 def _write_json(obj, path: str):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
-    return path
+    return write_json(path, obj)
 
 
 def main(argv=None) -> None:

@@ -22,6 +22,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
 from paracorpus.cleaning import CleaningConfig
+from paracorpus.atomic import write_json
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
 from paracorpus.schema import CONTRACT_VERSION, PARAPHRASE_SCHEMA, REJECT_SCHEMA
 from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, discover_shards, shard_fingerprint
@@ -259,10 +260,7 @@ def run(argv=None) -> dict:
         "inputs": [shard_fingerprint(s) for s in shards], "counts": counts,
         "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    tmp = os.path.join(opts.output, "_manifest.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2)
-    os.replace(tmp, os.path.join(opts.output, "_manifest.json"))
+    write_json(os.path.join(opts.output, "_manifest.json"), manifest)
     _print_summary(counts, elapsed, opts.output)
     if not counts["reconciled"]:
         raise SystemExit("error: counts do not reconcile (records read != pairs with output + rejects); "

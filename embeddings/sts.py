@@ -10,7 +10,6 @@ A directory is laid out as ``<year or name>/<subset>.tsv`` with lines ``score<TA
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -19,6 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
+
+from paracorpus.atomic import write_json
 
 Similarity = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 
@@ -152,8 +153,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_json(a.json, results)
     print(markdown(results, title))
     return 0
 

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from embeddings.data import PairSource, scramble, shuffled
 from embeddings.mining import hardest_negatives, margin_loss
 from models.encoders import is_order_sensitive, parse_spec
 from models.sentence_encoder import SentenceEncoder
+from paracorpus.atomic import copy_file, write_json
 
 
 @dataclass
@@ -181,10 +181,9 @@ def train(source, out: str, cfg: TrainConfig, dev_sts: str | None = None, log=pr
     report["best_epoch"] = best[1]
     best_dir = os.path.join(ckpt_root, f"epoch-{best[1]}")
     for name in os.listdir(best_dir):
-        shutil.copy2(os.path.join(best_dir, name), os.path.join(out, name))
+        copy_file(os.path.join(best_dir, name), os.path.join(out, name))
     report["seconds"] = round(time.time() - t0, 1)
-    with open(os.path.join(out, "training.json"), "w") as f:
-        json.dump(report, f, indent=2)
+    write_json(os.path.join(out, "training.json"), report)
     log(f"best epoch {best[1]} copied to {out} ({report['seconds']:.0f}s)")
     return report
 

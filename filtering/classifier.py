@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from models.sentence_encoder import SentenceEncoder, load_encoder
+from paracorpus.atomic import replacing
 
 
 class ReferenceClassifier:
@@ -38,9 +39,8 @@ class ReferenceClassifier:
 
     def save(self, path: str) -> None:
         self.encoder.save(path)
-        tmp = os.path.join(path, ".head.pt.tmp")
-        torch.save({k: v.detach().cpu() for k, v in self.head.state_dict().items()}, tmp)
-        os.replace(tmp, os.path.join(path, "head.pt"))
+        with replacing(os.path.join(path, "head.pt")) as tmp:
+            torch.save({k: v.detach().cpu() for k, v in self.head.state_dict().items()}, tmp)
 
 
 def load_classifier(path: str) -> ReferenceClassifier:

@@ -13,9 +13,10 @@ the uniform distribution over the vocabulary plus <unk>.
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter, defaultdict
 from typing import Iterable
+
+from paracorpus.atomic import replacing
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
@@ -98,8 +99,7 @@ def _interp(probs, gammas, g: tuple) -> float:
 def write_arpa(sentences: Iterable[list[str]], path: str, order: int = 3) -> str:
     """Estimate on SENTENCES (token lists) and write PATH atomically."""
     model = estimate(sentences, order)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write("\n\\data\\\n")
         for n in range(1, order + 1):
             f.write(f"ngram {n}={len(model[n])}\n")
@@ -112,5 +112,4 @@ def write_arpa(sentences: Iterable[list[str]], path: str, order: int = 3) -> str
                     line += f"\t{bo:.6f}"
                 f.write(line + "\n")
         f.write("\n\\end\\\n")
-    os.replace(tmp, path)
     return path

@@ -13,7 +13,6 @@ Text statistics use at most ``max_rows`` rows (the first, in partition order); c
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import Counter
@@ -22,6 +21,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from embeddings.text import tokenize
+from paracorpus.atomic import write_json, write_text
 
 
 def entropy(counts: Counter) -> float:
@@ -134,12 +134,8 @@ def write_report(scored_root: str, out_dir: str, cfg, manifest: dict, max_rows: 
                 row[c] = float(np.nanmean(v)) if np.isfinite(v).any() else None
             per_rank[int(r)] = row
         report["diversity_by_rank"] = per_rank
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    path = os.path.join(out_dir, "report.md")
-    with open(path, "w") as f:
-        f.write(markdown(report))
-    return path
+    write_json(os.path.join(out_dir, "report.json"), report)
+    return write_text(os.path.join(out_dir, "report.md"), markdown(report))
 
 
 def _fmt(v, digits=3):

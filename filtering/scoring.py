@@ -2,7 +2,6 @@
 of the filter job, as a plain function (transforms/filtering.py runs it inside a DoFn)."""
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import numpy as np
@@ -11,6 +10,7 @@ import pyarrow.parquet as pq
 
 from filtering.config import FilterConfig
 from filtering.filters import PairBatch, decide
+from paracorpus.atomic import replacing
 
 
 def output_schema(input_schema: pa.Schema, cfg: FilterConfig) -> pa.Schema:
@@ -63,23 +63,14 @@ def score_table(table: pa.Table, cfg: FilterConfig, fit_ids: frozenset = frozens
 def score_file(src: str, dst: str, cfg: FilterConfig, fit_ids: frozenset = frozenset(),
                batch_rows: int = 4096) -> Counter:
     """Score one Parquet file in record batches and write DST atomically (temp name, rename)."""
-    import uuid
-
     pf = pq.ParquetFile(src)
     schema = output_schema(pf.schema_arrow, cfg)
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(dst), f".tmp-{uuid.uuid4().hex}.parquet")
     total = Counter()
-    try:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
-            for rb in pf.iter_batches(batch_size=batch_rows):
-                scored, stats = score_table(pa.Table.from_batches([rb]), cfg, fit_ids)
-                w.write_table(scored.cast(schema))
-                total.update(stats)
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with replacing(dst) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+        for rb in pf.iter_batches(batch_size=batch_rows):
+            scored, stats = score_table(pa.Table.from_batches([rb]), cfg, fit_ids)
+            w.write_table(scored.cast(schema))
+            total.update(stats)
     total["files"] += 1
     total["rows_in"] += pf.metadata.num_rows
     return total

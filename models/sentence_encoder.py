@@ -19,6 +19,7 @@ import torch
 
 from embeddings.text import MAX_TOKENS, Vocabulary, sentence_trigrams, tokenize
 from models.encoders import Features, build_module, parse_spec
+from paracorpus.atomic import replacing, write_json, write_text
 
 FORMAT_VERSION = 1
 FILES = ("config.json", "words.json", "trigrams.json", "weights.pt")
@@ -105,18 +106,11 @@ class SentenceEncoder:
 
     def save(self, path: str) -> None:
         """Write the model directory; files are renamed into place so a reader never sees half a model."""
-        os.makedirs(path, exist_ok=True)
-        payload = {"config.json": json.dumps(self.config(), indent=2).encode(),
-                   "words.json": self.words.to_json().encode("utf-8"),
-                   "trigrams.json": self.trigrams.to_json().encode("utf-8")}
-        for name, data in payload.items():
-            tmp = os.path.join(path, f".{name}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, os.path.join(path, name))
-        tmp = os.path.join(path, ".weights.pt.tmp")
-        torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, tmp)
-        os.replace(tmp, os.path.join(path, "weights.pt"))
+        write_text(os.path.join(path, "words.json"), self.words.to_json())
+        write_text(os.path.join(path, "trigrams.json"), self.trigrams.to_json())
+        with replacing(os.path.join(path, "weights.pt")) as tmp:
+            torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, tmp)
+        write_json(os.path.join(path, "config.json"), self.config())   # last: marks a whole model
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

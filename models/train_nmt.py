@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from paracorpus.atomic import copy_file, replacing, write_json
+
 log = logging.getLogger("paragen.train_nmt")
 
 
@@ -236,14 +238,13 @@ def _train_models(pairs, out, src_lang, tgt_lang, valid_pairs, valid_size, vocab
         os.makedirs(model_dir, exist_ok=True)
         _export_checkpoint(os.path.join(save_dir, "checkpoint_best.pt"), os.path.join(model_dir, "model.pt"))
         for lang in (s, t):
-            shutil.copy(os.path.join(data_bin, f"dict.{lang}.txt"), model_dir)
-        shutil.copy(spm_path, os.path.join(model_dir, "spm.model"))
+            copy_file(os.path.join(data_bin, f"dict.{lang}.txt"), os.path.join(model_dir, f"dict.{lang}.txt"))
+        copy_file(spm_path, os.path.join(model_dir, "spm.model"))
         meta = {"src_lang": s, "tgt_lang": t, "arch": "transformer", "layers": layers, "dim": dim,
                 "ffn_dim": ffn_dim, "heads": heads, "vocab_size": len(sp), "train_pairs": len(pairs),
                 "valid_pairs": len(valid_pairs), "max_epoch": max_epoch, "train_seconds": round(seconds, 1),
                 "device": "cuda" if use_cuda else "cpu", "bleu": None, "bleu_signature": None}
-        with open(os.path.join(model_dir, "model.json"), "w") as f:
-            json.dump(meta, f, indent=2)
+        write_json(os.path.join(model_dir, "model.json"), meta)
         shutil.rmtree(save_dir, ignore_errors=True)
         sample = valid_pairs[:bleu_samples]
         srcs = [p[0] if d == "fwd" else p[1] for p in sample]
@@ -253,15 +254,13 @@ def _train_models(pairs, out, src_lang, tgt_lang, valid_pairs, valid_size, vocab
         report["stage_seconds"][f"train-{name}"] = round(seconds, 1)
         report["stage_seconds"][f"bleu-{name}"] = round(time.time() - t2, 1)
         meta.update({"bleu": bleu["bleu"], "bleu_signature": bleu["signature"], "bleu_sentences": bleu["sentences"]})
-        with open(os.path.join(model_dir, "model.json"), "w") as f:
-            json.dump(meta, f, indent=2)
+        write_json(os.path.join(model_dir, "model.json"), meta)
         print(f"      {name}: BLEU {bleu['bleu']} on {bleu['sentences']} held-out sentences, "
               f"trained in {seconds:.0f}s, decoded in {time.time() - t2:.0f}s", flush=True)
         report["directions"][name] = {**meta, "examples": bleu["examples"]}
     shutil.rmtree(tok, ignore_errors=True)
     report["seconds"] = round(time.time() - t0, 1)
-    with open(os.path.join(out, "report.json"), "w") as f:
-        json.dump(report, f, indent=2, ensure_ascii=False)
+    write_json(os.path.join(out, "report.json"), report, ensure_ascii=False)
     return report
 
 
@@ -292,7 +291,8 @@ def _export_checkpoint(src: str, dst: str) -> None:
     allow_fairseq_checkpoints()
     state = torch.load(src, map_location="cpu", weights_only=True)
     state.pop("last_optimizer_state", None)
-    torch.save(state, dst)
+    with replacing(dst) as tmp:
+        torch.save(state, tmp)
 
 
 def main(argv=None) -> None:

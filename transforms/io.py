@@ -7,15 +7,14 @@ reader never sees a partial file and a retried bundle simply overwrites.
 """
 from __future__ import annotations
 
-import json
 import os
-import uuid
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from paracorpus.cleaning import pair_id
+from paracorpus.atomic import replacing, write_json
 from paracorpus.shards import ShardSpec, read_shard
 from transforms.progress import Progress
 
@@ -85,14 +84,8 @@ def partition_dir(root: str, table: str, lang_pair: str, shard: int) -> str:
 
 
 def write_table_atomically(table: pa.Table, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}.parquet")
-    try:
+    with replacing(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 class WritePartition(beam.DoFn):
@@ -118,10 +111,6 @@ class WriteCounts(beam.DoFn):
 
     def process(self, element):
         name, n = element
-        path = os.path.join(self.root, "_counts", f"{name}.json")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"input_shard": name, "records_read": n}, f)
-        os.replace(tmp, path)
+        write_json(os.path.join(self.root, "_counts", f"{name}.json"),
+                   {"input_shard": name, "records_read": n}, indent=None)
         yield element
