@@ -25,7 +25,13 @@ _PUNCT_MAP = {
     "\uff01": "!", "\uff1f": "?", "\uff08": "(", "\uff09": ")", "\u2022": "*", "\u00b7": "*",
 }
 _PUNCT_TABLE = str.maketrans(_PUNCT_MAP)
-_ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
+# Invisible marks dropped: zero-width (non-)joiners and spaces, BOM, soft hyphen, and the
+# left-to-right / right-to-left / Arabic letter marks (frequent, harmless noise in web text).
+_ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u200e\u200f\u061c"), None)
+# Format characters that reorder or hide text (bidi embeddings, overrides and isolates, Unicode
+# tags: "Trojan Source" style): a pair holding one is rejected, not silently rewritten.
+_HIDING_FORMAT = frozenset([*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xE0001,
+                            *range(0xE0020, 0xE0080)])
 _SPACE_RE = re.compile(r"\s+")
 
 
@@ -58,7 +64,8 @@ def normalize_text(text: str) -> str:
 
 def _control_char(text: str) -> str | None:
     for ch in text:
-        if unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn") and not ch.isspace():
+        if (unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn") and not ch.isspace()) \
+                or ord(ch) in _HIDING_FORMAT:
             return f"U+{ord(ch):04X}"
     return None
 

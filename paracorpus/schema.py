@@ -63,7 +63,7 @@ REJECT_REASONS = {
     "overlong_line": "the raw record exceeds max_line_chars; it is not parsed further",
     "empty_src": "foreign side empty after cleaning",
     "empty_tgt": "English side empty after cleaning",
-    "control_chars": "a side contains control characters other than whitespace",
+    "control_chars": "a side contains control characters other than whitespace, or bidi/tag format characters that reorder or hide text",
     "not_encodable_src": "foreign side not encodable in its language's charset (ParaBank 2 rule)",
     "not_encodable_tgt": "English side not encodable in its language's charset",
     "too_long_src": "foreign side has more than max_tokens tokens",

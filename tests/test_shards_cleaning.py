@@ -74,6 +74,13 @@ def test_cleaning_rules():
     assert clean_pair("a", " ", cfg).reason == "empty_tgt"
     assert clean_pair("", "b", cfg).reason == "empty_src"
     assert clean_pair("a\x07b", "c", cfg).reason == "control_chars"
+    # Bidi overrides / isolates and tag characters hide or reorder text: rejected even when no
+    # encoding rule would catch them.
+    no_rule = CleaningConfig(encodings={"cs": "", "en": ""})
+    for hidden in ("\u202e", "\u2066", "\U000e0041"):
+        rej = clean_pair("pes", f"dog{hidden}cat", no_rule)
+        assert rej.reason == "control_chars" and f"U+{ord(hidden):04X}" in rej.detail
+    assert clean_pair("pes\u200f", "\u200edog", no_rule) == ("pes", "dog")    # direction marks dropped
     assert clean_pair("Пес", "dog", cfg).reason == "not_encodable_src"        # Cyrillic is not latin-2
     assert clean_pair("pes", "dog ☺", cfg).reason == "not_encodable_tgt"
     assert clean_pair("ř", "ř", CleaningConfig(encodings={"en": ""})) == ("ř", "ř")   # rule disabled
