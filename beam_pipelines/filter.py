@@ -156,6 +156,8 @@ def run(argv=None) -> dict:
                 "rules": [r.describe() for r in cfg.rules], "files": len(files), "rows_in": rows_in,
                 "rows_out": rows_out, "kept": stats.get("kept", 0),
                 "rejected_by_reason": {k[7:]: v for k, v in sorted(stats.items()) if k.startswith("reason:")},
+                # rows a score could not be computed for (null in the output): its rule let them pass
+                "unscored_by_score": {k[9:]: v for k, v in sorted(stats.items()) if k.startswith("unscored:")},
                 "reconciled": rows_in == rows_out == stats.get("rows", -1), "fit_sample_pairs": len(fit_ids),
                 "seconds": round(elapsed, 2), "rows_per_s": round(rows_in / max(elapsed, 1e-9), 1)}
     _write_json(manifest, os.path.join(output, "_filter_manifest.json"))
@@ -163,6 +165,8 @@ def run(argv=None) -> dict:
           f"kept {manifest['kept']}, rejected {rows_in - manifest['kept']}", flush=True)
     for reason, n in manifest["rejected_by_reason"].items():
         print(f"  {reason}: {n}")
+    for score, n in manifest["unscored_by_score"].items():
+        print(f"  no {score} score (rule not applied): {n}")
     print(f"  reconciled (rows in = rows out): {manifest['reconciled']}", flush=True)
     if not known.no_report:
         from filtering.report import write_report

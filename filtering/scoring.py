@@ -54,6 +54,10 @@ def score_table(table: pa.Table, cfg: FilterConfig, fit_ids: frozenset = frozens
     ids = table.column("pair_id").to_pylist() if "pair_id" in table.column_names else [None] * n
     out = out.append_column("fit_sample", pa.array([i in fit_ids for i in ids], type=pa.bool_()))
     stats = Counter(rows=n, kept=int(keep.sum()))
+    for name, v in scores.items():      # no score (e.g. no parse): that rule cannot judge the row
+        missing = int(np.isnan(v).sum())
+        if missing:
+            stats[f"unscored:{name}"] += missing
     for rs in reasons:
         for r in rs:
             stats[f"reason:{r}"] += 1

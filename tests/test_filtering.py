@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -137,6 +138,13 @@ def test_lm_filter_fits_on_the_sample(tmp_path):
     sample = pa.table({"reference": [a for a, _ in toy_paraphrases(200, seed=1)], "paraphrase": ["x"] * 200})
     updates = f.fit(sample, str(tmp_path), log=lambda m: None)
     assert os.path.isfile(updates["model"])
+    fitted = FILTERS["lm_perplexity"](**updates)
+    fitted.setup()
+    fluent = [a for a, _ in toy_paraphrases(20, seed=9)]
+    scrambled = [" ".join(sorted(a.split(), key=lambda w: (len(w), w))) for a in fluent]
+    ppl = fitted.score(_batch(list(zip(fluent, fluent))))["lm_perplexity"]
+    ppl_scrambled = fitted.score(_batch(list(zip(fluent, scrambled))))["lm_perplexity"]
+    assert np.median(ppl) < np.median(ppl_scrambled)          # fitted on the references' word order
 
 
 def test_reference_classifier_learns_a_separable_signal(tmp_path):
@@ -346,8 +354,12 @@ def test_every_row_once_with_its_reasons(generation_output, direct_filter_run):
         kept += r["keep"]
     assert 0 < kept < len(rows) and kept == manifest["kept"]
     assert sum(t.column("fit_sample").to_pylist()) > 0
-    by_reason = manifest["rejected_by_reason"]
-    assert by_reason["translation_cost>max"] == sum("translation_cost>max" in r for r in t.column("reasons").to_pylist())
+    assert manifest["rejected_by_reason"] == dict(sorted(Counter(
+        reason for rs in t.column("reasons").to_pylist() for reason in rs).items()))
+    assert manifest["rejected_by_reason"]["translation_cost>max"] > 0
+    nulls = {c: t.column(c).null_count for c in cfg.score_columns}
+    assert manifest["unscored_by_score"] == {c: n for c, n in sorted(nulls.items()) if n}
+    assert manifest["unscored_by_score"]["translation_cost"] == sum(r["forward_nll"] is None for r in rows) > 0
 
 
 def test_report_is_written(direct_filter_run):
@@ -358,6 +370,8 @@ def test_report_is_written(direct_filter_run):
     for side in ("references", "paraphrases"):
         s = report["text"][side]
         assert 0 < s["unigram_entropy"] < s["trigram_entropy"] and s["average_idf"] > 0
+    assert set(report["plots"]) == {f"hist_{c}.png" for c in report["scores"]} | {"lengths.png"}
+    assert "translation_cost" in report["scores"] and "lm_perplexity" in report["scores"]
     for plot in report["plots"]:
         assert open(os.path.join(out, "report", plot), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     md = open(os.path.join(out, "report", "report.md")).read()
@@ -376,7 +390,10 @@ def test_dask_cluster_gives_the_same_rows(generation_output, direct_filter_run, 
     a, b = rows(tmp_path / "dask"), rows(out)
     assert [(r["pair_id"], r["rank"], r["keep"], r["reasons"]) for r in a] == \
            [(r["pair_id"], r["rank"], r["keep"], r["reasons"]) for r in b]
-    assert np.allclose([r["paraphrase_score"] for r in a], [r["paraphrase_score"] for r in b], atol=1e-6)
+    for c in ("trigram_overlap", "paraphrase_score", "lm_perplexity"):
+        va = np.array([np.nan if r[c] is None else r[c] for r in a], dtype=float)
+        vb = np.array([np.nan if r[c] is None else r[c] for r in b], dtype=float)
+        assert np.allclose(va, vb, atol=1e-6, equal_nan=True), c
 
 
 def test_cli_fails_before_work_on_bad_config(generation_output, tmp_path):
