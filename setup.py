@@ -14,22 +14,22 @@ setup(
     packages=find_packages(include=["beam_pipelines*", "models*", "transforms*", "paracorpus*", "embeddings*", "filtering*"]),
     install_requires=[
         "apache-beam[dask]>=2.77,<2.78",   # the pipelines; [dask] for the DaskRunner
-        "torch>=2.6",                        # NMT decoding and encoders (safe weights_only loading)
+        "torch>=2.6,<2.14",                  # NMT decoding and encoders (safe weights_only loading)
         # fairseq-fixed==0.12.3.1: fairseq 0.12.2 does not import on Python 3.11; installed by hash
         # from requirements-fairseq.txt (it must compile against the installed torch).
         "sentencepiece>=0.2,<0.3",           # subword segmentation shared by the NMT models
-        "pyarrow>=20",                       # Parquet output, Hive partitions
+        "pyarrow>=20,<26",                   # Parquet output, Hive partitions
         "rapidfuzz>=3.14,<4",                # Levenshtein distance for candidate clustering
         "sacrebleu>=2.6,<3",                 # BLEU of the NMT models; sentence BLEU in the filter job
         "kenlm>=0.3,<0.4",                   # language-model perplexity filter (query only)
-        "numpy>=2",
+        "numpy>=2,<3",
         "scipy>=1.13,<2",                    # Pearson / Spearman of the STS evaluation
         "tqdm>=4.66,<5",                     # progress bar of embedding training
         "PyYAML>=6,<7",                      # filter-job config files
         "apted>=1.0.3,<2",                   # tree edit distance (syntactic diversity filter)
         "matplotlib>=3.9,<4",                # plots of the filter report
     ],
-    extras_require={"test": ["pytest>=8"]},
+    extras_require={"test": ["pytest>=8,<10"]},
     entry_points={"console_scripts": [
         "paragen-generate=beam_pipelines.generate:main",
         "paragen-train-nmt=models.train_nmt:main",
