@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 
+MAX_DEV_LINE_CHARS = 10_000     # a dev line longer than this is not a sentence pair
+
 
 def threshold_for_keep_rate(values, direction: str, rate: float) -> float:
     v = np.asarray(values, dtype=np.float64)
@@ -59,14 +61,21 @@ def _dev_scores(path: str, config: str, score: str, overrides: dict):
     from filtering.filters import PairBatch
 
     labels, s1, s2 = [], [], []
-    with open(path, encoding="utf-8") as f:
+    skipped = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             parts = line.rstrip("\n").split("\t")
-            if len(parts) != 3 or parts[0] not in ("0", "1"):
+            if len(parts) != 3 or parts[0] not in ("0", "1") or len(line) > MAX_DEV_LINE_CHARS:
+                skipped += 1
                 continue
             labels.append(int(parts[0]))
             s1.append(parts[1])
             s2.append(parts[2])
+    if skipped:
+        print(f"warning: {path}: skipped {skipped} line(s) that are not 'label<TAB>sentence<TAB>sentence' "
+              f"with label 0/1 and at most {MAX_DEV_LINE_CHARS} characters", file=sys.stderr)
+    if not labels:
+        raise ValueError(f"{path}: no usable dev line (want label<TAB>sentence<TAB>sentence, label 0/1)")
     cfg = load_config(config, overrides)
     flt = next((f for f in cfg.filters if score in f.scores), None)
     if flt is None:

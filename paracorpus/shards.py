@@ -148,6 +148,7 @@ def _pair_from_cells(name, index, s, t, max_line_chars) -> RawRecord:
 
 def _read_parquet(spec: ShardSpec, max_line_chars: int, src_column: str, tgt_column: str,
                   batch_size: int = 8192) -> Iterator[RawRecord]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(spec.paths[0])
@@ -156,6 +157,11 @@ def _read_parquet(spec: ShardSpec, max_line_chars: int, src_column: str, tgt_col
     if missing:
         raise ValueError(f"{spec.paths[0]}: Parquet shard lacks column(s) {missing}; "
                          f"has {sorted(names)} (set --src_column/--tgt_column)")
+    for c in (src_column, tgt_column):
+        t = pf.schema_arrow.field(c).type
+        if not any(check(t) for check in (pa.types.is_string, pa.types.is_large_string,
+                                          pa.types.is_binary, pa.types.is_large_binary)):
+            raise ValueError(f"{spec.paths[0]}: column {c!r} is {t}, not text (string or binary)")
     index = 0
     # Read as binary so that invalid UTF-8 in a cell becomes a reject, not a crash of the reader.
     for batch in pf.iter_batches(batch_size=batch_size, columns=[src_column, tgt_column]):

@@ -433,6 +433,21 @@ def test_threshold_tuning_from_keep_rate_and_dev_set():
         threshold_for_keep_rate(v, "between", 0.5)
 
 
+def test_dev_set_reader_counts_bad_lines_and_refuses_an_empty_set(tmp_path, capsys):
+    from filtering.tune import _dev_scores
+
+    (tmp_path / "cfg.yaml").write_text("filters:\n  - name: ngram_overlap\n")
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("1\ta man sits\ta man sits\n0\ta dog\tthe cat ran\nbad line\n2\tx\ty\n"
+                   + "1\t" + "w " * 6000 + "\tz\n", encoding="utf-8")
+    scores, labels = _dev_scores(str(dev), str(tmp_path / "cfg.yaml"), "trigram_overlap", {})
+    assert labels == [1, 0] and scores[0] == 1.0 and scores[1] == 0.0
+    assert "skipped 3 line(s)" in capsys.readouterr().err
+    dev.write_text("no\ttabs here\n")
+    with pytest.raises(ValueError, match="no usable dev line"):
+        _dev_scores(str(dev), str(tmp_path / "cfg.yaml"), "trigram_overlap", {})
+
+
 def test_tune_cli_on_a_filter_run(direct_filter_run):
     out, _ = direct_filter_run
     r = subprocess.run([sys.executable, "-m", "filtering.tune", "--scored", os.path.join(out, "scored"),

@@ -57,6 +57,10 @@ def test_parquet_shard_nulls_and_missing_columns(tmp_path):
     assert [r.error for r in recs] == [None, "missing_column", "missing_column"]
     with pytest.raises(ValueError, match="lacks column"):
         _records(ShardSpec("parquet", (str(path),), "p.parquet"), src_column="src", tgt_column="tgt")
+    numbers = tmp_path / "n.parquet"
+    pq.write_table(pa.table({"cs": ["ahoj"], "en": [42]}), numbers)
+    with pytest.raises(ValueError, match="'en' is int64, not text"):
+        _records(ShardSpec("parquet", (str(numbers),), "n.parquet"), src_column="cs", tgt_column="en")
 
 
 def test_discover_rejects_missing_inputs_and_twinless_moses(tmp_path):
