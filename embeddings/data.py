@@ -7,7 +7,6 @@ used, and skipped by reason (null or empty side, malformed TSV line).
 from __future__ import annotations
 
 import glob
-import gzip
 import os
 import random
 import re
@@ -17,6 +16,10 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+
+from paracorpus.shards import bounded_lines, open_binary
+
+MAX_LINE_BYTES = 100_000    # a TSV line longer than this is not a sentence pair: skipped, counted
 
 _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<=|>=|<|>)\s*(.+?)\s*$")
 _OPS = {"==": "__eq__", "!=": "__ne__", "<=": "__le__", ">=": "__ge__", "<": "__lt__", ">": "__gt__"}
@@ -113,11 +116,14 @@ class PairSource:
 
     def _tsv_pairs(self):
         for path in self._files:
-            opener = gzip.open if path.endswith(".gz") else open
-            with opener(path, "rb") as f:
-                for raw in f:
+            with open_binary(path) as f:
+                # bounded: one multi-gigabyte "line" is skipped without being held in memory
+                for raw, overlong in bounded_lines(f, MAX_LINE_BYTES):
+                    if overlong:
+                        self.stats["skipped_overlong"] += 1
+                        continue
                     try:
-                        line = raw.decode("utf-8").rstrip("\r\n")
+                        line = raw.decode("utf-8")
                     except UnicodeDecodeError:
                         self.stats["skipped_bad_utf8"] += 1
                         continue

@@ -42,14 +42,14 @@ class RawRecord:
     detail: str | None = None
 
 
-def _open_binary(path: str):
+def open_binary(path: str):
     raw = open(path, "rb")
     if path.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw)
     return raw
 
 
-def _bounded_lines(stream, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
+def bounded_lines(stream, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
     """Yield (line without newline, overlong) without ever holding more than max_bytes of a line.
 
     A hostile file may contain one multi-gigabyte line; its tail is read and dropped in chunks.
@@ -84,8 +84,8 @@ def _snippet(data: bytes, limit: int = 1000) -> str:
 
 def _read_tsv(spec: ShardSpec, max_line_chars: int) -> Iterator[RawRecord]:
     # Characters are at most 4 UTF-8 bytes; the exact character limit is checked after decoding.
-    with _open_binary(spec.paths[0]) as stream:
-        for index, (line, overlong) in enumerate(_bounded_lines(stream, 4 * max_line_chars)):
+    with open_binary(spec.paths[0]) as stream:
+        for index, (line, overlong) in enumerate(bounded_lines(stream, 4 * max_line_chars)):
             if overlong:
                 yield RawRecord(spec.name, index, _snippet(line), None, "overlong_line",
                                 f"line longer than {4 * max_line_chars} bytes")
@@ -111,8 +111,8 @@ def _read_tsv(spec: ShardSpec, max_line_chars: int) -> Iterator[RawRecord]:
 def _read_moses(spec: ShardSpec, max_line_chars: int) -> Iterator[RawRecord]:
     src_path, tgt_path = spec.paths
     limit = 4 * max_line_chars
-    with _open_binary(src_path) as fs, _open_binary(tgt_path) as ft:
-        src_lines, tgt_lines = _bounded_lines(fs, limit), _bounded_lines(ft, limit)
+    with open_binary(src_path) as fs, open_binary(tgt_path) as ft:
+        src_lines, tgt_lines = bounded_lines(fs, limit), bounded_lines(ft, limit)
         index = 0
         while True:
             s, t = next(src_lines, None), next(tgt_lines, None)

@@ -242,11 +242,12 @@ def test_parse_where_literals():
 def test_pair_source_tsv_counts_bad_lines(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_bytes(b"a man sits .\ta guy sits .\nno tab here\nx\ty\tz\n\xff\xfe bad\tutf8\n"
-                     b"a dog runs .\t  \n" + b"a cat sleeps .\ta cat is sleeping .\n")
+                     b"a dog runs .\t  \n" + b"w " * 60_000 + b"\tlong\n"
+                     b"a cat sleeps .\ta cat is sleeping .\r\n")
     src = PairSource(str(path))
     assert list(src) == [("a man sits .", "a guy sits ."), ("a cat sleeps .", "a cat is sleeping .")]
     assert src.stats == {"read": 3, "used": 2, "skipped_empty_side": 1, "skipped_not_two_columns": 2,
-                         "skipped_bad_utf8": 1}
+                         "skipped_bad_utf8": 1, "skipped_overlong": 1}
     with pytest.raises(ValueError, match="Parquet"):
         PairSource(str(path), where=["rank<=1"])
     with pytest.raises(FileNotFoundError):
