@@ -69,13 +69,19 @@ def fit_sample(root: str, files: list[str], rows: int):
     return table
 
 
-def _spm_from_manifest(input_dir: str) -> str | None:
-    path = os.path.join(input_dir, "_manifest.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        manifest = json.load(f)
-    model = manifest.get("models", {}).get("forward", {}).get("path")
+def input_manifest(input_dir: str) -> dict | None:
+    """The generation run's _manifest.json (in INPUT_DIR, or beside it when INPUT_DIR is the run's
+    paraphrases/), or None when there is none. The generation job writes it last."""
+    for d in (input_dir, os.path.dirname(os.path.normpath(input_dir))):
+        path = os.path.join(d, "_manifest.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                return json.load(f)
+    return None
+
+
+def _spm_from_manifest(manifest: dict | None) -> str | None:
+    model = (manifest or {}).get("models", {}).get("forward", {}).get("path")
     spm = os.path.join(model, "spm.model") if model else None
     return spm if spm and os.path.isfile(spm) else None
 
@@ -97,9 +103,18 @@ def run(argv=None) -> dict:
     parser.add_argument("--lm_model", help="KenLM model for lm_perplexity (default: fitted on the input)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier filter run in --output")
     parser.add_argument("--no_report", action="store_true", help="skip the statistics report")
+    parser.add_argument("--allow_unreconciled", action="store_true",
+                        help="filter a generation run whose manifest says its counts do not reconcile")
     known, beam_args = parser.parse_known_args(argv)
+    gen_manifest = input_manifest(known.input)
+    if gen_manifest is None:
+        print(f"warning: no _manifest.json with {known.input}: it may be an unfinished generation run; "
+              "its rows are filtered as they are", file=sys.stderr, flush=True)
+    elif not gen_manifest.get("counts", {}).get("reconciled") and not known.allow_unreconciled:
+        parser.error(f"{known.input}: the generation run's counts do not reconcile (a failed or partial run, "
+                     "see its _manifest.json); pass --allow_unreconciled to filter it anyway")
     overrides = {"paraphrase_score": {"model": known.encoder} if known.encoder else {},
-                 "bag_of_pieces": {"spm_model": known.spm_model or _spm_from_manifest(known.input)},
+                 "bag_of_pieces": {"spm_model": known.spm_model or _spm_from_manifest(gen_manifest)},
                  "lm_perplexity": {"model": known.lm_model} if known.lm_model else {}}
     overrides = {k: {kk: vv for kk, vv in v.items() if vv} for k, v in overrides.items()}
     try:
@@ -152,7 +167,8 @@ def run(argv=None) -> dict:
         stats = json.load(f)
     rows_in = sum(_num_rows(os.path.join(root, rel)) for rel in files)
     rows_out = sum(_num_rows(os.path.join(scored_root, rel)) for rel in files)
-    manifest = {"input": os.path.abspath(known.input), "config": raw, "config_source": cfg.source,
+    manifest = {"input": os.path.abspath(known.input),
+                "input_config_hash": (gen_manifest or {}).get("config_hash"), "config": raw, "config_source": cfg.source,
                 "rules": [r.describe() for r in cfg.rules], "files": len(files), "rows_in": rows_in,
                 "rows_out": rows_out, "kept": stats.get("kept", 0),
                 "rejected_by_reason": {k[7:]: v for k, v in sorted(stats.items()) if k.startswith("reason:")},

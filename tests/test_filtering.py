@@ -308,6 +308,7 @@ def generation_output(tmp_path_factory):
     train(toy_paraphrases(500, seed=1), str(root / "enc"), TrainConfig(dim=16, epochs=1, progress=False),
           log=lambda m: None)
     (root / "cfg.yaml").write_text(CONFIG)
+    (root / "_manifest.json").write_text(json.dumps({"config_hash": "toy", "counts": {"reconciled": True}}))
     return root, rows
 
 
@@ -335,6 +336,7 @@ def test_every_row_once_with_its_reasons(generation_output, direct_filter_run):
     out, manifest = direct_filter_run
     t = _scored(out)
     assert t.num_rows == len(rows) == manifest["rows_in"] == manifest["rows_out"] and manifest["reconciled"]
+    assert manifest["input_config_hash"] == "toy"                                    # read from _manifest.json
     got = sorted((r["pair_id"], r["rank"]) for r in t.select(["pair_id", "rank"]).to_pylist())
     assert got == sorted((r["pair_id"], r["rank"]) for r in rows)                    # exactly once each
     assert set(PARAPHRASE_SCHEMA.names) <= set(t.column_names)                       # every input column kept
@@ -411,6 +413,25 @@ def test_cli_fails_before_work_on_bad_config(generation_output, tmp_path):
     r = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "--config" in r.stdout and "paranmt" in r.stdout
+
+
+def test_unreconciled_generation_run_is_refused(generation_output, tmp_path):
+    import shutil
+
+    from beam_pipelines.filter import run
+
+    gen = tmp_path / "gen"
+    shutil.copytree(generation_output[0] / "paraphrases", gen / "paraphrases")
+    (gen / "_manifest.json").write_text(json.dumps({"counts": {"reconciled": False}}))
+    args = ["--input", str(gen / "paraphrases"), "--output", str(tmp_path / "out"), "--config", "paranmt",
+            "--no_report"]
+    with pytest.raises(SystemExit) as e:
+        run(args)
+    assert e.value.code == 2 and not (tmp_path / "out").exists()
+    (gen / "_manifest.json").unlink()                          # no manifest: warned, then filtered
+    manifest = run(args[:-3] + ["--config", str(generation_output[0] / "cfg.yaml"), "--encoder",
+                                str(generation_output[0] / "enc"), "--no_report"])
+    assert manifest["reconciled"] and manifest["input_config_hash"] is None
 
 
 def test_threshold_tuning_from_keep_rate_and_dev_set():
