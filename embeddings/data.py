@@ -7,6 +7,7 @@ used, and skipped by reason (null or empty side, malformed TSV line).
 from __future__ import annotations
 
 import glob
+import json
 import os
 import random
 import re
@@ -74,10 +75,16 @@ class PairSource:
         self.path, self.columns, self.max_pairs, self.batch_rows = path, tuple(columns), max_pairs, batch_rows
         self.where = list(where or [])
         self.stats: Counter = Counter()
+        self.generation_manifest = None     # the generation run's _manifest.json, when PATH is one
         if _is_parquet(path):
             root = path
             if os.path.isdir(os.path.join(path, "paraphrases")):
                 root = os.path.join(path, "paraphrases")
+                manifest = os.path.join(path, "_manifest.json")
+                self.generation_manifest = {}
+                if os.path.isfile(manifest):
+                    with open(manifest) as f:
+                        self.generation_manifest = json.load(f)
             if not os.path.exists(root):
                 raise FileNotFoundError(path)
             self._dataset = ds.dataset(root, format="parquet", partitioning="hive")

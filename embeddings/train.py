@@ -236,6 +236,10 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    gm = source.generation_manifest
+    if gm is not None and not gm.get("counts", {}).get("reconciled"):
+        why = "counts do not reconcile (see its _manifest.json)" if gm else "has no _manifest.json (unfinished?)"
+        print(f"warning: {a.input}: the generation run {why}", file=sys.stderr, flush=True)
     print(f"training on {source.describe()}", flush=True)
     report = train(source, a.out, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
     print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))

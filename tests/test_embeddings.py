@@ -218,6 +218,10 @@ def test_pair_source_reads_generation_parquet_with_filters(tmp_path):
     src = PairSource(str(tmp_path))                                    # the generate --output dir
     pairs = list(src)
     assert src.stats == {"read": 40, "used": 39, "skipped_empty_side": 1}
+    assert src.generation_manifest == {}                               # no _manifest.json: empty, not None
+    (tmp_path / "_manifest.json").write_text('{"counts": {"reconciled": true}}')
+    assert PairSource(str(tmp_path)).generation_manifest == {"counts": {"reconciled": True}}
+    assert PairSource(str(tmp_path / "paraphrases")).generation_manifest is None   # not a run directory
     assert sorted(pairs) == sorted((r["reference"], r["paraphrase"]) for r in rows if r["paraphrase"])
     best = PairSource(str(tmp_path / "paraphrases"), where=["rank<=1", "combined_score < 3"])
     expect = [r for r in rows if r["rank"] <= 1 and r["combined_score"] < 3 and r["paraphrase"]]
