@@ -47,7 +47,11 @@ def read_bitext(tsv: str | None = None, src_file: str | None = None, tgt_file: s
         if len(src) != len(tgt):
             raise ValueError(f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}")
         pairs = list(zip(src, tgt))
-    pairs = [(s, t) for s, t in pairs if s and t]
+    total = len(pairs)
+    pairs = [p for p in pairs if p is not None and p[0] and p[1]]
+    if len(pairs) < total:          # not an error for training data, but never silent
+        log.warning("%s: skipped %d of %d lines (an empty side%s)", tsv or f"{src_file} + {tgt_file}",
+                    total - len(pairs), total, ", or not two tab-separated columns" if tsv else "")
     return pairs[:max_lines] if max_lines else pairs
 
 
@@ -56,8 +60,7 @@ def _read_tsv_lines(path):  # tabs survive: _lines() collapses whitespace, so re
     with opener(path, "rt", encoding="utf-8", errors="replace") as f:
         for line in f:
             cells = line.rstrip("\n").split("\t")
-            if len(cells) == 2:
-                yield " ".join(cells[0].split()), " ".join(cells[1].split())
+            yield (" ".join(cells[0].split()), " ".join(cells[1].split())) if len(cells) == 2 else None
 
 
 def train_spm(texts: list[str], prefix: str, vocab_size: int) -> str:

@@ -47,7 +47,7 @@ def test_fairseq_compat_usage_error():
     assert r.returncode != 0 and "usage" in r.stderr
 
 
-def test_read_bitext_plain_gz_tsv_and_cleaning(tmp_path):
+def test_read_bitext_plain_gz_tsv_and_cleaning(tmp_path, caplog):
     src, tgt = tmp_path / "t.cs.gz", tmp_path / "t.en"
     with gzip.open(src, "wt", encoding="utf-8") as f:
         f.write("Muž  sedí .\n \n Pes\tběží .\nDítě spí .\n")
@@ -59,6 +59,7 @@ def test_read_bitext_plain_gz_tsv_and_cleaning(tmp_path):
     with gzip.open(tsv, "wt", encoding="utf-8") as f:
         f.write("Muž sedí .\tA man  sits .\n\tno source\nno tab\nPes běží .\tA dog runs .\n")
     assert read_bitext(tsv=str(tsv)) == [("Muž sedí .", "A man sits ."), ("Pes běží .", "A dog runs .")]
+    assert "skipped 2 of 4 lines" in caplog.text                      # counted, not silent
     short = tmp_path / "short.en"
     short.write_text("one\n", encoding="utf-8")
     with pytest.raises(ValueError, match="lines"):
