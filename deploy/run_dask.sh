@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Run the generation job on a dask.distributed cluster (DaskRunner).
+# Run the generation (or filter, JOB=filter) job on a dask.distributed cluster (DaskRunner).
 set -euo pipefail
 usage() {
   cat <<USAGE
 usage: DASK_SCHEDULER=tcp://host:8786 deploy/run_dask.sh JOB_ARGS...
        deploy/run_dask.sh --local N JOB_ARGS...   start a scheduler and N workers here, run, stop them
 
-Workers need the project installed (scripts/bootstrap.sh) and the same paths for inputs, models
-and output. On each worker machine: dask worker tcp://SCHEDULER:8786 --nthreads 1 --nworkers 2
+JOB=generate (default) or JOB=filter picks the job. Workers need the project installed
+(scripts/bootstrap.sh) and the same paths for inputs, models and output. On each worker machine: dask worker tcp://SCHEDULER:8786 --nthreads 1 --nworkers 2
 USAGE
 }
 case "${1:-}" in -h|--help) usage; exit 0;; esac
+JOB=${JOB:-generate}
+case "$JOB" in generate|filter) ;; *) echo "JOB must be generate or filter, not $JOB" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 pids=()
@@ -27,4 +29,4 @@ if [ "${1:-}" = "--local" ]; then
       >"$tmp/workers.log" 2>&1 & pids+=($!)
 fi
 : "${DASK_SCHEDULER:?set DASK_SCHEDULER or use --local N}"
-"$PY" -m beam_pipelines.generate --runner DaskRunner --dask_client_address "$DASK_SCHEDULER" "$@"
+"$PY" -m "beam_pipelines.$JOB" --runner DaskRunner --dask_client_address "$DASK_SCHEDULER" "$@"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Submit the generation job to Google Cloud Dataflow (Runner v2, custom container, optional GPUs).
+# Submit the generation (or filter) job to Google Cloud Dataflow (Runner v2, custom container, optional GPUs).
 set -euo pipefail
 usage() {
   cat <<USAGE
 usage: PROJECT=my-project REGION=europe-west4 TEMP=gs://bucket/tmp IMAGE=REGION-docker.pkg.dev/... \\
        deploy/run_dataflow.sh JOB_ARGS...
 
-JOB_ARGS are the generation job's options. The job reads and writes with Python file APIs, so
---input/--output/--forward_model must be paths every worker sees: mount the bucket with
-Cloud Storage FUSE inside the image (e.g. /gcs/BUCKET/...), not gs:// URLs.
+JOB_ARGS are the options of the job named by JOB (generate, the default, or filter). The jobs
+read and write with Python file APIs, so --input/--output/--forward_model must be paths every
+worker sees: mount the bucket with Cloud Storage FUSE inside the image (e.g. /gcs/BUCKET/...),
+not gs:// URLs.
 Environment:
   PROJECT REGION TEMP IMAGE   required
   GPU                 accelerator type, e.g. nvidia-tesla-t4 (default: none, CPU workers)
@@ -17,6 +18,8 @@ Environment:
 USAGE
 }
 case "${1:-}" in -h|--help) usage; exit 0;; esac
+JOB=${JOB:-generate}
+case "$JOB" in generate|filter) ;; *) echo "JOB must be generate or filter, not $JOB" >&2; exit 2;; esac
 : "${PROJECT:?}" "${REGION:?}" "${TEMP:?}" "${IMAGE:?}"
 args=(--runner DataflowRunner --project "$PROJECT" --region "$REGION" --temp_location "$TEMP"
       --sdk_container_image "$IMAGE" --experiments=use_runner_v2
@@ -25,4 +28,4 @@ if [ -n "${GPU:-}" ]; then
   args+=(--dataflow_service_options "worker_accelerator=type:${GPU};count:1;install-nvidia-driver")
 fi
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-.venv/bin/python}" -m beam_pipelines.generate "${args[@]}" "$@"
+exec "${PYTHON:-.venv/bin/python}" -m "beam_pipelines.$JOB" "${args[@]}" "$@"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Submit the generation job to a Flink cluster through Beam's portable FlinkRunner.
+# Submit the generation (or filter) job to a Flink cluster through Beam's portable FlinkRunner.
 set -euo pipefail
 usage() {
   cat <<USAGE
 usage: FLINK_MASTER=host:8081 IMAGE=registry/paragen:TAG deploy/run_flink.sh JOB_ARGS...
 
-Runs python -m beam_pipelines.generate with --runner FlinkRunner. JOB_ARGS are the job's own
+Runs python -m beam_pipelines.\$JOB with --runner FlinkRunner. JOB_ARGS are the job's own
 options (--input, --output, --forward_model, --backward_model, --preset, ...); paths must be
 visible to every Flink task manager (a shared filesystem mounted at the same path).
 Environment:
+  JOB                generate (default) or filter
   FLINK_MASTER       Flink REST address (required)
   IMAGE              SDK harness image built from deploy/Dockerfile (required unless ENV_TYPE=PROCESS)
   FLINK_VERSION      Flink version of the cluster (default 1.19; Beam 2.77 supports 1.19 1.20 2.0 2.1 2.2)
@@ -18,6 +19,8 @@ Environment:
 USAGE
 }
 case "${1:-}" in -h|--help) usage; exit 0;; esac
+JOB=${JOB:-generate}
+case "$JOB" in generate|filter) ;; *) echo "JOB must be generate or filter, not $JOB" >&2; exit 2;; esac
 : "${FLINK_MASTER:?set FLINK_MASTER (see --help)}"
 ENV_TYPE=${ENV_TYPE:-DOCKER}
 args=(--runner FlinkRunner --flink_master "$FLINK_MASTER" --flink_version "${FLINK_VERSION:-1.19}"
@@ -28,4 +31,4 @@ if [ "$ENV_TYPE" = DOCKER ]; then
 fi
 [ -n "${JOB_SERVER_JAR:-}" ] && args+=(--flink_job_server_jar "$JOB_SERVER_JAR")
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-.venv/bin/python}" -m beam_pipelines.generate "${args[@]}" "$@"
+exec "${PYTHON:-.venv/bin/python}" -m "beam_pipelines.$JOB" "${args[@]}" "$@"

@@ -44,3 +44,45 @@ def test_refresh_moves_latest_only_on_success_and_prunes(tmp_path):
     failed = _refresh(tmp_path, "2026-01-22", "false")
     assert failed.returncode != 0 and os.readlink(tmp_path / "latest") == "2026-01-15"
     assert (tmp_path / "logs" / "2026-01-22.log").exists()
+
+
+def test_image_carries_every_package_setup_py_installs():
+    import re
+
+    setup = open(os.path.join(ROOT, "setup.py")).read()
+    packages = re.findall(r'"(\w+)\*"', re.search(r"find_packages\(include=\[(.*?)\]", setup).group(1))
+    copied = re.findall(r"^COPY (\w+) \./\1$", open(os.path.join(ROOT, "deploy", "Dockerfile")).read(), re.M)
+    assert packages and sorted(packages) == sorted(copied)
+
+
+def test_dask_launcher_runs_the_filter_job_on_a_local_cluster(tmp_path):
+    """JOB=filter deploy/run_dask.sh --local 2: a real scheduler and two workers, then the job."""
+    import json
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from paracorpus.schema import PARAPHRASE_SCHEMA
+    from tests.toydata import toy_paraphrases
+
+    rows = []
+    for i, (a, b) in enumerate(toy_paraphrases(60, seed=5)):
+        row = {f.name: None for f in PARAPHRASE_SCHEMA}
+        row.update(pair_id=f"p{i:03d}", reference=a, paraphrase=b, rank=1, constraint_set=[])
+        rows.append(row)
+    for shard in (0, 1):
+        d = tmp_path / "gen" / "paraphrases" / "lang_pair=cs-en" / f"shard={shard:05d}"
+        d.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows[shard::2], schema=PARAPHRASE_SCHEMA), d / "part-00000.parquet")
+    (tmp_path / "gen" / "_manifest.json").write_text(json.dumps({"counts": {"reconciled": True}}))
+    (tmp_path / "cfg.yaml").write_text("filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.5}}\n")
+    env = {**os.environ, "JOB": "filter", "PYTHON": sys.executable}
+    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dask.sh"), "--local", "2",
+                           "--input", str(tmp_path / "gen"), "--output", str(tmp_path / "out"),
+                           "--config", str(tmp_path / "cfg.yaml"), "--no_report"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.load(open(tmp_path / "out" / "_filter_manifest.json"))
+    assert manifest["reconciled"] and manifest["rows_in"] == 60
+    assert 0 < manifest["kept"] < 60 and "trigram_overlap>max" in manifest["rejected_by_reason"]
