@@ -28,8 +28,9 @@ def test_systemd_units_parse():
             assert cp.get(section, key)
 
 
-def _refresh(tmp_path, run_id, job, keep=2):
-    env = {**os.environ, "OUT_ROOT": str(tmp_path), "RUN_ID": run_id, "KEEP": str(keep), "PARAGEN_JOB_CMD": job}
+def _refresh(tmp_path, run_id, job, keep=2, **extra_env):
+    env = {**os.environ, "OUT_ROOT": str(tmp_path), "RUN_ID": run_id, "KEEP": str(keep), "PARAGEN_JOB_CMD": job,
+           **extra_env}
     return subprocess.run(["bash", os.path.join(ROOT, "deploy", "refresh.sh"), "--input", "x"],
                           env=env, capture_output=True, text=True, timeout=30)
 
@@ -44,6 +45,22 @@ def test_refresh_moves_latest_only_on_success_and_prunes(tmp_path):
     failed = _refresh(tmp_path, "2026-01-22", "false")
     assert failed.returncode != 0 and os.readlink(tmp_path / "latest") == "2026-01-15"
     assert (tmp_path / "logs" / "2026-01-22.log").exists()
+
+
+def test_refresh_runs_the_filter_job_and_moves_latest_only_if_it_succeeds(tmp_path):
+    ok = "python3 -c \"import sys,os; o=sys.argv[sys.argv.index('--output')+1]; os.makedirs(o)\""
+    # stand-in filter: records its arguments where the real one writes its manifest
+    filt = "python3 -c \"import sys,os,json; o=sys.argv[sys.argv.index('--output')+1]; os.makedirs(o); " \
+           "json.dump(sys.argv[1:], open(o+'/args.json','w'))\""
+    done = _refresh(tmp_path, "2026-02-01", ok, PARAGEN_FILTER_CMD=filt, FILTER_ARGS="--config paranmt --encoder /m/enc")
+    assert done.returncode == 0, done.stderr
+    import json
+    args = json.load(open(tmp_path / "2026-02-01" / "filtered" / "args.json"))
+    assert args[:2] == ["--input", str(tmp_path / "2026-02-01")] and args[-4:] == ["--config", "paranmt", "--encoder", "/m/enc"]
+    assert os.readlink(tmp_path / "latest") == "2026-02-01"
+    failed = _refresh(tmp_path, "2026-02-08", ok, PARAGEN_FILTER_CMD="false", FILTER_ARGS="--config paranmt")
+    assert failed.returncode != 0 and "filter job failed" in failed.stderr
+    assert os.readlink(tmp_path / "latest") == "2026-02-01"
 
 
 def test_image_carries_every_package_setup_py_installs():
