@@ -167,8 +167,8 @@ def run(argv=None) -> dict:
         stats = json.load(f)
     rows_in = sum(_num_rows(os.path.join(root, rel)) for rel in files)
     rows_out = sum(_num_rows(os.path.join(scored_root, rel)) for rel in files)
-    manifest = {"input": os.path.abspath(known.input),
-                "input_config_hash": (gen_manifest or {}).get("config_hash"), "config": raw, "config_source": cfg.source,
+    manifest = {"input": os.path.abspath(known.input), "input_config_hash": (gen_manifest or {}).get("config_hash"),
+                "config": raw, "config_source": cfg.source,
                 "rules": [r.describe() for r in cfg.rules], "files": len(files), "rows_in": rows_in,
                 "rows_out": rows_out, "kept": stats.get("kept", 0),
                 "rejected_by_reason": {k[7:]: v for k, v in sorted(stats.items()) if k.startswith("reason:")},

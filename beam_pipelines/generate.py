@@ -21,8 +21,8 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
-from paracorpus.cleaning import CleaningConfig
 from paracorpus.atomic import write_json
+from paracorpus.cleaning import CleaningConfig
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
 from paracorpus.schema import CONTRACT_VERSION, PARAPHRASE_SCHEMA, REJECT_SCHEMA
 from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, discover_shards, shard_fingerprint
