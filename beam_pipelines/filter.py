@@ -24,7 +24,7 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
-from beam_pipelines.generate import _qualify_runner
+from beam_pipelines.generate import _qualify_runner, torch_threads_for
 from paracorpus.atomic import write_json
 from transforms.filtering import ScoreFile, merge_stats
 
@@ -103,9 +103,14 @@ def run(argv=None) -> dict:
     parser.add_argument("--lm_model", help="KenLM model for lm_perplexity (default: fitted on the input)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier filter run in --output")
     parser.add_argument("--no_report", action="store_true", help="skip the statistics report")
+    parser.add_argument("--torch_threads", type=int, default=0,
+                        help="CPU threads of each worker's encoders and classifiers (default 0 = auto, "
+                             "as in the generation job: cores / DirectRunner worker processes)")
     parser.add_argument("--allow_unreconciled", action="store_true",
                         help="filter a generation run whose manifest says its counts do not reconcile")
     known, beam_args = parser.parse_known_args(argv)
+    if known.torch_threads < 0:
+        parser.error(f"--torch_threads must be >= 0, not {known.torch_threads}")
     gen_manifest = input_manifest(known.input)
     if gen_manifest is None:
         print(f"warning: no _manifest.json with {known.input}: it may be an unfinished generation run; "
@@ -157,7 +162,8 @@ def run(argv=None) -> dict:
     with beam.Pipeline(options=opts) as p:
         _ = (p | "Files" >> beam.Create(files)
              | "Reshuffle" >> beam.Reshuffle()
-             | "Score" >> beam.ParDo(ScoreFile(root, scored_root, raw, overrides, fit_ids))
+             | "Score" >> beam.ParDo(ScoreFile(root, scored_root, raw, overrides, fit_ids,
+                                               torch_threads_for(known.torch_threads, beam_args)))
              | "Key" >> beam.Map(lambda s: (None, s))
              | "Group" >> beam.GroupByKey()
              | "Merge" >> beam.Map(lambda kv: merge_stats(kv[1]))

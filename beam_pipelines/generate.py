@@ -19,7 +19,7 @@ import sys
 import time
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, SetupOptions, StandardOptions
 
 from paracorpus.atomic import write_json
 from paracorpus.cleaning import CleaningConfig
@@ -74,6 +74,11 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                    help="model weights' precision: auto = fp16 on a GPU, fp32 on the CPU; bf16 is "
                         "about 1.3x faster on CPUs with AVX512-BF16, with slightly different scores")
+    g.add_argument("--torch_threads", type=int, default=0,
+                   help="CPU threads of each worker process's model (default 0 = auto: the cores divided "
+                        "by the DirectRunner's worker processes; elsewhere torch's default, which "
+                        "follows OMP_NUM_THREADS). Two processes with two threads each on two cores "
+                        "decode about 3x slower than with one each.")
     g.add_argument("--max_line_chars", type=int, default=DEFAULT_MAX_LINE_CHARS,
                    help="records longer than this are rejected unparsed")
     g.add_argument("--max_tokens", type=int, default=100, help="max whitespace tokens per side")
@@ -109,7 +114,8 @@ def _parse_encodings(spec: str) -> dict:
 
 def build(p: beam.Pipeline, shards, output: str, cfg: GenerationConfig, cleaning: CleaningConfig,
           chash: str, forward_model: str, backward_model: str | None, device: str | None,
-          precision: str, max_line_chars: int, src_column: str, tgt_column: str) -> None:
+          precision: str, max_line_chars: int, src_column: str, tgt_column: str,
+          torch_threads: int | None = None) -> None:
     lang_pair = f"{cleaning.src_lang}-{cleaning.tgt_lang}"
     n_shards = cfg.num_output_shards
     read = (p | "ShardList" >> beam.Create(shards)
@@ -123,7 +129,7 @@ def build(p: beam.Pipeline, shards, output: str, cfg: GenerationConfig, cleaning
                  | "KeyByOutputShard" >> beam.Map(lambda r: (output_shard(r["pair_id"], n_shards), r))
                  | "GroupByOutputShard" >> beam.GroupByKey()
                  | "Generate" >> beam.ParDo(GenerateForShard(forward_model, backward_model, device, chash, cfg,
-                                                                  precision))
+                                                                  precision, torch_threads))
                  | "SplitGenerated" >> SplitTagged())
     rows_written = (generated[MAIN_TAG]
          | "KeyRows" >> beam.Map(lambda r: ((lang_pair, output_shard(r["pair_id"], n_shards)), r))
@@ -203,6 +209,29 @@ def _qualify_runner(beam_args: list[str]) -> list[str]:
     return out
 
 
+def worker_threads(requested: int, runner: str, running_mode: str | None, num_workers: int | None,
+                   cpu_count: int) -> int | None:
+    """Torch threads per worker process, or None to keep torch's default. Worker processes that
+    share a machine must split its cores: oversubscribed, OpenMP threads wait on each other."""
+    if requested < 0:
+        raise ValueError(f"--torch_threads must be >= 0, not {requested}")
+    if requested:
+        return requested
+    if runner == "DirectRunner" and running_mode in ("multi_processing", "multi_threading"):
+        workers = num_workers or cpu_count          # Beam: 0 workers means one per core
+        return max(1, cpu_count // workers)
+    return None
+
+
+def torch_threads_for(requested: int, beam_args: list[str]) -> int | None:
+    """worker_threads() for the runner and DirectRunner options in BEAM_ARGS, on this machine."""
+    options = PipelineOptions(_qualify_runner(beam_args))
+    runner = (options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+    direct = options.view_as(DirectOptions)
+    return worker_threads(requested, runner, direct.direct_running_mode, direct.direct_num_workers,
+                          os.cpu_count() or 1)
+
+
 def run(argv=None) -> dict:
     parser = argparse.ArgumentParser(
         prog="paragen-generate", description=__doc__.split("\n")[0],
@@ -212,6 +241,8 @@ def run(argv=None) -> dict:
     add_generate_args(parser)
     known, beam_args = parser.parse_known_args(argv)
     opts = argparse.Namespace(**vars(known))
+    if opts.torch_threads < 0:
+        parser.error(f"--torch_threads must be >= 0, not {opts.torch_threads}")
     opts.input = [x for item in opts.input for x in item.split(",") if x]
     try:
         cfg = generation_config(opts)
@@ -246,17 +277,19 @@ def run(argv=None) -> dict:
     pipeline_options = PipelineOptions(_qualify_runner(beam_args))
     pipeline_options.view_as(SetupOptions).save_main_session = False
     runner = (pipeline_options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+    threads = torch_threads_for(opts.torch_threads, beam_args)
     start = time.time()
     with beam.Pipeline(options=pipeline_options) as p:
         build(p, shards, os.path.abspath(opts.output), cfg, cleaning, chash, os.path.abspath(opts.forward_model),
               os.path.abspath(opts.backward_model) if opts.backward_model else None, opts.device,
-              opts.precision, opts.max_line_chars, opts.src_column or opts.src_lang, opts.tgt_column or opts.tgt_lang)
+              opts.precision, opts.max_line_chars, opts.src_column or opts.src_lang, opts.tgt_column or opts.tgt_lang,
+              threads)
     elapsed = time.time() - start
     counts = summarize(opts.output)
     manifest = {
         "contract_version": CONTRACT_VERSION, "config_hash": chash, "preset": opts.preset,
         "config": cfg.to_dict(), "cleaning": cleaning_dict, "models": models, "runner": runner,
-        "precision": opts.precision,
+        "precision": opts.precision, "torch_threads_per_worker": threads,
         "inputs": [shard_fingerprint(s) for s in shards], "counts": counts,
         "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

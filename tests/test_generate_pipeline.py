@@ -8,7 +8,7 @@ import sys
 import pyarrow.dataset as ds
 import pytest
 
-from beam_pipelines.generate import run
+from beam_pipelines.generate import run, worker_threads
 from paracorpus.schema import PARAPHRASE_SCHEMA, REJECT_SCHEMA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,8 +144,9 @@ def _same_rows(a, b):
 
 def test_direct_multiprocessing_gives_the_same_rows(direct_run, bitext, tiny_nmt_models, tmp_path):
     out, _ = direct_run
-    run(_args(bitext, tmp_path / "mp", tiny_nmt_models, "--runner", "DirectRunner",
-              "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"))
+    manifest = run(_args(bitext, tmp_path / "mp", tiny_nmt_models, "--runner", "DirectRunner",
+                         "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"))
+    assert manifest["torch_threads_per_worker"] == max(1, (os.cpu_count() or 1) // 2)
     _same_rows(_rows(tmp_path / "mp"), _rows(out))
     _same_rows(_rows(tmp_path / "mp", "rejects"), _rows(out, "rejects"))
 
@@ -189,3 +190,17 @@ def test_cli_help_and_clear_errors(tmp_path, bitext, tiny_nmt_models):
     with pytest.raises(SystemExit, match="--overwrite"):
         run(args)
     shutil.rmtree(out)
+
+
+def test_worker_processes_split_the_cores():
+    # Two worker processes with two threads each on two cores decode several times slower than
+    # with one each (OpenMP threads wait on each other), so the DirectRunner's workers split them.
+    assert worker_threads(0, "DirectRunner", "multi_processing", 2, 2) == 1
+    assert worker_threads(0, "DirectRunner", "multi_processing", 2, 16) == 8
+    assert worker_threads(0, "DirectRunner", "multi_processing", 0, 16) == 1      # 0 = one per core
+    assert worker_threads(0, "DirectRunner", "multi_threading", 3, 2) == 1
+    assert worker_threads(0, "DirectRunner", "in_memory", 1, 16) is None            # torch's default
+    assert worker_threads(0, "DaskRunner", None, None, 16) is None                  # dask sets OMP_NUM_THREADS
+    assert worker_threads(3, "DaskRunner", None, None, 16) == 3
+    with pytest.raises(ValueError, match="torch_threads"):
+        worker_threads(-1, "DirectRunner", "in_memory", 1, 2)

@@ -11,9 +11,11 @@ class ScoreFile(beam.DoFn):
     """(relative path) -> stats Counter as a dict. Filters are built and their models loaded once
     per worker in setup(); RAW_CONFIG is the validated config with fitted parameters filled in."""
 
-    def __init__(self, input_root: str, output_root: str, raw_config: dict, overrides: dict, fit_ids: list):
+    def __init__(self, input_root: str, output_root: str, raw_config: dict, overrides: dict, fit_ids: list,
+                 torch_threads: int | None = None):
         self.input_root, self.output_root = input_root, output_root
         self.raw_config, self.overrides, self.fit_ids = raw_config, overrides, fit_ids
+        self.torch_threads = torch_threads
         self.rows = Metrics.counter("filter", "rows_scored")
         self.kept = Metrics.counter("filter", "rows_kept")
         self.files = Metrics.counter("filter", "files_written")
@@ -21,6 +23,10 @@ class ScoreFile(beam.DoFn):
     def setup(self):
         from filtering.config import parse_config
 
+        if self.torch_threads:      # several worker processes share this machine's cores
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
         self.cfg = parse_config(self.raw_config, "job config", self.overrides)
         for f in self.cfg.filters:
             f.setup()

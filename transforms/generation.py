@@ -20,13 +20,18 @@ def _pairs(batch: list[dict]) -> list[CleanPair]:
 
 class _ModelDoFn(beam.DoFn):
     def __init__(self, forward_model: str, backward_model: str | None, device: str | None,
-                 config_hash: str, precision: str = "auto"):
+                 config_hash: str, precision: str = "auto", torch_threads: int | None = None):
         self.forward_model, self.backward_model = forward_model, backward_model
         self.device, self.config_hash, self.precision = device, config_hash, precision
+        self.torch_threads = torch_threads
 
     def setup(self):
         from models.nmt import load_translator
 
+        if self.torch_threads:      # several worker processes share this machine's cores
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
         self.forward = load_translator(self.forward_model, device=self.device, precision=self.precision)
         self.backward = (load_translator(self.backward_model, device=self.device, precision=self.precision)
                          if self.backward_model else None)
@@ -41,8 +46,8 @@ class GenerateForShard(_ModelDoFn):
     """
 
     def __init__(self, forward_model, backward_model, device, config_hash, cfg: GenerationConfig,
-                 precision: str = "auto"):
-        super().__init__(forward_model, backward_model, device, config_hash, precision)
+                 precision: str = "auto", torch_threads: int | None = None):
+        super().__init__(forward_model, backward_model, device, config_hash, precision, torch_threads)
         self.cfg = cfg
 
     def process(self, element):
