@@ -7,7 +7,10 @@ usage: DASK_SCHEDULER=tcp://host:8786 deploy/run_dask.sh JOB_ARGS...
        deploy/run_dask.sh --local N JOB_ARGS...   start a scheduler and N workers here, run, stop them
 
 JOB=generate (default) or JOB=filter picks the job. Workers need the project installed
-(scripts/bootstrap.sh) and the same paths for inputs, models and output. On each worker machine: dask worker tcp://SCHEDULER:8786 --nthreads 1 --nworkers 2
+(scripts/bootstrap.sh) and the same paths for inputs, models and output. On each worker machine:
+  dask worker tcp://SCHEDULER:8786 --nthreads 1 --nworkers N
+Dask starts workers with OMP_NUM_THREADS=1, so each decodes on one core: use N = cores, or pass
+the job's --torch_threads (cores / N) to give each worker its share.
 USAGE
 }
 case "${1:-}" in -h|--help) usage; exit 0;; esac
