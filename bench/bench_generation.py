@@ -8,7 +8,8 @@ Prints (Markdown):
      and CTranslate2 float32/int8 on the converted model when ctranslate2 is installed;
   2. clustering: ms per source at 150 candidates (bench/bench_clustering.py);
   3. Beam DirectRunner vs a plain Python loop over the same functions (whole job, same pairs);
-  4. peak memory (RSS) of this process and of child processes.
+  4. DirectRunner with 2 worker processes: torch threads per worker, all cores vs split;
+  5. peak memory (RSS) of this process and of child processes.
 """
 from __future__ import annotations
 
@@ -203,6 +204,31 @@ def bench_overhead(pairs, models: str, workdir: str, preset_args: list[str]) -> 
             "plain_rows": len(rows)}
 
 
+def bench_worker_threads(pairs, models: str, workdir: str) -> list[dict]:
+    """The job on DirectRunner with 2 worker processes: every worker with all the cores' threads
+    (what torch does by default, and what the job did before --torch_threads) vs the automatic
+    split (cores / workers). Same pairs, same rows."""
+    from beam_pipelines.generate import run
+
+    path = os.path.join(workdir, "pairs.tsv")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(f"{s}\t{t}\n" for s, t in pairs)
+    out = []
+    for label, threads in ((f"{os.cpu_count()} threads per worker (torch default)", os.cpu_count()),
+                           ("auto (cores / workers)", 0)):
+        start = time.perf_counter()
+        manifest = run(["--input", path, "--output", os.path.join(workdir, f"t{threads}"),
+                        "--forward_model", os.path.join(models, "cs-en"),
+                        "--backward_model", os.path.join(models, "en-cs"), "--preset", "parabank2-cpu",
+                        "--num_sets", "2", "--num_samples", "5", "--dual_xent_threshold", "-1",
+                        "--device", "cpu", "--overwrite", "--torch_threads", str(threads),
+                        "--runner", "DirectRunner", "--direct_running_mode", "multi_processing",
+                        "--direct_num_workers", "2"])
+        out.append({"label": label, "threads": manifest["torch_threads_per_worker"],
+                    "seconds": time.perf_counter() - start})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=os.path.join(ROOT, "runs", "multi30k-models"),
@@ -215,7 +241,8 @@ def main() -> None:
     ap.add_argument("--topk", type=int, default=10)
     ap.add_argument("--pairs", type=int, default=200,
                     help="pairs for the DirectRunner overhead run (enough that start-up does not dominate)")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: sampling,clustering,overhead")
+    ap.add_argument("--skip", default="",
+                    help="comma list of sections to skip: sampling,clustering,overhead,workers")
     args = ap.parse_args()
     logging.getLogger("apache_beam").setLevel(logging.WARNING)    # worker chatter hides the tables
     skip = set(args.skip.split(","))
@@ -250,6 +277,15 @@ def main() -> None:
         print(f"## Beam DirectRunner vs plain loop, {o['pairs']} pairs (S=2, N=5)\n")
         print(f"| plain loop s | DirectRunner s | ratio |\n|---|---|---|\n"
               f"| {o['plain_s']:.1f} | {o['beam_s']:.1f} | {o['ratio']:.2f}x |\n")
+
+    if "workers" not in skip:
+        with tempfile.TemporaryDirectory() as tmp:
+            w = bench_worker_threads(pairs[:args.pairs], args.models, tmp)
+        print(f"## DirectRunner, 2 worker processes, {args.pairs} pairs (S=2, N=5): torch threads per worker\n")
+        print("| threads per worker | s | speed-up |\n|---|---|---|")
+        for r in w:
+            print(f"| {r['label']}: {r['threads']} | {r['seconds']:.1f} | {w[0]['seconds'] / r['seconds']:.2f}x |")
+        print()
 
     self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
