@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-MAX_DEV_LINE_CHARS = 10_000     # a dev line longer than this is not a sentence pair
+MAX_DEV_LINE_CHARS = 10_000     # bytes; a dev line longer than this is not a sentence pair
 
 
 def threshold_for_keep_rate(values, direction: str, rate: float) -> float:
@@ -60,12 +60,14 @@ def _dev_scores(path: str, config: str, score: str, overrides: dict):
     from filtering.config import load_config
     from filtering.filters import PairBatch
 
+    from paracorpus.shards import bounded_lines, open_binary
+
     labels, s1, s2 = [], [], []
     skipped = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) != 3 or parts[0] not in ("0", "1") or len(line) > MAX_DEV_LINE_CHARS:
+    with open_binary(path) as f:
+        for raw, overlong in bounded_lines(f, MAX_DEV_LINE_CHARS):    # never holds a huge line
+            parts = raw.decode("utf-8", errors="replace").split("\t")
+            if overlong or len(parts) != 3 or parts[0] not in ("0", "1"):
                 skipped += 1
                 continue
             labels.append(int(parts[0]))
@@ -73,7 +75,7 @@ def _dev_scores(path: str, config: str, score: str, overrides: dict):
             s2.append(parts[2])
     if skipped:
         print(f"warning: {path}: skipped {skipped} line(s) that are not 'label<TAB>sentence<TAB>sentence' "
-              f"with label 0/1 and at most {MAX_DEV_LINE_CHARS} characters", file=sys.stderr)
+              f"with label 0/1 and at most {MAX_DEV_LINE_CHARS} bytes", file=sys.stderr)
     if not labels:
         raise ValueError(f"{path}: no usable dev line (want label<TAB>sentence<TAB>sentence, label 0/1)")
     cfg = load_config(config, overrides)
