@@ -16,7 +16,6 @@ Output (read by models.nmt.Translator)::
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import logging
 import os
@@ -28,14 +27,23 @@ import sys
 import time
 
 from paracorpus.atomic import copy_file, replacing, write_json
+from paracorpus.shards import bounded_lines, open_binary
 
 log = logging.getLogger("paragen.train_nmt")
 
 
+MAX_LINE_BYTES = 100_000   # a longer training line is no sentence: read as empty, then skipped
+
+
+def _raw_lines(path: str):
+    """Decoded lines, never holding more than MAX_LINE_BYTES of one; an overlong line is ''."""
+    with open_binary(path) as f:
+        for raw, overlong in bounded_lines(f, MAX_LINE_BYTES):
+            yield "" if overlong else raw.decode("utf-8", errors="replace")
+
+
 def _lines(path: str) -> list[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        return [" ".join(line.split()) for line in f]
+    return [" ".join(line.split()) for line in _raw_lines(path)]
 
 
 def read_bitext(tsv: str | None = None, src_file: str | None = None, tgt_file: str | None = None,
@@ -55,12 +63,10 @@ def read_bitext(tsv: str | None = None, src_file: str | None = None, tgt_file: s
     return pairs[:max_lines] if max_lines else pairs
 
 
-def _read_tsv_lines(path):  # tabs survive: _lines() collapses whitespace, so read raw here
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            cells = line.rstrip("\n").split("\t")
-            yield (" ".join(cells[0].split()), " ".join(cells[1].split())) if len(cells) == 2 else None
+def _read_tsv_lines(path):  # tabs survive: _lines() collapses whitespace, so split raw lines here
+    for line in _raw_lines(path):
+        cells = line.split("\t")
+        yield (" ".join(cells[0].split()), " ".join(cells[1].split())) if len(cells) == 2 else None
 
 
 def train_spm(texts: list[str], prefix: str, vocab_size: int) -> str:

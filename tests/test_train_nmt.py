@@ -57,9 +57,10 @@ def test_read_bitext_plain_gz_tsv_and_cleaning(tmp_path, caplog):
     assert read_bitext(src_file=str(src), tgt_file=str(tgt), max_lines=1) == [("Muž sedí .", "A man sits .")]
     tsv = tmp_path / "t.tsv.gz"
     with gzip.open(tsv, "wt", encoding="utf-8") as f:
-        f.write("Muž sedí .\tA man  sits .\n\tno source\nno tab\nPes běží .\tA dog runs .\n")
+        f.write("Muž sedí .\tA man  sits .\n\tno source\nno tab\nPes běží .\tA dog runs .\r\n"
+                + "x " * 60_000 + "\ty\n")                              # an overlong line
     assert read_bitext(tsv=str(tsv)) == [("Muž sedí .", "A man sits ."), ("Pes běží .", "A dog runs .")]
-    assert "skipped 2 of 4 lines" in caplog.text                      # counted, not silent
+    assert "skipped 3 of 5 lines" in caplog.text                      # counted, not silent
     short = tmp_path / "short.en"
     short.write_text("one\n", encoding="utf-8")
     with pytest.raises(ValueError, match="lines"):
