@@ -217,7 +217,8 @@ def worker_threads(requested: int, runner: str, running_mode: str | None, num_wo
         raise ValueError(f"--torch_threads must be >= 0, not {requested}")
     if requested:
         return requested
-    if runner == "DirectRunner" and running_mode in ("multi_processing", "multi_threading"):
+    direct = runner.lower().removesuffix("runner") == "direct"     # Beam accepts direct, DirectRunner, ...
+    if direct and running_mode in ("multi_processing", "multi_threading"):
         workers = num_workers or cpu_count          # Beam: 0 workers means one per core
         return max(1, cpu_count // workers)
     return None

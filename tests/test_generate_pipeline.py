@@ -199,6 +199,7 @@ def test_worker_processes_split_the_cores():
     assert worker_threads(0, "DirectRunner", "multi_processing", 2, 16) == 8
     assert worker_threads(0, "DirectRunner", "multi_processing", 0, 16) == 1      # 0 = one per core
     assert worker_threads(0, "DirectRunner", "multi_threading", 3, 2) == 1
+    assert worker_threads(0, "direct", "multi_processing", 2, 8) == 4                # Beam's short name
     assert worker_threads(0, "DirectRunner", "in_memory", 1, 16) is None            # torch's default
     assert worker_threads(0, "DaskRunner", None, None, 16) is None                  # dask sets OMP_NUM_THREADS
     assert worker_threads(3, "DaskRunner", None, None, 16) == 3
