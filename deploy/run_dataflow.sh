@@ -12,7 +12,8 @@ worker sees: mount the bucket with Cloud Storage FUSE inside the image (e.g. /gc
 not gs:// URLs.
 Environment:
   PROJECT REGION TEMP IMAGE   required
-  GPU                 accelerator type, e.g. nvidia-tesla-t4 (default: none, CPU workers)
+  GPU                 accelerator type, e.g. nvidia-tesla-t4 (default: none, CPU workers with
+                      one SDK process per vCPU and --torch_threads 1)
   MACHINE_TYPE        default n1-standard-8
   MAX_WORKERS         default 16
 USAGE
@@ -25,7 +26,13 @@ args=(--runner DataflowRunner --project "$PROJECT" --region "$REGION" --temp_loc
       --sdk_container_image "$IMAGE" --experiments=use_runner_v2
       --machine_type "${MACHINE_TYPE:-n1-standard-8}" --max_num_workers "${MAX_WORKERS:-16}")
 if [ -n "${GPU:-}" ]; then
-  args+=(--dataflow_service_options "worker_accelerator=type:${GPU};count:1;install-nvidia-driver")
+  # One SDK process per VM, so the models are loaded once onto the GPU.
+  args+=(--dataflow_service_options "worker_accelerator=type:${GPU};count:1;install-nvidia-driver"
+         --experiments=no_use_multiple_sdk_containers)
+else
+  # Dataflow starts one Python SDK process per vCPU: one torch thread each, or they oversubscribe
+  # the cores (JOB_ARGS may override with their own --torch_threads, the last one wins).
+  args+=(--torch_threads 1)
 fi
 cd "$(dirname "$0")/.."
 exec "${PYTHON:-.venv/bin/python}" -m "beam_pipelines.$JOB" "${args[@]}" "$@"

@@ -103,3 +103,32 @@ def test_dask_launcher_runs_the_filter_job_on_a_local_cluster(tmp_path):
     manifest = json.load(open(tmp_path / "out" / "_filter_manifest.json"))
     assert manifest["reconciled"] and manifest["rows_in"] == 60
     assert 0 < manifest["kept"] < 60 and "trigram_overlap>max" in manifest["rejected_by_reason"]
+
+
+@pytest.mark.parametrize("gpu", ["", "nvidia-tesla-t4"])
+def test_dataflow_launcher_command(gpu):
+    """PYTHON=echo prints the command the launcher would run."""
+    env = {"PATH": os.environ["PATH"], "PYTHON": "echo", "PROJECT": "p", "REGION": "r", "TEMP": "gs://b/t",
+           "IMAGE": "img", "JOB": "filter", "GPU": gpu}
+    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh"), "--input", "/gcs/x"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    cmd = done.stdout.split()
+    assert cmd[:2] == ["-m", "beam_pipelines.filter"] and "--runner" in cmd and "DataflowRunner" in cmd
+    assert cmd[-2:] == ["--input", "/gcs/x"] and "--sdk_container_image" in cmd
+    if gpu:
+        assert "--experiments=no_use_multiple_sdk_containers" in cmd and "--torch_threads" not in cmd
+    else:                                # one SDK process per vCPU: one torch thread each
+        assert cmd[cmd.index("--torch_threads") + 1] == "1"
+
+
+def test_flink_launcher_command():
+    env = {"PATH": os.environ["PATH"], "PYTHON": "echo", "FLINK_MASTER": "h:8081", "IMAGE": "img"}
+    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh"), "--preset", "paranmt"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    cmd = done.stdout.split()
+    assert done.returncode == 0 and cmd[:2] == ["-m", "beam_pipelines.generate"]
+    assert cmd[cmd.index("--flink_master") + 1] == "h:8081" and cmd[cmd.index("--environment_config") + 1] == "img"
+    bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh")], env={**env, "JOB": "x"},
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "JOB must be" in bad.stderr
