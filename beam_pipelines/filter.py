@@ -26,6 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
 from beam_pipelines.generate import _qualify_runner, torch_threads_for
 from paracorpus.atomic import write_json
+from paracorpus.schema import manifest_reconciled, read_manifest
 from transforms.filtering import ScoreFile, merge_stats
 
 log = logging.getLogger("paragen.filter")
@@ -73,10 +74,9 @@ def input_manifest(input_dir: str) -> dict | None:
     """The generation run's _manifest.json (in INPUT_DIR, or beside it when INPUT_DIR is the run's
     paraphrases/), or None when there is none. The generation job writes it last."""
     for d in (input_dir, os.path.dirname(os.path.normpath(input_dir))):
-        path = os.path.join(d, "_manifest.json")
-        if os.path.isfile(path):
-            with open(path) as f:
-                return json.load(f)
+        manifest = read_manifest(d)
+        if manifest is not None:
+            return manifest
     return None
 
 
@@ -109,13 +109,15 @@ def run(argv=None) -> dict:
     parser.add_argument("--allow_unreconciled", action="store_true",
                         help="filter a generation run whose manifest says its counts do not reconcile")
     known, beam_args = parser.parse_known_args(argv)
-    if known.torch_threads < 0:
-        parser.error(f"--torch_threads must be >= 0, not {known.torch_threads}")
+    try:
+        threads = torch_threads_for(known.torch_threads, beam_args)
+    except ValueError as exc:
+        parser.error(str(exc))
     gen_manifest = input_manifest(known.input)
     if gen_manifest is None:
         print(f"warning: no _manifest.json with {known.input}: it may be an unfinished generation run; "
               "its rows are filtered as they are", file=sys.stderr, flush=True)
-    elif not gen_manifest.get("counts", {}).get("reconciled") and not known.allow_unreconciled:
+    elif not manifest_reconciled(gen_manifest) and not known.allow_unreconciled:
         parser.error(f"{known.input}: the generation run's counts do not reconcile (a failed or partial run, "
                      "see its _manifest.json); pass --allow_unreconciled to filter it anyway")
     overrides = {"paraphrase_score": {"model": known.encoder} if known.encoder else {},
@@ -162,8 +164,7 @@ def run(argv=None) -> dict:
     with beam.Pipeline(options=opts) as p:
         _ = (p | "Files" >> beam.Create(files)
              | "Reshuffle" >> beam.Reshuffle()
-             | "Score" >> beam.ParDo(ScoreFile(root, scored_root, raw, overrides, fit_ids,
-                                               torch_threads_for(known.torch_threads, beam_args)))
+             | "Score" >> beam.ParDo(ScoreFile(root, scored_root, raw, overrides, fit_ids, threads))
              | "Key" >> beam.Map(lambda s: (None, s))
              | "Group" >> beam.GroupByKey()
              | "Merge" >> beam.Map(lambda kv: merge_stats(kv[1]))

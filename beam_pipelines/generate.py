@@ -24,7 +24,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from paracorpus.atomic import write_json
 from paracorpus.cleaning import CleaningConfig
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
-from paracorpus.schema import CONTRACT_VERSION, PARAPHRASE_SCHEMA, REJECT_SCHEMA
+from paracorpus.schema import CONTRACT_VERSION, MANIFEST, PARAPHRASE_SCHEMA, REJECT_SCHEMA
 from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, discover_shards, shard_fingerprint
 from transforms.cleaning import CleanPairs, Deduplicate
 from transforms.generation import GenerateForShard
@@ -183,7 +183,7 @@ def summarize(output: str) -> dict:
 
 
 def _prepare_output(output: str, overwrite: bool) -> None:
-    existing = [n for n in ("paraphrases", "rejects", "_counts", "_manifest.json")
+    existing = [n for n in ("paraphrases", "rejects", "_counts", MANIFEST)
                 if os.path.exists(os.path.join(output, n))]
     if existing and not overwrite:
         raise SystemExit(f"error: {output} already holds a run ({', '.join(existing)}); "
@@ -242,8 +242,10 @@ def run(argv=None) -> dict:
     add_generate_args(parser)
     known, beam_args = parser.parse_known_args(argv)
     opts = argparse.Namespace(**vars(known))
-    if opts.torch_threads < 0:
-        parser.error(f"--torch_threads must be >= 0, not {opts.torch_threads}")
+    try:
+        threads = torch_threads_for(opts.torch_threads, beam_args)
+    except ValueError as exc:
+        parser.error(str(exc))
     opts.input = [x for item in opts.input for x in item.split(",") if x]
     try:
         cfg = generation_config(opts)
@@ -278,7 +280,6 @@ def run(argv=None) -> dict:
     pipeline_options = PipelineOptions(_qualify_runner(beam_args))
     pipeline_options.view_as(SetupOptions).save_main_session = False
     runner = (pipeline_options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
-    threads = torch_threads_for(opts.torch_threads, beam_args)
     start = time.time()
     with beam.Pipeline(options=pipeline_options) as p:
         build(p, shards, os.path.abspath(opts.output), cfg, cleaning, chash, os.path.abspath(opts.forward_model),
@@ -294,7 +295,7 @@ def run(argv=None) -> dict:
         "inputs": [shard_fingerprint(s) for s in shards], "counts": counts,
         "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    write_json(os.path.join(opts.output, "_manifest.json"), manifest)
+    write_json(os.path.join(opts.output, MANIFEST), manifest)
     _print_summary(counts, elapsed, opts.output)
     if not counts["reconciled"]:
         raise SystemExit("error: counts do not reconcile (records read != pairs with output + rejects); "

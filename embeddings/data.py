@@ -7,7 +7,6 @@ used, and skipped by reason (null or empty side, malformed TSV line).
 from __future__ import annotations
 
 import glob
-import json
 import os
 import random
 import re
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from paracorpus.schema import read_manifest
 from paracorpus.shards import bounded_lines, open_binary
 
 MAX_LINE_BYTES = 100_000    # a TSV line longer than this is not a sentence pair: skipped, counted
@@ -80,11 +80,7 @@ class PairSource:
             root = path
             if os.path.isdir(os.path.join(path, "paraphrases")):
                 root = os.path.join(path, "paraphrases")
-                manifest = os.path.join(path, "_manifest.json")
-                self.generation_manifest = {}
-                if os.path.isfile(manifest):
-                    with open(manifest) as f:
-                        self.generation_manifest = json.load(f)
+                self.generation_manifest = read_manifest(path) or {}
             if not os.path.exists(root):
                 raise FileNotFoundError(path)
             self._dataset = ds.dataset(root, format="parquet", partitioning="hive")

@@ -26,6 +26,7 @@ from embeddings.mining import hardest_negatives, margin_loss
 from models.encoders import is_order_sensitive, parse_spec
 from models.sentence_encoder import SentenceEncoder
 from paracorpus.atomic import copy_file, write_json
+from paracorpus.schema import manifest_reconciled
 
 
 @dataclass
@@ -237,7 +238,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     gm = source.generation_manifest
-    if gm is not None and not gm.get("counts", {}).get("reconciled"):
+    if gm is not None and not manifest_reconciled(gm):
         why = "counts do not reconcile (see its _manifest.json)" if gm else "has no _manifest.json (unfinished?)"
         print(f"warning: {a.input}: the generation run {why}", file=sys.stderr, flush=True)
     print(f"training on {source.describe()}", flush=True)

@@ -14,9 +14,13 @@ columns ``lang_pair`` and ``shard`` come from the directory names.
 """
 from __future__ import annotations
 
+import json
+import os
+
 import pyarrow as pa
 
 CONTRACT_VERSION = 1
+MANIFEST = "_manifest.json"     # written last by the generation job
 
 # (name, type, meaning). Order is the column order in the files.
 PARAPHRASE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
@@ -90,3 +94,18 @@ def markdown_table(columns=PARAPHRASE_COLUMNS) -> str:
     lines = ["| column | type | meaning |", "|---|---|---|"]
     lines += [f"| `{name}` | {dtype} | {doc} |" for name, dtype, doc in columns]
     return "\n".join(lines)
+
+
+def read_manifest(run_dir: str) -> dict | None:
+    """The generation run's manifest in RUN_DIR, or None when there is none (an unfinished run,
+    or not a run directory)."""
+    path = os.path.join(run_dir, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def manifest_reconciled(manifest: dict) -> bool:
+    """True when the run's counts reconcile (records read = pairs with paraphrases + rejects)."""
+    return bool(manifest.get("counts", {}).get("reconciled"))
