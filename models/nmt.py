@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from models.fairseq_compat import allow_fairseq_checkpoints
+from models.prefix_decoder import prefix_decoder
 
 log = logging.getLogger(__name__)
 # fairseq 0.12 passes a bool key-padding mask with a float attention mask; torch warns on every
@@ -146,6 +147,9 @@ class Translator:
         d = self.tgt_dict
         self.eos, self.pad, self.unk = d.eos(), d.pad(), d.unk()
         self._never = [i for i in {d.pad(), d.unk(), d.bos()} if i != d.eos()]
+        # Sampling decodes with models/prefix_decoder.py's PrefixDecoder where the model's
+        # configuration allows it (False: fairseq's own incremental decoder, the reference).
+        self.fast_decoder = True
 
     @staticmethod
     def _langs(model_dir: str, meta: dict) -> tuple[str, str]:
@@ -274,11 +278,11 @@ class Translator:
 
     def _sample_batch(self, reqs, outs, src_cache, topk, seed, min_len, stats):
         model, dev = self.model, self.device
-        sources = list(dict.fromkeys(r.source for r in reqs))
+        # Only sources with samples to draw: the decoder starts with one node per source.
+        sources = list(dict.fromkeys(r.source for r in reqs if r.num_samples > 0))
+        if not sources:                                      # every request asked for 0 samples
+            return
         src_index = {s: i for i, s in enumerate(sources)}
-        src_tokens, src_lengths = self._collate_src([src_cache[s] for s in sources])
-        encoder_out = model.encoder.forward_torchscript({"src_tokens": src_tokens,
-                                                          "src_lengths": src_lengths})
         row_req, row_src, row_seed = [], [], []
         for qi, r in enumerate(reqs):
             for s in range(r.num_samples):
@@ -286,8 +290,9 @@ class Translator:
                 row_src.append(src_index[r.source])
                 row_seed.append(_key_seed(seed, r.key, s))
         n_rows = len(row_req)
-        if n_rows == 0:                                      # every request asked for 0 samples
-            return
+        src_tokens, src_lengths = self._collate_src([src_cache[s] for s in sources])
+        encoder_out = model.encoder.forward_torchscript({"src_tokens": src_tokens,
+                                                          "src_lengths": src_lengths})
         max_len = max(self._max_len(len(src_cache[s])) for s in sources)
         seeds = np.array(row_seed, dtype=np.uint64)
 
@@ -324,32 +329,21 @@ class Translator:
         score = torch.zeros(n_rows, device=dev)
         active = torch.arange(n_rows, device=dev)           # global row ids still decoding
         pos_of = torch.arange(n_rows, device=dev)           # global row -> position in active
-        # Rows with the same source and prefix have the same next-token distribution: samples of
-        # one source share long prefixes (about 40% of row-steps on Multi30k), so the output
-        # projection, softmax and top-k, the most expensive part of a step, run once per prefix.
-        node = torch.tensor(row_src, dtype=torch.long, device=dev)   # prefix id of each active row
-        # Step 0 runs the decoder once per source (all its rows share the prefix <s>), so the
-        # encoder-side keys and values are projected once per source, not once per sample; the
-        # decoder state is then copied out to the rows.
-        dec_row = node.clone()                               # decoder row of each active row
-        dec_global = torch.arange(n_rows, device=dev)        # global row of each decoder row, from step 1
+        # Rows with the same source and prefix have the same decoder state and next-token
+        # distribution, so the decoder, output projection, softmax and top-k run once per distinct
+        # prefix (a node; see models/prefix_decoder.py). Step 0 has one node per source.
+        node = torch.tensor(row_src, dtype=torch.long, device=dev)   # node of each active row
+        decoder = prefix_decoder(model, encoder_out, max_len, fast=self.fast_decoder)
         row_limit = torch.tensor([self._max_len(len(src_cache[reqs[q].source])) for q in row_req], device=dev)
         vocab = len(self.tgt_dict)
-        incremental_state: dict = {}
         for step in range(max_len + 1):
-            if step == 0:
-                prev = torch.full((len(sources), 1), self.eos, dtype=torch.long, device=dev)
-            else:
-                prev = tokens[dec_global, lmax:lmax + step + 1].clamp(min=0)
-            features, extra = model.decoder(prev, encoder_out=encoder_out, incremental_state=incremental_state,
-                                            features_only=True)
             n_nodes = int(node.max()) + 1
             rep = torch.empty(n_nodes, dtype=torch.long, device=dev).scatter_(
-                0, node, torch.arange(node.numel(), device=dev))
-            # Masks and top-k work on logits; only the k survivors are normalised (by the log-sum-exp
-            # of the unmasked distribution, so scores stay the model's true log-probabilities).
-            lp = model.decoder.output_layer(features[dec_row[rep], -1, :]).float()
-            log_z = torch.logsumexp(lp, dim=-1, keepdim=True)
+                0, node, torch.arange(node.numel(), device=dev))     # an active row of each node
+            features = decoder.step(tokens[active[rep], lmax:lmax + step + 1].clamp(min=0))
+            # Log-probabilities of the whole vocabulary first (one fused kernel), then masks: the
+            # scores stay the model's true log-probabilities, the masks only steer the choice.
+            lp = torch.log_softmax(model.decoder.output_layer(features).float(), dim=-1)
             lp[:, self._never] = _NEG_INF
             if step < min_len:
                 lp[:, self.eos] = _NEG_INF
@@ -357,7 +351,7 @@ class Translator:
             if bool(at_limit.any()):                          # force </s> at the length limit
                 forced = lp[at_limit, self.eos].clone()
                 lp[at_limit] = _NEG_INF
-                lp[at_limit, self.eos] = torch.where(torch.isinf(forced), log_z[at_limit, 0], forced)
+                lp[at_limit, self.eos] = torch.where(torch.isinf(forced), 0.0, forced)   # eos masked: certain
             # This step's banned (row position, token) pairs: single pieces always, a phrase's last
             # piece when the row ends with the rest of the phrase.
             ban_pos, ban_tok = [], []
@@ -380,7 +374,6 @@ class Translator:
                 ban_tok_t = torch.cat(ban_tok)
                 widest = int(torch.bincount(ban_pos_t, minlength=active.numel()).max())
                 node_vals, node_idx = lp.topk(min(k + widest, vocab), dim=-1)
-                node_vals = node_vals - log_z
                 vals, idx = node_vals[node], node_idx[node]
                 banned = torch.zeros(vals.shape, dtype=torch.int32, device=dev).index_add_(
                     0, ban_pos_t, (idx[ban_pos_t] == ban_tok_t[:, None]).int())
@@ -389,7 +382,6 @@ class Translator:
                 idx = idx.gather(1, order)
             else:
                 node_vals, node_idx = lp.topk(k, dim=-1)
-                node_vals = node_vals - log_z
                 vals, idx = node_vals[node], node_idx[node]
             g = _gumbel(seeds[active.cpu().numpy()], step, vals.shape[1]).to(dev)
             choice = (vals + g).argmax(-1, keepdim=True)
@@ -401,10 +393,6 @@ class Translator:
             if stats is not None:
                 stats.generated_tokens += int(active.numel())
                 stats.extra["projected_rows"] = stats.extra.get("projected_rows", 0) + n_nodes
-            if step == 0:
-                model.decoder.reorder_incremental_state_scripting(incremental_state, dec_row)
-                encoder_out = model.encoder.reorder_encoder_out(encoder_out, dec_row)
-                dec_row = torch.arange(n_rows, device=dev)
             if bool(done.any()):
                 for row in active[done].tolist():
                     ids = tokens[row, lmax + 1:lmax + step + 1].tolist()
@@ -417,16 +405,11 @@ class Translator:
                     break
                 pos_of.fill_(-1)
                 pos_of[active] = torch.arange(active.numel(), device=dev)
-                node, tok, dec_row = node[keep], tok[keep], dec_row[keep]
-                # Finished rows stay in the decoder batch (their outputs are ignored) until a
-                # quarter of it is dead: copying the whole decoder state at every finish costs
-                # more than decoding a few idle rows.
-                if active.numel() * 4 < dec_global.numel() * 3:
-                    model.decoder.reorder_incremental_state_scripting(incremental_state, dec_row)
-                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, dec_row)
-                    dec_global = active.clone()
-                    dec_row = torch.arange(active.numel(), device=dev)
-            node = torch.unique(node * vocab + tok, return_inverse=True)[1]
+                node, tok = node[keep], tok[keep]
+            children, node = torch.unique(node * vocab + tok, return_inverse=True)
+            parent = children // vocab                  # sorted, so nodes stay grouped by source
+            if parent.numel() != n_nodes or bool((parent != torch.arange(n_nodes, device=dev)).any()):
+                decoder.reorder(parent)
 
 
 _CACHE: dict = {}
