@@ -58,7 +58,7 @@ class PrefixDecoder:
         pad = encoder_out["encoder_padding_mask"]
         n_src = enc.shape[1]
         # Additive mask over the source positions, one row per source: (n_src, 1, 1, S).
-        mask = torch.zeros(n_src, enc.shape[0], dtype=torch.float32, device=enc.device)
+        mask = torch.zeros(n_src, enc.shape[0], dtype=enc.dtype, device=enc.device)
         if len(pad) and pad[0] is not None:
             mask = mask.masked_fill(pad[0], float("-inf"))
         self.cross_mask = mask[:, None, None, :]
@@ -103,9 +103,10 @@ class PrefixDecoder:
         k, v = self.cross_kv[layer]                               # (n_src, H, S, hd)
         padded = q.new_zeros(k.shape[0], width, q.shape[-1])
         padded[src, slot] = q
-        scores = _heads(padded, self.heads) @ k.transpose(-1, -2)   # (n_src, H, width, S)
-        probs = torch.softmax(scores.float() + self.cross_mask, dim=-1).type_as(scores)
-        out = (probs @ v).transpose(1, 2).flatten(2)              # (n_src, width, d)
+        # q is already scaled (as fairseq scales it), hence scale=1.
+        out = F.scaled_dot_product_attention(_heads(padded, self.heads), k, v, attn_mask=self.cross_mask,
+                                             scale=1.0)              # (n_src, H, width, hd)
+        out = out.transpose(1, 2).flatten(2)                      # (n_src, width, d)
         return attn.out_proj(out[src, slot])
 
     def _self_attention(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
@@ -117,8 +118,8 @@ class PrefixDecoder:
         else:
             k, v = (torch.cat([c, new], dim=2) for c, new in zip(self.cache[layer], (k_new, v_new)))
         self.cache[layer] = (k, v)
-        probs = torch.softmax((q @ k.transpose(-1, -2)).float(), dim=-1).type_as(q)
-        return attn.out_proj((probs @ v).flatten(1))               # (N, H*1*hd) = (N, d)
+        out = F.scaled_dot_product_attention(q, k, v, scale=1.0)  # (N, H, 1, hd)
+        return attn.out_proj(out.flatten(1))                      # (N, H*1*hd) = (N, d)
 
     @torch.inference_mode()
     def step(self, prefixes: torch.Tensor) -> torch.Tensor:
