@@ -276,12 +276,12 @@ class Translator:
             stats.hypotheses += sum(len(x) for x in results)
         return results
 
-    def _top_tokens(self, features, k, no_eos, at_limit):
+    def _top_tokens(self, decoder, features, k, no_eos, at_limit):
         """Top-k next tokens of each node with their log-probabilities. The whole vocabulary is
         normalised first (one fused kernel), then masks steer the choice: scores stay the model's
         true log-probabilities. `no_eos`: before the minimum length; `at_limit`: nodes forced to
         </s> (processing the logits in cache-sized chunks of nodes was measured: no faster)."""
-        lp = torch.log_softmax(self.model.decoder.output_layer(features).float(), dim=-1)
+        lp = torch.log_softmax(decoder.logits(features).float(), dim=-1)
         lp[:, self._never] = _NEG_INF
         if no_eos:
             lp[:, self.eos] = _NEG_INF
@@ -377,7 +377,7 @@ class Translator:
                 # A row's top k after its bans lie in its prefix's top (k + bans of that row).
                 ban_tok_t = torch.cat(ban_tok)
                 widest = int(torch.bincount(ban_pos_t, minlength=active.numel()).max())
-                node_vals, node_idx = self._top_tokens(features, min(k + widest, vocab), step < min_len,
+                node_vals, node_idx = self._top_tokens(decoder, features, min(k + widest, vocab), step < min_len,
                                                        row_limit[active][rep] <= step)
                 vals, idx = node_vals[node], node_idx[node]
                 banned = torch.zeros(vals.shape, dtype=torch.int32, device=dev).index_add_(
@@ -386,7 +386,7 @@ class Translator:
                 vals, order = vals.topk(k, dim=-1)
                 idx = idx.gather(1, order)
             else:
-                node_vals, node_idx = self._top_tokens(features, k, step < min_len, row_limit[active][rep] <= step)
+                node_vals, node_idx = self._top_tokens(decoder, features, k, step < min_len, row_limit[active][rep] <= step)
                 vals, idx = node_vals[node], node_idx[node]
             g = _gumbel(seeds[active.cpu().numpy()], step, vals.shape[1]).to(dev)
             choice = (vals + g).argmax(-1, keepdim=True)
