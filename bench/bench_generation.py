@@ -9,7 +9,9 @@ Prints (Markdown):
   2. clustering: ms per source at 150 candidates (bench/bench_clustering.py);
   3. Beam DirectRunner vs a plain Python loop over the same functions (whole job, same pairs);
   4. DirectRunner with 2 worker processes: torch threads per worker, all cores vs split;
-  5. peak memory (RSS) of this process and of child processes.
+  5. matrix products: PyTorch's F.linear (MKL for fp32) vs models/prefix_decoder.py's Linear
+     (oneDNN, prepacked weights) on the model's output projection and first FFN layer;
+  6. peak memory (RSS) of this process and of child processes.
 """
 from __future__ import annotations
 
@@ -229,6 +231,38 @@ def bench_worker_threads(pairs, models: str, workdir: str) -> list[dict]:
     return out
 
 
+def bench_matmul(model_dir: str, rows=(20, 138, 500), repeats: int = 30) -> list[dict]:
+    """Both products on the same weights and inputs, interleaved, best of 3 rounds each."""
+    import torch
+    import torch.nn.functional as F
+    from models.nmt import load_translator
+    from models.prefix_decoder import decoder_linears
+
+    t = load_translator(model_dir, device="cpu")
+    lin = decoder_linears(t.model.decoder)
+    layer = t.model.decoder.layers[0]
+    cases = [("output projection", t.model.decoder.output_projection.weight, None, lin["output"]),
+             ("fc1", layer.fc1.weight, layer.fc1.bias, lin["layers"][0]["fc1"])]
+    out = []
+    for name, weight, bias, packed in cases:
+        for m in rows:
+            x = torch.randn(m, weight.shape[1])
+            best = {"F.linear": float("inf"), "oneDNN": float("inf")}
+            for _ in range(3):
+                for label, fn in (("F.linear", lambda: F.linear(x, weight, bias)), ("oneDNN", lambda: packed(x))):
+                    fn()
+                    start = time.perf_counter()
+                    for _ in range(repeats):
+                        fn()
+                    best[label] = min(best[label], (time.perf_counter() - start) / repeats)
+            flops = 2 * m * weight.shape[0] * weight.shape[1]
+            out.append({"product": f"{name} ({m} x {weight.shape[1]}) @ ({weight.shape[1]} x {weight.shape[0]})",
+                        "mkl_ms": best["F.linear"] * 1e3, "onednn_ms": best["oneDNN"] * 1e3,
+                        "mkl_gflops": flops / best["F.linear"] / 1e9, "onednn_gflops": flops / best["oneDNN"] / 1e9,
+                        "packed": packed.packed is not None})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=os.path.join(ROOT, "runs", "multi30k-models"),
@@ -242,7 +276,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=200,
                     help="pairs for the DirectRunner overhead run (enough that start-up does not dominate)")
     ap.add_argument("--skip", default="",
-                    help="comma list of sections to skip: sampling,clustering,overhead,workers")
+                    help="comma list of sections to skip: sampling,clustering,overhead,workers,matmul")
     args = ap.parse_args()
     logging.getLogger("apache_beam").setLevel(logging.WARNING)    # worker chatter hides the tables
     skip = set(args.skip.split(","))
@@ -285,6 +319,15 @@ def main() -> None:
         print("| threads per worker | s | speed-up |\n|---|---|---|")
         for r in w:
             print(f"| {r['label']}: {r['threads']} | {r['seconds']:.1f} | {w[0]['seconds'] / r['seconds']:.2f}x |")
+        print()
+
+    if "matmul" not in skip:
+        print("## Matrix products: F.linear (MKL) vs prepacked oneDNN (models/prefix_decoder.py Linear)\n")
+        print("| product | F.linear ms | oneDNN ms | F.linear GFLOP/s | oneDNN GFLOP/s | speed-up |\n|---|---|---|---|---|---|")
+        for r in bench_matmul(os.path.join(args.models, "cs-en")):
+            note = "" if r["packed"] else " (oneDNN unavailable: F.linear both)"
+            print(f"| {r['product']}{note} | {r['mkl_ms']:.2f} | {r['onednn_ms']:.2f} | {r['mkl_gflops']:.0f} | "
+                  f"{r['onednn_gflops']:.0f} | {r['mkl_ms'] / r['onednn_ms']:.2f}x |")
         print()
 
     self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
