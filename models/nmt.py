@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from models.fairseq_compat import allow_fairseq_checkpoints
+from models.onednn import pack_linears
 from models.prefix_decoder import prefix_decoder
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,8 @@ class Translator:
         self.model = models[0].to(self.device).eval()
         if self.precision != "fp32":
             self.model.to(_DTYPES[self.precision])
+        if self.device.type == "cpu":
+            pack_linears(self.model)                      # oneDNN products: see models/onednn.py
         self.src_dict, self.tgt_dict = task.source_dictionary, task.target_dictionary
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.spm = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))

@@ -76,17 +76,3 @@ def test_unsupported_configuration_falls_back_to_fairseq(fwd):
     assert isinstance(prefix_decoder(model, enc, 10), FairseqPrefixDecoder)
     assert isinstance(prefix_decoder(fwd.model, enc, 10), PrefixDecoder)
 
-
-def test_packed_linear_equals_f_linear():
-    from models.prefix_decoder import Linear
-
-    gen = torch.Generator().manual_seed(1)
-    weight, bias = torch.randn(40, 16, generator=gen), torch.randn(40, generator=gen)
-    x = torch.randn(7, 3, 16, generator=gen)
-    for relu in (False, True):
-        want = torch.nn.functional.linear(x, weight, bias)
-        want = want.relu() if relu else want
-        lin = Linear(weight, bias, relu=relu)
-        torch.testing.assert_close(lin(x), want, atol=1e-5, rtol=1e-5)
-        assert (lin(x) >= 0).all() if relu else (lin(x) < 0).any()
-    assert Linear(weight, None)(x).shape == (7, 3, 40)
