@@ -42,7 +42,9 @@ def read_pairs(prefix: str, src: str, tgt: str, n: int) -> list[tuple[str, str]]
 
 def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, sets: int,
                    repeats: int = 3) -> list[dict]:
-    """Median of `repeats` runs per engine (the machine is shared and noisy)."""
+    """Every engine once per round, `repeats` rounds (the machine is shared and noisy: interleaving
+    puts each engine and the baseline under the same load). Per engine: the median seconds and the
+    median over rounds of its speed-up against fairseq-generate in the same round."""
     from models.nmt import SampleRequest, load_translator
 
     t = load_translator(model_dir, device="cpu")
@@ -50,30 +52,46 @@ def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, 
     free = [SampleRequest(s, f"b{i}", (), samples) for i, s in enumerate(sources)]
     constrained = [SampleRequest(s, f"b{i}:{k}", tuple(s.split()[k:k + 1]), samples // sets)
                    for i, s in enumerate(sources) for k in range(sets)]
-    out = []
-    for label, engine, reqs in [
-        (f"ours, {samples} samples/source", t, free),
-        (f"ours, {sets} constraint sets x {samples // sets} samples", t, constrained),
-        (f"ours, {samples} samples/source, --precision bf16", t16, free),
-    ]:
-        engine.sample(reqs[:2], topk=topk, seed=0)         # warm-up
-        times = []
-        for _ in range(repeats):
+
+    def ours(engine, reqs):
+        def run():
             start = time.perf_counter()
             hyps = engine.sample(reqs, topk=topk, seed=0)
-            times.append(time.perf_counter() - start)
-        secs = statistics.median(times)
-        n_cands = sum(len(h) for h in hyps)
-        tokens = sum(len(x.token_ids) + 1 for h in hyps for x in h)        # + </s>, as fairseq counts
+            secs = time.perf_counter() - start
+            return secs, sum(len(h) for h in hyps), sum(len(x.token_ids) + 1 for h in hyps for x in h)  # + </s>
+        engine.sample(reqs[:2], topk=topk, seed=0)         # warm-up
+        return run
+
+    engines = [
+        (f"ours, {samples} samples/source", ours(t, free)),
+        (f"ours, {sets} constraint sets x {samples // sets} samples", ours(t, constrained)),
+        (f"ours, {samples} samples/source, --precision bf16", ours(t16, free)),
+        *ctranslate2_engines(t, sources, samples, topk),
+    ]
+    baseline = f"fairseq-generate --sampling --beam {samples} --nbest {samples}"
+    times: dict[str, list] = {label: [] for label, _ in engines}
+    times[baseline] = []
+    extra = {}
+    for _ in range(repeats):
+        for label, run in engines:
+            times[label].append(run())
+        r = fairseq_generate_sampling(t, sources, samples, topk)
+        times[baseline].append((r["seconds"], r["candidates"], r["tokens"]))
+        extra.setdefault("process_wall_s", []).append(r["process_wall_s"])
+    base = [secs for secs, _, _ in times[baseline]]
+    out = []
+    for label, runs in times.items():
+        secs = statistics.median(x for x, _, _ in runs)
+        n_cands, tokens = runs[-1][1], runs[-1][2]
         out.append({"engine": label, "seconds": secs, "sources_per_s": len(sources) / secs,
-                    "candidates_per_s": n_cands / secs, "tokens_per_candidate": tokens / n_cands})
-    out.extend(ctranslate2_sampling(t, sources, samples, topk, repeats))
-    runs = [fairseq_generate_sampling(t, sources, samples, topk) for _ in range(repeats)]
-    out.append(sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2])
+                    "candidates_per_s": n_cands / secs, "tokens_per_candidate": tokens / max(n_cands, 1),
+                    "speedup": statistics.median(b / x for b, (x, _, _) in zip(base, runs)),
+                    "speedups": [b / x for b, (x, _, _) in zip(base, runs)]})
+    out[-1]["process_wall_s"] = statistics.median(extra["process_wall_s"])
     return out
 
 
-def ctranslate2_sampling(t, sources: list[str], samples: int, topk: int, repeats: int) -> list[dict]:
+def ctranslate2_engines(t, sources: list[str], samples: int, topk: int) -> list:
     """A second yardstick, when `ctranslate2` is installed (requirements-bench.txt): CTranslate2,
     a C++ inference engine, on the same model converted with its fairseq converter, float32 and
     int8. Unconstrained only: its `suppress_sequences` applies to a whole batch, not per pair.
@@ -91,29 +109,22 @@ def ctranslate2_sampling(t, sources: list[str], samples: int, topk: int, repeats
     pieces = sorted((t.pieces(s) for s in sources), key=len)
     batches = [pieces[i:i + 16] for i in range(0, len(pieces), 16)]
     out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for quant in ("float32", "int8"):
-            path = os.path.join(tmp, quant)
+    for quant in ("float32", "int8"):
+        with tempfile.TemporaryDirectory() as tmp:             # the engine holds the model in memory
             FairseqConverter(os.path.join(t.model_dir, "model.pt"), t.model_dir, source_lang=t.src_lang,
-                             target_lang=t.tgt_lang).convert(path, quantization=quant)
-            engine = ctranslate2.Translator(path, device="cpu", intra_threads=torch_threads())
+                             target_lang=t.tgt_lang).convert(os.path.join(tmp, quant), quantization=quant)
+            engine = ctranslate2.Translator(os.path.join(tmp, quant), device="cpu", intra_threads=torch_threads())
 
-            def run():
-                return [h for b in batches for r in engine.translate_batch(
-                    b, max_batch_size=len(b), beam_size=1, sampling_topk=topk, num_hypotheses=samples,
-                    max_decoding_length=t._max_len(len(b[-1]) + 1)) for h in r.hypotheses]
+        def run(engine=engine):
+            start = time.perf_counter()
+            hyps = [h for b in batches for r in engine.translate_batch(
+                b, max_batch_size=len(b), beam_size=1, sampling_topk=topk, num_hypotheses=samples,
+                max_decoding_length=t._max_len(len(b[-1]) + 1)) for h in r.hypotheses]
+            secs = time.perf_counter() - start
+            return secs, len(hyps), sum(len(h) + 1 for h in hyps)
 
-            run()                                                    # warm-up
-            times, hyps = [], []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                hyps = run()
-                times.append(time.perf_counter() - start)
-            secs = statistics.median(times)
-            out.append({"engine": f"CTranslate2 {ctranslate2.__version__} {quant}, {samples} samples/source",
-                        "seconds": secs, "sources_per_s": len(sources) / secs,
-                        "candidates_per_s": len(hyps) / secs,
-                        "tokens_per_candidate": sum(len(h) + 1 for h in hyps) / len(hyps)})
+        run()                                                    # warm-up
+        out.append((f"CTranslate2 {ctranslate2.__version__} {quant}, {samples} samples/source", run))
     return out
 
 
@@ -154,10 +165,7 @@ def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) ->
         # P- lines hold one positional score per token, </s> included (its summary counts 1-best only).
         n_tokens = sum(len(line.split("\t")[1].split()) for line in done.stdout.splitlines() if line.startswith("P-"))
         secs = float(m.group(3)) if m else wall
-        return {"engine": f"fairseq-generate --sampling --beam {samples} --nbest {samples}",
-                "seconds": secs, "sources_per_s": len(sources) / secs, "candidates_per_s": n_hyps / secs,
-                "tokens_per_candidate": n_tokens / max(n_hyps, 1),
-                "process_wall_s": wall}
+        return {"seconds": secs, "candidates": n_hyps, "tokens": n_tokens, "process_wall_s": wall}
 
 
 def bench_overhead(pairs, models: str, workdir: str, preset_args: list[str]) -> dict:
@@ -288,13 +296,13 @@ def main() -> None:
         res = bench_sampling(os.path.join(args.models, "cs-en"), [s for s, _ in pairs[:args.sources]],
                              args.samples, args.topk, args.sets)
         base = res[-1]
-        print(f"## Sampling, {args.sources} sources, top-{args.topk} (median of 3 runs each)\n")
-        print("| engine | seconds | sources/s | candidates/s | tokens/candidate | speed-up vs fairseq-generate |\n"
-              "|---|---|---|---|---|---|")
+        print(f"## Sampling, {args.sources} sources, top-{args.topk} (3 rounds, every engine once per round)\n")
+        print("| engine | seconds (median) | sources/s | candidates/s | tokens/candidate | "
+              "speed-up vs fairseq-generate (median of rounds) | per round |\n|---|---|---|---|---|---|---|")
         for r in res:
             print(f"| {r['engine']} | {r['seconds']:.2f} | {r['sources_per_s']:.2f} | "
                   f"{r['candidates_per_s']:.0f} | {r['tokens_per_candidate']:.1f} | "
-                  f"{r['sources_per_s'] / base['sources_per_s']:.2f}x |")
+                  f"{r['speedup']:.2f}x | {', '.join(f'{x:.2f}' for x in r['speedups'])} |")
         print(f"\n(fairseq-generate process wall time incl. start-up: {base['process_wall_s']:.1f}s)\n")
 
     if "clustering" not in skip:
