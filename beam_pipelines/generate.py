@@ -72,8 +72,8 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{name}", type=typ, default=None, help=f"{doc} (default: from preset)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                   help="model weights' precision: auto = fp16 on a GPU, fp32 on the CPU; bf16 is "
-                        "about 1.3x faster on CPUs with AVX512-BF16, with slightly different scores")
+                   help="model weights' precision: auto = fp16 on a GPU, fp32 on the CPU; bf16 halves "
+                        "the weights on CPUs with AVX512-BF16 (speed: see README), slightly different scores")
     g.add_argument("--torch_threads", type=int, default=0,
                    help="CPU threads of each worker process's model (default 0 = auto: the cores divided "
                         "by the DirectRunner's worker processes; elsewhere torch's default, which "

@@ -9,7 +9,7 @@ Prints (Markdown):
   2. clustering: ms per source at 150 candidates (bench/bench_clustering.py);
   3. Beam DirectRunner vs a plain Python loop over the same functions (whole job, same pairs);
   4. DirectRunner with 2 worker processes: torch threads per worker, all cores vs split;
-  5. matrix products: PyTorch's F.linear (MKL for fp32) vs models/prefix_decoder.py's Linear
+  5. matrix products: PyTorch's F.linear (MKL for fp32) vs models/onednn.py Linear
      (oneDNN, prepacked weights) on the model's output projection and first FFN layer;
   6. peak memory (RSS) of this process and of child processes.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import logging
 import os
 import re
@@ -42,42 +43,32 @@ def read_pairs(prefix: str, src: str, tgt: str, n: int) -> list[tuple[str, str]]
 
 def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, sets: int,
                    repeats: int = 3) -> list[dict]:
-    """Every engine once per round, `repeats` rounds (the machine is shared and noisy: interleaving
-    puts each engine and the baseline under the same load). Per engine: the median seconds and the
-    median over rounds of its speed-up against fairseq-generate in the same round."""
-    from models.nmt import SampleRequest, load_translator
+    """Every engine once per round, `repeats` rounds, each run in a fresh process (the machine is
+    shared and noisy: interleaving puts each engine and the baseline under the same load, and
+    separate processes keep one engine's threads and caches from slowing the next; in one process,
+    CTranslate2's idle OpenMP threads slowed torch by up to 1.6x). Per engine: the median seconds
+    and the median over rounds of its speed-up against fairseq-generate in the same round."""
+    from models.nmt import load_translator
 
     t = load_translator(model_dir, device="cpu")
-    t16 = load_translator(model_dir, device="cpu", precision="bf16")
-    free = [SampleRequest(s, f"b{i}", (), samples) for i, s in enumerate(sources)]
-    constrained = [SampleRequest(s, f"b{i}:{k}", tuple(s.split()[k:k + 1]), samples // sets)
-                   for i, s in enumerate(sources) for k in range(sets)]
-
-    def ours(engine, reqs):
-        def run():
-            start = time.perf_counter()
-            hyps = engine.sample(reqs, topk=topk, seed=0)
-            secs = time.perf_counter() - start
-            return secs, sum(len(h) for h in hyps), sum(len(x.token_ids) + 1 for h in hyps for x in h)  # + </s>
-        engine.sample(reqs[:2], topk=topk, seed=0)         # warm-up
-        return run
-
+    base_spec = {"model_dir": model_dir, "sources": sources, "samples": samples, "topk": topk}
     engines = [
-        (f"ours, {samples} samples/source", ours(t, free)),
-        (f"ours, {sets} constraint sets x {samples // sets} samples", ours(t, constrained)),
-        (f"ours, {samples} samples/source, --precision bf16", ours(t16, free)),
-        *ctranslate2_engines(t, sources, samples, topk),
+        (f"ours, {samples} samples/source", {"engine": "ours", "precision": "fp32", "sets": 0}),
+        (f"ours, {sets} constraint sets x {samples // sets} samples", {"engine": "ours", "precision": "fp32", "sets": sets}),
+        (f"ours, {samples} samples/source, --precision bf16", {"engine": "ours", "precision": "bf16", "sets": 0}),
     ]
     baseline = f"fairseq-generate --sampling --beam {samples} --nbest {samples}"
-    times: dict[str, list] = {label: [] for label, _ in engines}
-    times[baseline] = []
-    extra = {}
-    for _ in range(repeats):
-        for label, run in engines:
-            times[label].append(run())
-        r = fairseq_generate_sampling(t, sources, samples, topk)
-        times[baseline].append((r["seconds"], r["candidates"], r["tokens"]))
-        extra.setdefault("process_wall_s", []).append(r["process_wall_s"])
+    with tempfile.TemporaryDirectory() as tmp:
+        engines += ctranslate2_specs(t, sources, samples, topk, tmp)
+        times: dict[str, list] = {label: [] for label, _ in engines}
+        times[baseline] = []
+        wall = []
+        for _ in range(repeats):
+            for label, spec in engines:
+                times[label].append(run_engine_worker({**base_spec, **spec}))
+            r = fairseq_generate_sampling(t, sources, samples, topk)
+            times[baseline].append((r["seconds"], r["candidates"], r["tokens"]))
+            wall.append(r["process_wall_s"])
     base = [secs for secs, _, _ in times[baseline]]
     out = []
     for label, runs in times.items():
@@ -87,11 +78,54 @@ def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, 
                     "candidates_per_s": n_cands / secs, "tokens_per_candidate": tokens / max(n_cands, 1),
                     "speedup": statistics.median(b / x for b, (x, _, _) in zip(base, runs)),
                     "speedups": [b / x for b, (x, _, _) in zip(base, runs)]})
-    out[-1]["process_wall_s"] = statistics.median(extra["process_wall_s"])
+    out[-1]["process_wall_s"] = statistics.median(wall)
     return out
 
 
-def ctranslate2_engines(t, sources: list[str], samples: int, topk: int) -> list:
+def run_engine_worker(spec: dict) -> tuple[float, int, int]:
+    """One timed run of one engine in a fresh process: (seconds, candidates, tokens incl. </s>)."""
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine_worker", json.dumps(spec)],
+                          capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"engine worker failed:\n{done.stderr[-3000:]}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    return r["seconds"], r["candidates"], r["tokens"]
+
+
+def engine_worker(spec: dict) -> dict:
+    """Load the engine, warm it up on two sources, time one run over all of them."""
+    if spec["engine"] == "ct2":
+        import ctranslate2
+
+        engine = ctranslate2.Translator(spec["path"], device="cpu", intra_threads=torch_threads())
+
+        def run(batches):
+            return [[len(h) for h in r.hypotheses] for b, limit in batches for r in engine.translate_batch(
+                b, max_batch_size=len(b), beam_size=1, sampling_topk=spec["topk"],
+                num_hypotheses=spec["samples"], max_decoding_length=limit)]
+        run([(spec["batches"][0][0][:2], spec["batches"][0][1])])          # warm-up
+        start = time.perf_counter()
+        lengths = [n for r in run(spec["batches"]) for n in r]
+        secs = time.perf_counter() - start
+        return {"seconds": secs, "candidates": len(lengths), "tokens": sum(n + 1 for n in lengths)}
+    from models.nmt import SampleRequest, load_translator
+
+    engine = load_translator(spec["model_dir"], device="cpu", precision=spec["precision"])
+    sources, samples, sets = spec["sources"], spec["samples"], spec["sets"]
+    if sets:
+        reqs = [SampleRequest(s, f"b{i}:{k}", tuple(s.split()[k:k + 1]), samples // sets)
+                for i, s in enumerate(sources) for k in range(sets)]
+    else:
+        reqs = [SampleRequest(s, f"b{i}", (), samples) for i, s in enumerate(sources)]
+    engine.sample(reqs[:2], topk=spec["topk"], seed=0)                       # warm-up
+    start = time.perf_counter()
+    hyps = engine.sample(reqs, topk=spec["topk"], seed=0)
+    secs = time.perf_counter() - start
+    return {"seconds": secs, "candidates": sum(len(h) for h in hyps),
+            "tokens": sum(len(x.token_ids) + 1 for h in hyps for x in h)}                  # + </s>
+
+
+def ctranslate2_specs(t, sources: list[str], samples: int, topk: int, tmp: str) -> list:
     """A second yardstick, when `ctranslate2` is installed (requirements-bench.txt): CTranslate2,
     a C++ inference engine, on the same model converted with its fairseq converter, float32 and
     int8. Unconstrained only: its `suppress_sequences` applies to a whole batch, not per pair.
@@ -107,24 +141,14 @@ def ctranslate2_engines(t, sources: list[str], samples: int, topk: int) -> list:
 
     allow_fairseq_checkpoints()
     pieces = sorted((t.pieces(s) for s in sources), key=len)
-    batches = [pieces[i:i + 16] for i in range(0, len(pieces), 16)]
+    batches = [(pieces[i:i + 16], t._max_len(len(pieces[i:i + 16][-1]) + 1)) for i in range(0, len(pieces), 16)]
     out = []
     for quant in ("float32", "int8"):
-        with tempfile.TemporaryDirectory() as tmp:             # the engine holds the model in memory
-            FairseqConverter(os.path.join(t.model_dir, "model.pt"), t.model_dir, source_lang=t.src_lang,
-                             target_lang=t.tgt_lang).convert(os.path.join(tmp, quant), quantization=quant)
-            engine = ctranslate2.Translator(os.path.join(tmp, quant), device="cpu", intra_threads=torch_threads())
-
-        def run(engine=engine):
-            start = time.perf_counter()
-            hyps = [h for b in batches for r in engine.translate_batch(
-                b, max_batch_size=len(b), beam_size=1, sampling_topk=topk, num_hypotheses=samples,
-                max_decoding_length=t._max_len(len(b[-1]) + 1)) for h in r.hypotheses]
-            secs = time.perf_counter() - start
-            return secs, len(hyps), sum(len(h) + 1 for h in hyps)
-
-        run()                                                    # warm-up
-        out.append((f"CTranslate2 {ctranslate2.__version__} {quant}, {samples} samples/source", run))
+        path = os.path.join(tmp, quant)
+        FairseqConverter(os.path.join(t.model_dir, "model.pt"), t.model_dir, source_lang=t.src_lang,
+                         target_lang=t.tgt_lang).convert(path, quantization=quant)
+        out.append((f"CTranslate2 {ctranslate2.__version__} {quant}, {samples} samples/source",
+                    {"engine": "ct2", "path": path, "batches": batches}))
     return out
 
 
@@ -285,7 +309,11 @@ def main() -> None:
                     help="pairs for the DirectRunner overhead run (enough that start-up does not dominate)")
     ap.add_argument("--skip", default="",
                     help="comma list of sections to skip: sampling,clustering,overhead,workers,matmul")
+    ap.add_argument("--engine_worker", help=argparse.SUPPRESS)      # internal: one timed engine run
     args = ap.parse_args()
+    if args.engine_worker:
+        print(json.dumps(engine_worker(json.loads(args.engine_worker))))
+        return
     logging.getLogger("apache_beam").setLevel(logging.WARNING)    # worker chatter hides the tables
     skip = set(args.skip.split(","))
     pairs = read_pairs(args.bitext, "cs", "en", max(args.sources, args.pairs))
@@ -330,7 +358,7 @@ def main() -> None:
         print()
 
     if "matmul" not in skip:
-        print("## Matrix products: F.linear (MKL) vs prepacked oneDNN (models/prefix_decoder.py Linear)\n")
+        print("## Matrix products: F.linear (MKL) vs prepacked oneDNN (models/onednn.py Linear)\n")
         print("| product | F.linear ms | oneDNN ms | F.linear GFLOP/s | oneDNN GFLOP/s | speed-up |\n|---|---|---|---|---|---|")
         for r in bench_matmul(os.path.join(args.models, "cs-en")):
             note = "" if r["packed"] else " (oneDNN unavailable: F.linear both)"

@@ -5,11 +5,12 @@ Model directory (written by ``python -m models.train_nmt``)::
 
     model.pt  dict.<src>.txt  dict.<tgt>.txt  spm.model  model.json
 
-Sampling is our own incremental decoding loop over fairseq's encoder/decoder (fairseq-generate
-refuses constraints with sampling, and its constraints are positive only). Each hypothesis
-carries its own banned phrases: a single-piece phrase is masked at every step, a multi-piece
-phrase's last piece is masked whenever the hypothesis ends with the phrase's prefix, so a banned
-phrase can never be completed. Randomness is counter-based (Gumbel-max with a hash of
+Sampling is our own incremental decoding loop over fairseq's encoder and the decoder of
+models/prefix_decoder.py, which runs once per distinct prefix of a source's samples
+(fairseq-generate refuses constraints with sampling, and its constraints are positive only).
+Each hypothesis carries its own banned phrases: a single-piece phrase is masked at every step, a
+multi-piece phrase's last piece is masked whenever the hypothesis ends with the phrase's prefix,
+so a banned phrase can never be completed. Randomness is counter-based (Gumbel-max with a hash of
 (seed, request key, sample, step)), so a pair's samples do not depend on how pairs were batched
 or on which worker decoded them.
 """
@@ -104,9 +105,10 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_precision(precision: str, device_type: str) -> str:
-    """Weights' precision. auto: fp16 on a GPU, fp32 on the CPU. bf16 makes CPU decoding about
-    1.1-1.3x faster on CPUs with AVX512-BF16 or AMX (measured: bench/bench_generation.py), at the cost
-    of slightly different scores and samples; softmax and scores are always computed in fp32."""
+    """Weights' precision. auto: fp16 on a GPU, fp32 on the CPU. bf16 halves the weights on CPUs
+    with AVX512-BF16 or AMX (on this project's 2-core EPYC: no faster than fp32 since the fp32
+    products take oneDNN; bench/bench_generation.py), at the cost of slightly different scores and
+    samples; softmax and scores are always computed in fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if precision == "auto":

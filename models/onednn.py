@@ -3,7 +3,7 @@
 PyTorch's fp32 ``F.linear`` goes through MKL, which on AMD CPUs runs at a fraction of the AVX-512
 rate; oneDNN dispatches on the CPU's instruction set. On this machine's EPYC the NMT models'
 products run faster through oneDNN (`python bench/bench_generation.py`, "matrix products": the
-output projection 1.5-3.2x, the small feed-forward products 1.1-1.3x).
+output projection 1.5-2.6x, the small feed-forward products 0.8-1.2x).
 """
 from __future__ import annotations
 
