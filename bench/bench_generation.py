@@ -192,6 +192,14 @@ def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) ->
         return {"seconds": secs, "candidates": n_hyps, "tokens": n_tokens, "process_wall_s": wall}
 
 
+def write_pairs(pairs, workdir: str) -> str:
+    """The pairs as the job's TSV input."""
+    path = os.path.join(workdir, "pairs.tsv")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(f"{s}\t{t}\n" for s, t in pairs)
+    return path
+
+
 def bench_overhead(pairs, models: str, workdir: str, preset_args: list[str]) -> dict:
     """The whole job on DirectRunner vs a plain loop over the same functions, same pairs."""
     from beam_pipelines.generate import run
@@ -205,9 +213,7 @@ def bench_overhead(pairs, models: str, workdir: str, preset_args: list[str]) -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = os.path.join(workdir, "pairs.tsv")
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(f"{s}\t{t}\n" for s, t in pairs)
+    path = write_pairs(pairs, workdir)
     fwd_dir, bwd_dir = os.path.join(models, "cs-en"), os.path.join(models, "en-cs")
     cfg = dataclasses.replace(PRESETS["parabank2-cpu"], num_sets=2, num_samples=5, dual_xent_threshold=None)
 
@@ -244,9 +250,7 @@ def bench_worker_threads(pairs, models: str, workdir: str) -> list[dict]:
     split (cores / workers). Same pairs, same rows."""
     from beam_pipelines.generate import run
 
-    path = os.path.join(workdir, "pairs.tsv")
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(f"{s}\t{t}\n" for s, t in pairs)
+    path = write_pairs(pairs, workdir)
     out = []
     for label, threads in ((f"{os.cpu_count()} threads per worker (torch default)", os.cpu_count()),
                            ("auto (cores / workers)", 0)):

@@ -378,21 +378,17 @@ class Translator:
                 ban_tok.append(multi_last_t[alive][hit])
             ban_pos_t = torch.cat(ban_pos) if ban_pos else torch.zeros(0, dtype=torch.long, device=dev)
             k = min(topk, vocab)
-            if ban_pos_t.numel():
-                # A row's top k after its bans lie in its prefix's top (k + bans of that row).
-                ban_tok_t = torch.cat(ban_tok)
-                widest = int(torch.bincount(ban_pos_t, minlength=active.numel()).max())
-                node_vals, node_idx = self._top_tokens(decoder, features, min(k + widest, vocab), step < min_len,
-                                                       row_limit[active][rep] <= step)
-                vals, idx = node_vals[node], node_idx[node]
+            # A row's top k after its bans lie in its prefix's top (k + bans of that row).
+            widest = int(torch.bincount(ban_pos_t, minlength=active.numel()).max()) if ban_pos_t.numel() else 0
+            node_vals, node_idx = self._top_tokens(decoder, features, min(k + widest, vocab), step < min_len,
+                                                   row_limit[active][rep] <= step)
+            vals, idx = node_vals[node], node_idx[node]
+            if widest:
                 banned = torch.zeros(vals.shape, dtype=torch.int32, device=dev).index_add_(
-                    0, ban_pos_t, (idx[ban_pos_t] == ban_tok_t[:, None]).int())
+                    0, ban_pos_t, (idx[ban_pos_t] == torch.cat(ban_tok)[:, None]).int())
                 vals = vals.masked_fill(banned > 0, _NEG_INF)
                 vals, order = vals.topk(k, dim=-1)
                 idx = idx.gather(1, order)
-            else:
-                node_vals, node_idx = self._top_tokens(decoder, features, k, step < min_len, row_limit[active][rep] <= step)
-                vals, idx = node_vals[node], node_idx[node]
             g = _gumbel(seeds[active.cpu().numpy()], step, vals.shape[1]).to(dev)
             choice = (vals + g).argmax(-1, keepdim=True)
             tok = idx.gather(1, choice).squeeze(1)

@@ -59,6 +59,12 @@ class Linear:
         return Linear(copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo), self.relu)
 
 
+def linear_of(module: torch.nn.Linear) -> Linear:
+    """The module's packed product: the one :func:`pack_linears` installed, else a new one."""
+    installed = module.__dict__.get("forward")
+    return installed if isinstance(installed, Linear) else Linear(module.weight, module.bias)
+
+
 def pack_linears(model: torch.nn.Module) -> int:
     """Route every ``nn.Linear`` of a CPU model through :class:`Linear` (its forward, in place);
     returns how many were packed. For inference: the packed weights are a snapshot, so the
@@ -67,7 +73,7 @@ def pack_linears(model: torch.nn.Module) -> int:
     packed = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and not isinstance(module.__dict__.get("forward"), Linear):
-            lin = Linear(module.weight, module.bias)
+            lin = linear_of(module)
             if lin.packed is not None:
                 module.forward = lin
                 packed += 1

@@ -20,7 +20,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from models.onednn import Linear
+from models.onednn import Linear, linear_of
 
 
 def unsupported_reason(decoder) -> str | None:
@@ -71,17 +71,18 @@ def decoder_linears(decoder) -> dict:
         layers.append({
             # Self-attention's three projections as one product (fewer, larger products).
             "qkv": Linear(torch.cat([p.weight for p in qkv]), torch.cat(bias)),
-            "self_out": Linear(a.out_proj.weight, a.out_proj.bias),
-            "cross_q": Linear(c.q_proj.weight, c.q_proj.bias),
-            "cross_k": Linear(c.k_proj.weight, c.k_proj.bias),
-            "cross_v": Linear(c.v_proj.weight, c.v_proj.bias),
-            "cross_out": Linear(c.out_proj.weight, c.out_proj.bias),
+            # The rest are the modules' own products (already packed by pack_linears on a CPU
+            # Translator, so the weights are not packed twice).
+            "self_out": linear_of(a.out_proj),
+            "cross_q": linear_of(c.q_proj),
+            "cross_k": linear_of(c.k_proj),
+            "cross_v": linear_of(c.v_proj),
+            "cross_out": linear_of(c.out_proj),
             "fc1": Linear(layer.fc1.weight, layer.fc1.bias, relu=relu),
-            "fc2": Linear(layer.fc2.weight, layer.fc2.bias),
+            "fc2": linear_of(layer.fc2),
             "relu_fused": relu,
         })
-    out = decoder.output_projection
-    cached = {"layers": layers, "output": Linear(out.weight, getattr(out, "bias", None))}
+    cached = {"layers": layers, "output": linear_of(decoder.output_projection)}
     _LINEARS[decoder] = cached
     return cached
 
