@@ -11,7 +11,8 @@ Prints (Markdown):
   4. DirectRunner with 2 worker processes: torch threads per worker, all cores vs split;
   5. matrix products: PyTorch's F.linear (MKL for fp32) vs models/onednn.py Linear
      (oneDNN, prepacked weights) on the model's output projection and first FFN layer;
-  6. peak memory (RSS) of this process and of child processes.
+  6. top-k over the vocabulary: torch.topk vs models/topk.py topk_rows;
+  7. peak memory (RSS) of this process and of child processes.
 """
 from __future__ import annotations
 
@@ -299,6 +300,29 @@ def bench_matmul(model_dir: str, rows=(20, 138, 500), repeats: int = 30) -> list
     return out
 
 
+def bench_topk(vocab: int, rows: int = 138, ks=(10, 15), rounds: int = 9, repeats: int = 30) -> list[dict]:
+    """torch.topk vs topk_rows on the same log-probabilities, interleaved; median of the rounds."""
+    import torch
+    from models.topk import topk_rows
+
+    x = torch.log_softmax(torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
+    out = []
+    for k in ks:
+        times: dict = {"torch.topk": [], "topk_rows": []}
+        for _ in range(rounds):
+            for label, fn in (("torch.topk", lambda: x.topk(k, dim=-1)), ("topk_rows", lambda: topk_rows(x, k))):
+                fn()
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    fn()
+                times[label].append((time.perf_counter() - start) / repeats)
+        out.append({"shape": f"{rows} x {vocab}, k={k}",
+                    "torch_ms": statistics.median(times["torch.topk"]) * 1e3,
+                    "ours_ms": statistics.median(times["topk_rows"]) * 1e3,
+                    "speedup": statistics.median(a / b for a, b in zip(times["torch.topk"], times["topk_rows"]))})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=os.path.join(ROOT, "runs", "multi30k-models"),
@@ -312,7 +336,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=200,
                     help="pairs for the DirectRunner overhead run (enough that start-up does not dominate)")
     ap.add_argument("--skip", default="",
-                    help="comma list of sections to skip: sampling,clustering,overhead,workers,matmul")
+                    help="comma list of sections to skip: sampling,clustering,overhead,workers,matmul,topk")
     ap.add_argument("--engine_worker", help=argparse.SUPPRESS)      # internal: one timed engine run
     args = ap.parse_args()
     if args.engine_worker:
@@ -368,6 +392,16 @@ def main() -> None:
             note = "" if r["packed"] else " (oneDNN unavailable: F.linear both)"
             print(f"| {r['product']}{note} | {r['mkl_ms']:.2f} | {r['onednn_ms']:.2f} | {r['mkl_gflops']:.0f} | "
                   f"{r['onednn_gflops']:.0f} | {r['mkl_ms'] / r['onednn_ms']:.2f}x |")
+        print()
+
+    if "topk" not in skip:
+        from models.nmt import load_translator
+
+        vocab = len(load_translator(os.path.join(args.models, "cs-en"), device="cpu").tgt_dict)
+        print("## Top-k over the vocabulary: torch.topk vs models/topk.py (median of 9 interleaved rounds)\n")
+        print("| log-probabilities | torch.topk ms | topk_rows ms | speed-up |\n|---|---|---|---|")
+        for r in bench_topk(vocab):
+            print(f"| {r['shape']} | {r['torch_ms']:.3f} | {r['ours_ms']:.3f} | {r['speedup']:.2f}x |")
         print()
 
     self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

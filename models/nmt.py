@@ -30,6 +30,7 @@ import torch
 from models.fairseq_compat import allow_fairseq_checkpoints
 from models.onednn import pack_linears
 from models.prefix_decoder import prefix_decoder
+from models.topk import topk_rows
 
 log = logging.getLogger(__name__)
 # fairseq 0.12 passes a bool key-padding mask with a float attention mask; torch warns on every
@@ -122,7 +123,8 @@ class Translator:
     """One direction of translation, loaded once per process (see :func:`load_translator`)."""
 
     def __init__(self, model_dir: str, device: str | None = None, max_len_a: float = 1.5,
-                 max_len_b: int = 10, batch_tokens: int = 24000, precision: str = "auto"):
+                 max_len_b: int = 10, batch_tokens: int = 24000, sample_batch_tokens: int = 200000,
+                 precision: str = "auto"):
         import sentencepiece as spm
         from fairseq import checkpoint_utils
 
@@ -148,6 +150,10 @@ class Translator:
         self.spm = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.batch_tokens = batch_tokens
+        # Sampled rows share prefixes (models/prefix_decoder.py): a sampling batch holds far fewer
+        # decoder states than rows, so it gets a larger budget. On 60 Multi30k sources x 30
+        # samples, 200,000 (one batch) ran 1.2x faster than 24,000 (four), peak RSS +2 MB.
+        self.sample_batch_tokens = sample_batch_tokens
         self.fingerprint = model_fingerprint(model_dir)
         d = self.tgt_dict
         self.eos, self.pad, self.unk = d.eos(), d.pad(), d.unk()
@@ -196,15 +202,16 @@ class Translator:
     def _max_len(self, src_len: int) -> int:
         return int(self.max_len_a * src_len + self.max_len_b)
 
-    def _length_batches(self, lengths: list[int], rows_per_item: int = 1):
-        """Indices grouped into batches of similar length: at most `batch_tokens` padded source
-        plus target tokens over all decoder rows (an item decodes `rows_per_item` rows)."""
+    def _length_batches(self, lengths: list[int], rows_per_item: int = 1, budget: int | None = None):
+        """Indices grouped into batches of similar length: at most `budget` (`batch_tokens`) padded
+        source plus target tokens over all decoder rows (an item decodes `rows_per_item` rows)."""
+        budget = budget or self.batch_tokens
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
         batch: list[int] = []
         for i in order:
             longest = lengths[i]                       # sorted: the newest is the longest
             cost = (len(batch) + 1) * rows_per_item * (longest + self._max_len(longest))
-            if batch and cost > self.batch_tokens:
+            if batch and cost > budget:
                 yield batch
                 batch = []
             batch.append(i)
@@ -273,7 +280,7 @@ class Translator:
         results: list[list[Hypothesis]] = [[] for _ in requests]
         per_item = max((r.num_samples for r in requests), default=1)
         lengths = [len(src_cache[r.source]) for r in requests]
-        for batch in self._length_batches(lengths, rows_per_item=per_item):
+        for batch in self._length_batches(lengths, rows_per_item=per_item, budget=self.sample_batch_tokens):
             self._sample_batch([requests[i] for i in batch], [results[i] for i in batch],
                                src_cache, topk, seed, min_len, stats)
         if stats is not None:
@@ -294,7 +301,7 @@ class Translator:
             forced = lp[at_limit, self.eos].clone()
             lp[at_limit] = _NEG_INF
             lp[at_limit, self.eos] = torch.where(torch.isinf(forced), 0.0, forced)    # masked: certain
-        return lp.topk(k, dim=-1)
+        return topk_rows(lp, k)
 
     def _sample_batch(self, reqs, outs, src_cache, topk, seed, min_len, stats):
         model, dev = self.model, self.device
@@ -400,11 +407,11 @@ class Translator:
                 stats.generated_tokens += int(active.numel())
                 stats.extra["projected_rows"] = stats.extra.get("projected_rows", 0) + n_nodes
             if bool(done.any()):
-                for row in active[done].tolist():
-                    ids = tokens[row, lmax + 1:lmax + step + 1].tolist()
+                rows = active[done]                        # finished: read out in one go
+                for row, ids, total in zip(rows.tolist(), tokens[rows, lmax + 1:lmax + step + 1].tolist(),
+                                           score[rows].tolist()):
                     text, pieces = self.decode_ids(ids)
-                    nll = -float(score[row]) / (step + 1)
-                    outs[row_req[row]].append(Hypothesis(text, pieces, tuple(ids), nll))
+                    outs[row_req[row]].append(Hypothesis(text, pieces, tuple(ids), -total / (step + 1)))
                 keep = (~done).nonzero().squeeze(1)
                 active = active[keep]
                 if active.numel() == 0:

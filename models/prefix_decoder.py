@@ -116,13 +116,26 @@ class PrefixDecoder:
             self.positions = None
         self.cache: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.layers)
         self.node_src = torch.arange(n_src, device=enc.device)
+        self.parent: torch.Tensor | None = None   # a reorder the caches have not had yet
         self._groups = None
 
     def reorder(self, parent: torch.Tensor) -> None:
-        """The next step's nodes are children of these (indices into the current nodes)."""
-        self.cache = [(k.index_select(0, parent), v.index_select(0, parent)) for k, v in self.cache]
+        """The next step's nodes are children of these (indices into the current nodes). The
+        self-attention caches are gathered by the next step, straight into the grown cache."""
+        self.parent = parent if self.parent is None else self.parent.index_select(0, parent)
         self.node_src = self.node_src.index_select(0, parent)
         self._groups = None
+
+    def _append(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """`cache` (nodes before the reorder, H, L, hd) with `new` (H, 1, hd) appended per node:
+        one copy (index_select writes into the view) instead of a gather and a concatenation."""
+        if self.parent is None:
+            return torch.cat([cache, new], dim=2)
+        _, h, length, hd = cache.shape
+        out = cache.new_empty(new.shape[0], h, length + 1, hd)
+        torch.index_select(cache, 0, self.parent, out=out[:, :, :length])
+        out[:, :, length:] = new
+        return out
 
     def _source_groups(self):
         """Each node's (source, slot) in a (n_src, widest group) padded layout."""
@@ -155,7 +168,7 @@ class PrefixDecoder:
         if self.cache[layer] is None:
             k, v = k_new, v_new
         else:
-            k, v = (torch.cat([c, new], dim=2) for c, new in zip(self.cache[layer], (k_new, v_new)))
+            k, v = (self._append(c, new) for c, new in zip(self.cache[layer], (k_new, v_new)))
         self.cache[layer] = (k, v)
         probs = torch.softmax((q @ k.transpose(-1, -2)).float(), dim=-1).type_as(q)
         return lin["self_out"]((probs @ v).flatten(1))            # (N, H*1*hd) = (N, d)
@@ -188,6 +201,7 @@ class PrefixDecoder:
             x = dec.layer_norm(x)
         if dec.project_out_dim is not None:
             x = dec.project_out_dim(x)
+        self.parent = None                                        # every cache has had it
         return x
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
