@@ -5,7 +5,7 @@
 contain the row's top k: those k maxima are k values at least as large as the k-th largest block
 maximum, so the row's k-th largest value is too, and every value that large lies in a block whose
 maximum is that large. One max-reduction over the row, a top-k over the block maxima and a top-k
-over the k chosen blocks replace the full top-k (0.3 ms for the same rows;
+over the k chosen blocks replace the full top-k (1.7x faster at k=10 on 138 x 8,008 rows:
 ``python bench/bench_generation.py``, section "Top-k"). Values and their order are exactly
 ``torch.topk``'s; only the indices of tied values may differ.
 """
@@ -28,7 +28,7 @@ def block_size(width: int, target: int = BLOCK) -> int:
 
 def topk_rows(x: torch.Tensor, k: int, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the k largest values of each row of a 2-D tensor, largest first."""
-    n, v = x.shape
+    _, v = x.shape
     block = block or block_size(v)
     full = v // block
     # Worth it only when the chosen blocks are a small part of the row.
