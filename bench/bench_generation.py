@@ -268,6 +268,20 @@ def bench_worker_threads(pairs, models: str, workdir: str) -> list[dict]:
     return out
 
 
+def time_interleaved(fns: dict, rounds: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each function, per round; every function once per round (after one
+    untimed call), so a noisy moment of the shared machine hits them all alike."""
+    times: dict[str, list[float]] = {label: [] for label in fns}
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            fn()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            times[label].append((time.perf_counter() - start) / repeats)
+    return times
+
+
 def bench_matmul(model_dir: str, rows=(20, 138, 500), repeats: int = 30) -> list[dict]:
     """Both products on the same weights and inputs, interleaved, best of 3 rounds each."""
     import torch
@@ -284,14 +298,9 @@ def bench_matmul(model_dir: str, rows=(20, 138, 500), repeats: int = 30) -> list
     for name, weight, bias, packed in cases:
         for m in rows:
             x = torch.randn(m, weight.shape[1])
-            best = {"F.linear": float("inf"), "oneDNN": float("inf")}
-            for _ in range(3):
-                for label, fn in (("F.linear", lambda: F.linear(x, weight, bias)), ("oneDNN", lambda: packed(x))):
-                    fn()
-                    start = time.perf_counter()
-                    for _ in range(repeats):
-                        fn()
-                    best[label] = min(best[label], (time.perf_counter() - start) / repeats)
+            times = time_interleaved({"F.linear": lambda: F.linear(x, weight, bias), "oneDNN": lambda: packed(x)},
+                                     rounds=3, repeats=repeats)
+            best = {label: min(secs) for label, secs in times.items()}
             flops = 2 * m * weight.shape[0] * weight.shape[1]
             out.append({"product": f"{name} ({m} x {weight.shape[1]}) @ ({weight.shape[1]} x {weight.shape[0]})",
                         "mkl_ms": best["F.linear"] * 1e3, "onednn_ms": best["oneDNN"] * 1e3,
@@ -308,14 +317,8 @@ def bench_topk(vocab: int, rows: int = 138, ks=(10, 15), rounds: int = 9, repeat
     x = torch.log_softmax(torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
     out = []
     for k in ks:
-        times: dict = {"torch.topk": [], "topk_rows": []}
-        for _ in range(rounds):
-            for label, fn in (("torch.topk", lambda: x.topk(k, dim=-1)), ("topk_rows", lambda: topk_rows(x, k))):
-                fn()
-                start = time.perf_counter()
-                for _ in range(repeats):
-                    fn()
-                times[label].append((time.perf_counter() - start) / repeats)
+        times = time_interleaved({"torch.topk": lambda: x.topk(k, dim=-1), "topk_rows": lambda: topk_rows(x, k)},
+                                 rounds=rounds, repeats=repeats)
         out.append({"shape": f"{rows} x {vocab}, k={k}",
                     "torch_ms": statistics.median(times["torch.topk"]) * 1e3,
                     "ours_ms": statistics.median(times["topk_rows"]) * 1e3,

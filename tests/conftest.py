@@ -32,6 +32,29 @@ def tiny_nmt_models(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def fwd(tiny_nmt_models):
+    """The tiny cs-en model, loaded once (the process-wide cache the job uses too)."""
+    from models.nmt import load_translator
+
+    return load_translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def bwd(tiny_nmt_models):
+    from models.nmt import load_translator
+
+    return load_translator(os.path.join(tiny_nmt_models, "en-cs"), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def sources():
+    """Six Czech sources of a toy bitext (seed 3; the tiny models were trained on seed 0)."""
+    from tests.toydata import toy_bitext
+
+    return [src for src, _ in toy_bitext(400, seed=3)[:6]]
+
+
 @pytest.fixture
 def dask_cluster(tmp_path):
     """A real scheduler and two worker processes on loopback."""

@@ -6,23 +6,6 @@ import pytest
 from models.nmt import SampleRequest, Translator, load_translator
 
 
-@pytest.fixture(scope="module")
-def fwd(tiny_nmt_models):
-    return load_translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def bwd(tiny_nmt_models):
-    return load_translator(os.path.join(tiny_nmt_models, "en-cs"), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def sources():
-    from tests.toydata import toy_bitext
-
-    return [src for src, _ in toy_bitext(400, seed=3)[:6]]
-
-
 def _contains(seq, phrase):
     return any(tuple(seq[i:i + len(phrase)]) == phrase for i in range(len(seq) - len(phrase) + 1))
 

@@ -1,24 +1,16 @@
 """models/prefix_decoder.py against fairseq's own decoder, on a tiny model trained in this session."""
 import copy
-import os
 
 import pytest
 import torch
 
-from models.nmt import SampleRequest, Translator
+from models.nmt import SampleRequest
 from models.prefix_decoder import FairseqPrefixDecoder, PrefixDecoder, prefix_decoder, unsupported_reason
 
 
 @pytest.fixture(scope="module")
-def fwd(tiny_nmt_models):
-    return Translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def sources():
-    from tests.toydata import toy_bitext
-
-    return [src for src, _ in toy_bitext(400, seed=3)[:5]]
+def sources(sources):
+    return sources[:5]                     # the shared fixture's first five (tests/conftest.py)
 
 
 @torch.inference_mode()
