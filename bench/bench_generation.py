@@ -12,8 +12,9 @@ Prints (Markdown):
   4. DirectRunner with 2 worker processes: torch threads per worker, all cores vs split;
   5. matrix products: PyTorch's F.linear (MKL for fp32) vs models/onednn.py Linear
      (oneDNN, prepacked weights) on the model's output projection and first FFN layer;
-  6. top-k over the vocabulary: torch.topk vs models/topk.py topk_rows;
-  7. peak memory (RSS) of this process and of child processes.
+  6. dual scoring: Translator.score vs fairseq's SequenceScorer (same batches, same NLLs);
+  7. top-k over the vocabulary: torch.topk vs models/topk.py topk_rows;
+  8. peak memory (RSS) of this process and of child processes.
 """
 from __future__ import annotations
 
@@ -310,6 +311,38 @@ def bench_matmul(model_dir: str, rows=(20, 138, 500), repeats: int = 30) -> list
     return out
 
 
+def bench_scoring(model_dir: str, pairs: list[tuple[str, str]], rounds: int = 3) -> dict:
+    """Dual scoring (forced decoding of the foreign source given each English candidate, the
+    backward model): our Translator.score vs fairseq's own SequenceScorer (what
+    `fairseq-generate --score-reference` runs) on the same length-bucketed batches, interleaved;
+    both give the same per-token NLLs (the largest difference is printed)."""
+    import torch
+    from fairseq.sequence_scorer import SequenceScorer
+    from models.nmt import load_translator
+
+    t = load_translator(model_dir, device="cpu")
+    english, foreign = [e for _, e in pairs], [f for f, _ in pairs]
+    scorer = SequenceScorer(t.tgt_dict)
+
+    def fairseq_scores():
+        out = [0.0] * len(english)
+        with torch.inference_mode():
+            for batch, src_tokens, src_lengths, prev, target in t.score_batches(english, foreign):
+                sample = {"net_input": {"src_tokens": src_tokens, "src_lengths": src_lengths,
+                                        "prev_output_tokens": prev}, "target": target}
+                for i, hypos in zip(batch, scorer.generate([t.model], sample)):
+                    out[i] = -float(hypos[0]["score"])
+        return out
+
+    ours, theirs = t.score(english, foreign), fairseq_scores()
+    times = time_interleaved({"fairseq": fairseq_scores, "ours": lambda: t.score(english, foreign)},
+                             rounds=rounds, repeats=1)
+    return {"pairs": len(pairs), "fairseq_s": statistics.median(times["fairseq"]),
+            "ours_s": statistics.median(times["ours"]),
+            "speedup": statistics.median(a / b for a, b in zip(times["fairseq"], times["ours"])),
+            "max_diff": max(abs(a - b) for a, b in zip(ours, theirs))}
+
+
 def bench_topk(vocab: int, rows: int = 138, ks=(10, 15), rounds: int = 9, repeats: int = 30) -> list[dict]:
     """torch.topk vs topk_rows on the same log-probabilities, interleaved; median of the rounds."""
     import torch
@@ -343,8 +376,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="sampling rounds (every engine once per round)")
     ap.add_argument("--pairs", type=int, default=200,
                     help="pairs for the DirectRunner overhead run (enough that start-up does not dominate)")
+    ap.add_argument("--score_pairs", type=int, default=1000, help="pairs for the dual-scoring comparison")
     ap.add_argument("--skip", default="",
-                    help="comma list of sections to skip: sampling,clustering,overhead,workers,matmul,topk")
+                    help="comma list of sections to skip: sampling,clustering,overhead,workers,matmul,scoring,topk")
     ap.add_argument("--engine_worker", help=argparse.SUPPRESS)      # internal: one timed engine run
     args = ap.parse_args()
     if args.engine_worker:
@@ -352,7 +386,7 @@ def main() -> None:
         return
     logging.getLogger("apache_beam").setLevel(logging.WARNING)    # worker chatter hides the tables
     skip = set(args.skip.split(","))
-    pairs = read_pairs(args.bitext, "cs", "en", max(args.sources, args.pairs))
+    pairs = read_pairs(args.bitext, "cs", "en", max(args.sources, args.pairs, args.score_pairs))
     import torch
     print(f"# generation benchmark ({os.cpu_count()} CPUs, torch threads {torch.get_num_threads()})\n")
 
@@ -401,6 +435,14 @@ def main() -> None:
             print(f"| {r['product']}{note} | {r['mkl_ms']:.2f} | {r['onednn_ms']:.2f} | {r['mkl_gflops']:.0f} | "
                   f"{r['onednn_gflops']:.0f} | {r['mkl_ms'] / r['onednn_ms']:.2f}x |")
         print()
+
+    if "scoring" not in skip:
+        r = bench_scoring(os.path.join(args.models, "en-cs"), pairs[:args.score_pairs])
+        print(f"## Dual scoring, {r['pairs']} pairs (en->cs model, forced decoding of the cs side; "
+              "median of 3 interleaved rounds)\n")
+        print("| fairseq SequenceScorer s | ours (Translator.score) s | speed-up | largest NLL difference |\n"
+              f"|---|---|---|---|\n| {r['fairseq_s']:.2f} | {r['ours_s']:.2f} | {r['speedup']:.2f}x | "
+              f"{r['max_diff']:.1e} |\n")
 
     if "topk" not in skip:
         from models.nmt import load_translator

@@ -74,6 +74,32 @@ def test_sample_nll_equals_forced_decoding_score(fwd, sources):
     assert checked >= len(flat) // 2 > 0
 
 
+def _reference_nll(t, source: str, target: str) -> float:
+    """fairseq's own route, one pair at a time (no padding): full forward, normalised probabilities."""
+    import torch
+
+    src = torch.tensor([t._ids(t.src_dict, source)])
+    tgt = torch.tensor([t._ids(t.tgt_dict, target)])
+    prev = torch.cat([torch.tensor([[t.eos]]), tgt[:, :-1]], dim=1)
+    with torch.inference_mode():
+        lprobs = t.model.get_normalized_probs(t.model(src, torch.tensor([src.shape[1]]), prev), log_probs=True)
+    return -float(lprobs.float().gather(-1, tgt[..., None]).mean())
+
+
+def test_score_equals_fairseq_forward_with_padding_and_blocks(bwd, sources, monkeypatch):
+    import models.nmt as nmt
+
+    # Candidates of very different lengths in one batch (padded), and blocks of 7 positions so
+    # the projection runs in several blocks with a short last one.
+    english = ["A dog .", "Two men are walking down a long street next to a big red car in the city ."] * 3
+    foreign = [sources[i % len(sources)] for i in range(len(english))]
+    monkeypatch.setattr(nmt, "_LOGIT_ROWS", 7)
+    got = bwd.score(english, foreign)
+    want = [_reference_nll(bwd, e, f) for e, f in zip(english, foreign)]
+    assert got == pytest.approx(want, abs=1e-5)
+    assert len(set(round(x, 4) for x in got)) > 1
+
+
 def test_beam_search_is_fairseq_nbest(fwd, bwd, sources):
     out = fwd.beam_search(sources, beam=4, nbest=3)
     assert all(len(hs) == 3 for hs in out)
