@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask", category=UserWarning)
 
 _NEG_INF = float("-inf")
-_LOGIT_ROWS = 160           # nodes per block of logits on the CPU (see Translator._top_tokens)
+_LOGIT_ROWS = 160           # rows per block of logits on the CPU (Translator._top_tokens, _target_log_probs)
 
 
 @dataclass(frozen=True)
