@@ -100,6 +100,17 @@ def test_score_equals_fairseq_forward_with_padding_and_blocks(bwd, sources, monk
     assert len(set(round(x, 4) for x in got)) > 1
 
 
+def test_length_batches_in_a_given_order_keep_the_budget(fwd):
+    lengths = [5, 30, 7, 12, 30, 3, 18, 9, 25, 4]
+    order = [9, 5, 0, 2, 7, 3, 6, 8, 1, 4][::-1]           # any order, e.g. the scorer's 2-D one
+    batches = list(fwd._length_batches(lengths, rows_per_item=2, budget=300, order=order))
+    assert [i for b in batches for i in b] == order           # each item once, in the given order
+    for b in batches:
+        longest = max(lengths[i] for i in b)
+        assert len(b) == 1 or len(b) * 2 * (longest + fwd._max_len(longest)) <= 300
+    assert len(batches) > 2
+
+
 def test_beam_search_is_fairseq_nbest(fwd, bwd, sources):
     out = fwd.beam_search(sources, beam=4, nbest=3)
     assert all(len(hs) == 3 for hs in out)
