@@ -132,3 +132,35 @@ def test_flink_launcher_command():
     bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh")], env={**env, "JOB": "x"},
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "JOB must be" in bad.stderr
+
+
+def test_refresh_never_runs_filter_args_or_job_cmd_as_shell_code(tmp_path):
+    """A ';' or '$(...)' in FILTER_ARGS / PARAGEN_JOB_CMD is an argument, not a command; the filter
+    job that rejects such an argument fails the refresh, and latest stays where it was."""
+    ok = "python3 -c \"import sys,os; o=sys.argv[sys.argv.index('--output')+1]; os.makedirs(o)\""
+    marker = tmp_path / "pwned"
+    strict_filter = ("python3 -c \"import sys,os,json; a=sys.argv[1:]; o=a[a.index('--output')+1]; "
+                     "os.makedirs(o); json.dump(a, open(o+'/args.json','w')); "
+                     "sys.exit(2 if any(';' in x or '$' in x for x in a) else 0)\"")
+    assert _refresh(tmp_path, "2026-03-01", ok, PARAGEN_FILTER_CMD=strict_filter, FILTER_ARGS="--config a").returncode == 0
+    done = _refresh(tmp_path, "2026-03-08", ok, PARAGEN_FILTER_CMD=strict_filter,
+                    FILTER_ARGS=f"--config x; touch {marker}; echo $(touch {marker}2)")
+    assert not marker.exists() and not (tmp_path / "pwned2").exists()
+    assert done.returncode != 0 and "filter job failed" in done.stderr
+    import json
+    args = json.load(open(tmp_path / "2026-03-08" / "filtered" / "args.json"))
+    assert "x;" in args and "touch" in args                # passed through as plain words
+    assert os.readlink(tmp_path / "latest") == "2026-03-01"
+    job = f"{ok} ; touch {marker}"
+    done = _refresh(tmp_path, "2026-03-15", job)
+    assert not marker.exists()
+    unbalanced = _refresh(tmp_path, "2026-03-22", ok, FILTER_ARGS="--config 'x")
+    assert unbalanced.returncode == 2 and "unbalanced" in unbalanced.stderr
+
+
+@pytest.mark.parametrize("run_id", ["../escape", "a/b", ".hidden", "x\ny", "-rf"])
+def test_refresh_refuses_run_ids_that_are_not_one_path_component(tmp_path, run_id):
+    ok = "python3 -c \"import sys,os; o=sys.argv[sys.argv.index('--output')+1]; os.makedirs(o)\""
+    done = _refresh(tmp_path / "root", run_id, ok)
+    assert done.returncode == 2 and "RUN_ID" in done.stderr
+    assert not (tmp_path / "escape").exists()
