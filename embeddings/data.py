@@ -9,53 +9,16 @@ from __future__ import annotations
 import glob
 import os
 import random
-import re
 from collections import Counter
 from typing import Iterator
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from paracorpus.schema import read_manifest
 from paracorpus.shards import bounded_lines, open_binary
+from paracorpus.where import parse_where
 
 MAX_LINE_BYTES = 100_000    # a TSV line longer than this is not a sentence pair: skipped, counted
-
-_WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<=|>=|<|>)\s*(.+?)\s*$")
-_OPS = {"==": "__eq__", "!=": "__ne__", "<=": "__le__", ">=": "__ge__", "<": "__lt__", ">": "__gt__"}
-
-
-def _literal(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
-
-
-def parse_where(clauses: list[str], schema: pa.Schema) -> ds.Expression | None:
-    """['rank<=2', 'keep == true', "lang_pair == 'cs-en'"] -> one pyarrow filter (AND).
-    Unknown columns fail here, with the columns that exist, before any data is read."""
-    expr = None
-    for clause in clauses or []:
-        m = _WHERE.match(clause)
-        if not m:
-            raise ValueError(f"cannot parse filter {clause!r}: use COLUMN OP VALUE with OP one of "
-                             f"{' '.join(_OPS)}")
-        col, op, value = m.groups()
-        if col not in schema.names:
-            raise ValueError(f"filter {clause!r}: no column {col!r}; columns are {', '.join(schema.names)}")
-        term = getattr(pc.field(col), _OPS[op])(_literal(value))
-        expr = term if expr is None else expr & term
-    return expr
-
 
 def _is_parquet(path: str) -> bool:
     return os.path.isdir(path) or path.endswith(".parquet")
@@ -82,7 +45,7 @@ class PairSource:
                 root = os.path.join(path, "paraphrases")
                 self.generation_manifest = read_manifest(path) or {}
             if not os.path.exists(root):
-                raise FileNotFoundError(path)
+                raise FileNotFoundError(f"{path}: no such file or directory")
             self._dataset = ds.dataset(root, format="parquet", partitioning="hive")
             missing = [c for c in self.columns if c not in self._dataset.schema.names]
             if missing:
@@ -92,7 +55,7 @@ class PairSource:
         else:
             self._files = sorted(glob.glob(path)) or ([path] if os.path.exists(path) else [])
             if not self._files:
-                raise FileNotFoundError(path)
+                raise FileNotFoundError(f"{path}: no such file or directory")
             if self.where:
                 raise ValueError("--where filters apply to Parquet input, not to TSV files")
             self._dataset = None

@@ -11,11 +11,13 @@ Words that merely co-occur in any sentence (topic words) get a high ordinary PMI
 that replace each other across paraphrases rank high. Pairs whose paraphrase score (encoder
 cosine) is below a threshold and sentences over 30 tokens are dropped first.
 
-    python -m embeddings.lexicon --input runs/gen-out --model runs/enc --min_score 0.5 --out lexicon.tsv
+    paragen-lexicon --input runs/example-output --model runs/example-encoder --min_score 0.5 \
+        --output runs/lexicon.tsv
 """
 from __future__ import annotations
 
 import argparse
+import os
 import math
 import sys
 from collections import Counter
@@ -116,41 +118,57 @@ def write_tsv(rows: list[dict], path: str) -> None:
                     f"{r['ordinary_pmi']:.4f}\t{r['cross_count']}\n")
 
 
-def main(argv=None) -> int:
+def run(argv=None) -> int:
     from embeddings.data import PairSource
+    from paracorpus.cli import UsageError, check_output_location
 
-    ap = argparse.ArgumentParser(prog="python -m embeddings.lexicon", description=__doc__,
+    ap = argparse.ArgumentParser(prog="paragen-lexicon", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--input", required=True, help="paraphrase Parquet (dir or file) or sentence1<TAB>sentence2 file")
-    ap.add_argument("--columns", default="reference,paraphrase")
-    ap.add_argument("--where", action="append", default=[], help="row filter on Parquet input, repeatable")
-    ap.add_argument("--model", help="encoder directory for the paraphrase score (needs --min_score)")
-    ap.add_argument("--min_score", type=float, help="drop pairs whose encoder cosine is below this")
-    ap.add_argument("--max_tokens", type=int, default=30, help="drop pairs with a side longer than this")
-    ap.add_argument("--min_count", type=int, default=3, help="cross-side co-occurrences for a word pair")
-    ap.add_argument("--top", type=int, help="write only the best N pairs")
-    ap.add_argument("--out", required=True, help="TSV to write")
+    ap.add_argument("--input", required=True, metavar="PATH",
+                    help="paraphrase Parquet (a run's output dir, a dir or a file) or a sentence1<TAB>sentence2 "
+                         "file (required)")
+    ap.add_argument("--columns", default="reference,paraphrase",
+                    help="the two text columns of Parquet input (default reference,paraphrase)")
+    ap.add_argument("--where", action="append", default=[],
+                    help="row filter on Parquet input, repeatable, e.g. 'rank <= 2' (default: all rows)")
+    ap.add_argument("--model", metavar="DIR",
+                    help="encoder directory for the paraphrase score (needs --min_score; default: no score filter)")
+    ap.add_argument("--min_score", type=float, help="drop pairs whose encoder cosine is below this (needs --model)")
+    ap.add_argument("--max_tokens", type=int, default=30, help="drop pairs with a side longer than this (default 30)")
+    ap.add_argument("--min_count", type=int, default=3,
+                    help="cross-side co-occurrences a word pair needs (default 3)")
+    ap.add_argument("--top", type=int, help="write only the best N pairs (default: all)")
+    ap.add_argument("--output", required=True, metavar="FILE", help="TSV to write (required)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --output file (default: refuse)")
     a = ap.parse_args(argv)
     if (a.model is None) != (a.min_score is None):
-        ap.error("--model and --min_score go together")
+        raise UsageError("--model and --min_score go together")
+    if os.path.exists(a.output) and not a.overwrite:
+        raise UsageError(f"{a.output} exists; pass --overwrite to replace it")
+    check_output_location(os.path.dirname(os.path.abspath(a.output)), "--output's directory")
     try:
         source = PairSource(a.input, tuple(a.columns.split(",")), a.where)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     encoder = None
     if a.model:
         from models.sentence_encoder import load_encoder
 
         encoder = load_encoder(a.model)
     rows, stats = adjusted_pmi(source, a.max_tokens, a.min_count, encoder, a.min_score)
-    write_tsv(rows[:a.top] if a.top else rows, a.out)
+    write_tsv(rows[:a.top] if a.top else rows, a.output)
     print(f"{len(rows)} word pairs from {stats['used']} of {stats['read']} pairs "
           f"(dropped: {stats['dropped_length']} over {a.max_tokens} tokens or empty, "
-          f"{stats['dropped_low_score']} below score {a.min_score}) -> {a.out}")
+          f"{stats['dropped_low_score']} below score {a.min_score}) -> {a.output}")
     for r in rows[:10]:
         print(f"  {r['word1']:>15} {r['word2']:<15} {r['adjusted_pmi']:.2f}")
     return 0
+
+
+def main(argv=None) -> int:
+    from paracorpus.cli import cli_main
+
+    return cli_main(run, argv)
 
 
 if __name__ == "__main__":

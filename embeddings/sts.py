@@ -4,8 +4,8 @@ A directory is laid out as ``<year or name>/<subset>.tsv`` with lines ``score<TA
 (any names; ../shared/data/sts is one such directory). Results: per subset, the mean per year
 (over its subsets), the mean of the yearly means and the mean over all subsets.
 
-    python -m embeddings.sts --model runs/enc --sts_dir ../shared/data/sts --json sts.json
-    python -m embeddings.sts --baseline sentence_bleu --sts_dir ../shared/data/sts
+    paragen-sts --model runs/example-encoder --sts_dir ../shared/data/sts --json runs/sts.json
+    paragen-sts --baseline sentence_bleu --sts_dir ../shared/data/sts
 """
 from __future__ import annotations
 
@@ -132,30 +132,39 @@ def sentence_bleu_similarity(s1: Sequence[str], s2: Sequence[str]) -> np.ndarray
                      for a, b in zip(s1, s2)])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m embeddings.sts", description=__doc__,
+def run(argv=None) -> dict:
+    from paracorpus.cli import UsageError
+
+    ap = argparse.ArgumentParser(prog="paragen-sts", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sts_dir", required=True, help="directory of <year>/<subset>.tsv files")
+    ap.add_argument("--sts_dir", required=True, metavar="DIR",
+                    help="directory of <year>/<subset>.tsv files (gold<TAB>sentence1<TAB>sentence2) (required)")
     who = ap.add_mutually_exclusive_group(required=True)
-    who.add_argument("--model", help="encoder directory (python -m embeddings.train --out)")
-    who.add_argument("--baseline", choices=["sentence_bleu"], help="score with a baseline instead")
-    ap.add_argument("--json", help="also write the results here")
+    who.add_argument("--model", metavar="DIR", help="encoder directory (paragen-train-embeddings --output)")
+    who.add_argument("--baseline", choices=["sentence_bleu"], help="score with a baseline instead of a model")
+    ap.add_argument("--json", metavar="FILE", help="also write the results here as JSON (default: print only)")
     a = ap.parse_args(argv)
+    try:
+        read_sts_dir(a.sts_dir)                          # a bad STS directory fails before the model loads
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if a.model:
         from models.sentence_encoder import load_encoder
 
         sim, title = load_encoder(a.model).similarity, a.model
     else:
         sim, title = sentence_bleu_similarity, "sentence BLEU"
-    try:
-        results = evaluate(sim, a.sts_dir)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    results = evaluate(sim, a.sts_dir)
     if a.json:
         write_json(a.json, results)
     print(markdown(results, title))
-    return 0
+    return results
+
+
+def main(argv=None) -> int:
+    from paracorpus.cli import cli_main
+
+    return cli_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Train a paraphrastic sentence encoder on paraphrase pairs (ParaNMT-50M §5).
 
-    python -m embeddings.train --input runs/gen-out --where "rank<=1" --encoder word+trigram \
-        --out runs/enc --dev_sts ../shared/data/sts/stsb-dev-only
+    paragen-train-embeddings --input runs/example-output --where "rank <= 1" --encoder word+trigram \
+        --output runs/example-encoder --dev_sts ../shared/data/sts/stsb/train.tsv
+
+(runs/example-output is what scripts/quickstart.sh writes.)
 
 Loss: margin δ on cosine similarity against the hardest negative of a mega-batch (embeddings/
 mining.py); Adam; one checkpoint per epoch under OUT/checkpoints/epoch-N; the epoch with the best
@@ -26,6 +28,7 @@ from embeddings.mining import hardest_negatives, margin_loss
 from models.encoders import is_order_sensitive, parse_spec
 from models.sentence_encoder import SentenceEncoder
 from paracorpus.atomic import copy_file, write_json
+from paracorpus.cli import UsageError
 from paracorpus.schema import manifest_reconciled
 
 
@@ -137,7 +140,7 @@ def train(source, out: str, cfg: TrainConfig, dev_sts: str | None = None, log=pr
     n_pairs = getattr(source, "stats", {}).get("used") if hasattr(source, "stats") else None
     n_pairs = n_pairs if n_pairs is not None else sum(1 for _ in source)
     if n_pairs < 2:
-        raise ValueError(f"need at least 2 training pairs, got {n_pairs}")
+        raise UsageError(f"need at least 2 training pairs, got {n_pairs}")
     log(f"vocabulary: {len(encoder.words)} words (min count {cfg.min_count}), {len(encoder.trigrams)} trigrams; "
         f"{n_pairs} pairs; encoder {cfg.encoder} ({encoder.out_dim} dims) on {encoder.device}")
     encoder.extra = {"training": {k: v for k, v in asdict(cfg).items() if k not in ("device", "progress")}}
@@ -195,21 +198,25 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="pair", disable=not enabled, mininterval=2.0, file=sys.stderr)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m embeddings.train", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--input", required=True,
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="paragen-train-embeddings", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    ap.add_argument("--input", required=True, metavar="PATH",
                     help="generation/filter output dir (its paraphrases/ is read), a Parquet dir or file, "
-                         "or a sentence1<TAB>sentence2 file (.gz ok, globs ok)")
-    ap.add_argument("--columns", default="reference,paraphrase", help="the two text columns of Parquet input")
+                         "or a sentence1<TAB>sentence2 file (.gz ok, globs ok) (required)")
+    ap.add_argument("--columns", default="reference,paraphrase",
+                    help="the two text columns of Parquet input (default reference,paraphrase)")
     ap.add_argument("--where", action="append", default=[],
-                    help="row filter on Parquet input, repeatable: 'rank<=2', 'combined_score<3', 'keep==true'")
-    ap.add_argument("--max_pairs", type=int, help="use only the first N pairs")
-    ap.add_argument("--out", required=True, help="model directory to write")
-    ap.add_argument("--dev_sts", help="STS directory (<year>/<subset>.tsv) for picking the best epoch")
+                    help="row filter on Parquet input, repeatable (ANDed): e.g. 'rank <= 2', "
+                         "'keep and combined_score < 3', \"lang_pair in ('cs-en', 'de-en')\" (default: all rows)")
+    ap.add_argument("--max_pairs", type=int, help="use only the first N pairs (default: all)")
+    ap.add_argument("--output", required=True, metavar="DIR", help="model directory to write (required)")
+    ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output (default: refuse)")
+    ap.add_argument("--dev_sts", metavar="DIR",
+                    help="STS directory (<year>/<subset>.tsv) for picking the best epoch (default: the last epoch)")
     d = TrainConfig()
     ap.add_argument("--encoder", default=d.encoder, help="word, trigram, lstm, blstm, gran, or parts joined by "
-                    "'+' (concatenated; ':add' sums), e.g. word+trigram")
+                    f"'+' (concatenated; ':add' sums), e.g. word+trigram (default {d.encoder})")
     for name, typ, help_ in (("dim", int, "embedding size"), ("hidden", int, "LSTM size (default: dim)"),
                              ("min_count", int, "minimum word count"), ("min_trigram_count", int, "minimum trigram count"),
                              ("max_words", int, "cap on the word vocabulary"), ("batch_size", int, "pairs per mini-batch"),
@@ -218,33 +225,57 @@ def main(argv=None) -> int:
                              ("epochs", int, "epochs"), ("scramble_rate", float, "probability of shuffling a sentence's words (recurrent encoders)"),
                              ("shuffle_buffer", int, "pairs held for streaming shuffling"),
                              ("max_tokens", int, "tokens kept per sentence"), ("seed", int, "random seed")):
-        ap.add_argument(f"--{name}", type=typ, default=getattr(d, name), help=f"{help_} (default {getattr(d, name)})")
-    ap.add_argument("--device", help="cpu or cuda (default: cuda when present)")
-    ap.add_argument("--no_progress", action="store_true", help="no progress bar")
-    a = ap.parse_args(argv)
+        default = getattr(d, name)
+        shown = "" if "(default" in help_ else f" (default {'none' if default is None else default})"
+        ap.add_argument(f"--{name}", type=typ, default=default, help=help_ + shown)
+    ap.add_argument("--device", choices=["cpu", "cuda"], help="cpu or cuda (default: cuda when present)")
+    ap.add_argument("--no_progress", action="store_true", help="no progress bar (default: a bar on stderr)")
+    return ap
+
+
+def run(argv=None) -> dict:
+    from paracorpus.cli import check_output_location
+
+    a = build_parser().parse_args(argv)
     cfg = TrainConfig(**{k: getattr(a, k) for k in TrainConfig.__dataclass_fields__
                          if k not in ("progress", "extra")}, progress=not a.no_progress)
     columns = tuple(c.strip() for c in a.columns.split(","))
     try:
         cfg.validate()
-        if len(columns) != 2:
-            raise ValueError("--columns takes two column names")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if len(columns) != 2:
+        raise UsageError("--columns takes two column names")
+    output = check_output_location(a.output)
+    if os.path.exists(os.path.join(output, "config.json")) and not a.overwrite:
+        raise UsageError(f"{output} already holds an encoder; pass --overwrite to replace it")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is visible on this machine")
+    try:
         source = PairSource(a.input, columns, a.where, a.max_pairs)
-        if a.dev_sts:
-            from embeddings.sts import read_sts_dir
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if a.dev_sts:
+        from embeddings.sts import read_sts_dir
 
+        try:
             read_sts_dir(a.dev_sts)                     # fail on a bad dev set before training
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     gm = source.generation_manifest
     if gm is not None and not manifest_reconciled(gm):
         why = "counts do not reconcile (see its _manifest.json)" if gm else "has no _manifest.json (unfinished?)"
         print(f"warning: {a.input}: the generation run {why}", file=sys.stderr, flush=True)
     print(f"training on {source.describe()}", flush=True)
-    report = train(source, a.out, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
+    report = train(source, output, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
     print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
-    return 0
+    return report
+
+
+def main(argv=None) -> int:
+    from paracorpus.cli import cli_main
+
+    return cli_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import random
 import numpy as np
 import torch
 
+from models.checkpoint import load_tensor_file
 from models.sentence_encoder import SentenceEncoder, load_encoder
 from paracorpus.atomic import replacing
 
@@ -46,7 +47,7 @@ class ReferenceClassifier:
 def load_classifier(path: str) -> ReferenceClassifier:
     enc = load_encoder(path)
     head = torch.nn.Linear(enc.out_dim, 1)
-    head.load_state_dict(torch.load(os.path.join(path, "head.pt"), map_location="cpu", weights_only=True))
+    head.load_state_dict(load_tensor_file(os.path.join(path, "head.pt")))
     clf = ReferenceClassifier(enc, head)
     clf.head.eval()
     return clf

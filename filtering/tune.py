@@ -87,16 +87,18 @@ def _dev_scores(path: str, config: str, score: str, overrides: dict):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m filtering.tune", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m filtering.tune", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--score", required=True, help="score column, e.g. paraphrase_score")
-    ap.add_argument("--direction", required=True, choices=["high", "low"], help="is the score kept high or low")
+    ap.add_argument("--score", required=True, help="score column, e.g. paraphrase_score (required)")
+    ap.add_argument("--direction", required=True, choices=["high", "low"],
+                    help="whether the score is kept high or low (required)")
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--scored", help="a filter run's scored/ directory")
-    src.add_argument("--dev", help="label<TAB>sentence1<TAB>sentence2 development file")
-    ap.add_argument("--keep_rate", type=float, help="with --scored: share of rows to keep")
-    ap.add_argument("--config", default="paranmt", help="with --dev: config/preset with the filter")
-    ap.add_argument("--encoder", help="with --dev: encoder for paraphrase_score")
+    src.add_argument("--scored", metavar="DIR", help="a filter run's scored/ directory")
+    src.add_argument("--dev", metavar="FILE", help="label<TAB>sentence1<TAB>sentence2 development file")
+    ap.add_argument("--keep_rate", type=float, help="with --scored: share of rows to keep, 0-1 (required with it)")
+    ap.add_argument("--config", default="paranmt",
+                    help="with --dev: config file or preset holding the filter (default paranmt)")
+    ap.add_argument("--encoder", metavar="DIR", help="with --dev: encoder for paraphrase_score (default: the config's)")
     a = ap.parse_args(argv)
     try:
         if a.scored:

@@ -10,6 +10,7 @@ entry is the Namespace of the model's command-line arguments.
 from __future__ import annotations
 
 import argparse
+import os
 
 _DONE = False
 
@@ -29,19 +30,63 @@ _COMMANDS = {"train": "fairseq_cli.train", "preprocess": "fairseq_cli.preprocess
              "generate": "fairseq_cli.generate", "interactive": "fairseq_cli.interactive"}
 
 
+def _option(argv: list[str], name: str, default=None):
+    """The value of a fairseq option NAME (--opt VALUE or --opt=VALUE) in ARGV."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def _checked_argv(command: str, argv: list[str], workdir: str) -> list[str]:
+    """ARGV with every checkpoint fairseq would load replaced by a sanitized copy in WORKDIR
+    (generate, interactive: --path) or validated in place (train: the checkpoint it resumes from),
+    so fairseq's own loader never sees an unvalidated model config (see models/checkpoint.py)."""
+    from models.checkpoint import check_checkpoint, sanitized_copy
+
+    argv = list(argv)
+    if command in ("generate", "interactive"):
+        paths = _option(argv, "--path")
+        if paths:
+            clean = []
+            for i, path in enumerate(paths.split(":")):          # fairseq's ensemble separator
+                dst = os.path.join(workdir, f"model{i}.pt")
+                sanitized_copy(path, dst)
+                clean.append(dst)
+            at = next(i for i, a in enumerate(argv) if a == "--path" or a.startswith("--path="))
+            argv[at:at + (1 if "=" in argv[at] else 2)] = ["--path", ":".join(clean)]
+    elif command == "train":
+        save_dir = _option(argv, "--save-dir", "checkpoints")
+        restore = _option(argv, "--restore-file", "checkpoint_last.pt")
+        path = restore if os.path.isabs(restore) else os.path.join(save_dir, restore)
+        if os.path.exists(path):
+            check_checkpoint(path)
+    return argv
+
+
 def main(argv=None) -> None:
-    """`python -m models.fairseq_compat train|preprocess|generate ARGS`: fairseq's CLI with
-    checkpoints loaded safely (fairseq-train reloads checkpoint_last.pt when resuming)."""
+    """`python -m models.fairseq_compat train|preprocess|generate|interactive ARGS`: fairseq's CLI
+    with checkpoints loaded safely: weights-only unpickling, and model configs validated first."""
     import importlib
     import sys
+    import tempfile
+
+    from models.checkpoint import UnsafeModelError
 
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in _COMMANDS:
         raise SystemExit(f"usage: python -m models.fairseq_compat {{{','.join(_COMMANDS)}}} [fairseq args]")
     allow_fairseq_checkpoints()
-    module = importlib.import_module(_COMMANDS[argv[0]])
-    sys.argv = [f"fairseq-{argv[0]}", *argv[1:]]
-    module.cli_main()
+    with tempfile.TemporaryDirectory(prefix="paragen-ckpt-") as workdir:
+        try:
+            args = _checked_argv(argv[0], argv[1:], workdir)
+        except (UnsafeModelError, FileNotFoundError) as exc:
+            raise SystemExit(f"error: {exc}") from None
+        module = importlib.import_module(_COMMANDS[argv[0]])
+        sys.argv = [f"fairseq-{argv[0]}", *args]
+        module.cli_main()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 
 Directory layout: ``config.json`` (encoder spec, sizes, format version), ``words.json`` and
 ``trigrams.json`` (vocabularies as JSON lists) and ``weights.pt`` (a plain state dict of tensors,
-loaded with ``torch.load(weights_only=True)``: nothing beyond tensors is ever unpickled).
+loaded with ``torch.load(weights_only=True)`` through models.checkpoint.load_tensor_file: nothing
+beyond tensors is ever unpickled).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from embeddings.text import MAX_TOKENS, Vocabulary, sentence_trigrams, tokenize
+from models.checkpoint import load_tensor_file
 from models.encoders import Features, build_module, parse_spec
 from paracorpus.atomic import replacing, write_json, write_text
 
@@ -137,7 +139,6 @@ def load_encoder(path: str, device: str | None = None) -> SentenceEncoder:
     enc = SentenceEncoder(cfg["spec"], words, trigrams, dim=cfg["dim"], hidden=cfg.get("hidden"),
                           max_tokens=cfg.get("max_tokens", MAX_TOKENS), device=device,
                           extra={k: v for k, v in cfg.items() if k not in known})
-    state = torch.load(os.path.join(path, "weights.pt"), map_location="cpu", weights_only=True)
-    enc.module.load_state_dict(state)
+    enc.module.load_state_dict(load_tensor_file(os.path.join(path, "weights.pt")))
     enc.module.eval()
     return enc

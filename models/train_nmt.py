@@ -1,7 +1,7 @@
 """Train the two NMT models the generation job needs, from a bitext, and measure their BLEU.
 
     python -m models.train_nmt --src_file train.cs.gz --tgt_file train.en.gz \\
-        --src_lang cs --tgt_lang en --out runs/models --layers 3 --dim 256 --max_epoch 10
+        --src_lang cs --tgt_lang en --output runs/models --layers 3 --dim 256 --max_epoch 10
 
 Steps: joint sentencepiece (unigram) on both sides -> fairseq-preprocess (joined dictionary) ->
 fairseq-train src->tgt (the generator) and tgt->src (the dual scorer) -> BLEU (sacrebleu) of each
@@ -27,6 +27,7 @@ import sys
 import time
 
 from paracorpus.atomic import copy_file, replacing, write_json
+from paracorpus.cli import UsageError
 from paracorpus.shards import bounded_lines, open_binary
 
 log = logging.getLogger("paragen.train_nmt")
@@ -53,7 +54,7 @@ def read_bitext(tsv: str | None = None, src_file: str | None = None, tgt_file: s
     else:
         src, tgt = _lines(src_file), _lines(tgt_file)
         if len(src) != len(tgt):
-            raise ValueError(f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}")
+            raise UsageError(f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}")
         pairs = list(zip(src, tgt))
     total = len(pairs)
     pairs = [p for p in pairs if p is not None and p[0] and p[1]]
@@ -172,14 +173,14 @@ def _train_models(pairs, out, src_lang, tgt_lang, valid_pairs, valid_size, vocab
     if valid_pairs is not None:
         valid_pairs = _clean(valid_pairs)
     if not pairs:
-        raise ValueError("no training pairs")
+        raise UsageError("no training pairs")
     unknown = {d.strip() for d in directions.split(",") if d.strip()} - {"fwd", "bwd"}
     if unknown:
         raise ValueError(f"directions must be fwd and/or bwd, got {sorted(unknown)}")
     if valid_pairs is None:
         pairs, valid_pairs = hold_out(pairs, valid_size, seed)
     if not pairs or not valid_pairs:
-        raise ValueError(f"need training and held-out pairs (got {len(pairs)} and {len(valid_pairs)})")
+        raise UsageError(f"need training and held-out pairs (got {len(pairs)} and {len(valid_pairs)})")
     report = {"src_lang": src_lang, "tgt_lang": tgt_lang, "train_pairs": len(pairs),
               "valid_pairs": len(valid_pairs), "stage_seconds": {}, "directions": {}}
     t0 = time.time()
@@ -292,65 +293,110 @@ def _clean(pairs) -> list[tuple[str, str]]:
 
 
 def _export_checkpoint(src: str, dst: str) -> None:
-    """Copy the best checkpoint without its optimizer state (a third of the size)."""
+    """Copy the best checkpoint without its optimizer state (a third of the size), after checking
+    that its config passes the same validation as every model the jobs load."""
     import torch
 
-    from models.fairseq_compat import allow_fairseq_checkpoints
+    from models.checkpoint import load_state, model_config_of
 
-    allow_fairseq_checkpoints()
-    state = torch.load(src, map_location="cpu", weights_only=True)
+    state = load_state(src)
+    model_config_of(state)
     state.pop("last_optimizer_state", None)
     with replacing(dst) as tmp:
         torch.save(state, tmp)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="paragen-train-nmt", description=__doc__.split("\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--tsv", help="bitext as src<TAB>tgt lines (plain or .gz)")
-    src.add_argument("--src_file", help="source side, one sentence per line (plain or .gz)")
-    ap.add_argument("--tgt_file", help="target side, line-aligned with --src_file")
-    ap.add_argument("--valid_src_file", help="held-out source (default: split from the training data)")
-    ap.add_argument("--valid_tgt_file", help="held-out target")
-    ap.add_argument("--valid_size", type=int, default=500, help="pairs held out when no valid files (max 10%%)")
-    ap.add_argument("--src_lang", default="cs")
-    ap.add_argument("--tgt_lang", default="en")
-    ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--vocab_size", type=int, default=8000, help="joint sentencepiece vocabulary")
-    ap.add_argument("--layers", type=int, default=3, help="encoder = decoder layers")
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--ffn_dim", type=int, default=None, help="default 4 x dim")
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--dropout", type=float, default=0.1)
-    ap.add_argument("--max_epoch", type=int, default=10)
-    ap.add_argument("--max_update", type=int, default=None)
-    ap.add_argument("--max_tokens", type=int, default=4096, help="tokens per batch")
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--warmup", type=int, default=None, help="warm-up updates (default: 10%% of training)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--directions", default="fwd,bwd", help="fwd (src->tgt), bwd (tgt->src) or both")
-    ap.add_argument("--max_lines", type=int, default=None, help="use only the first N pairs")
-    ap.add_argument("--cpu_threads", type=int, default=None,
-                    help="torch/OpenMP threads for training and decoding (default: torch's choice; "
-                         "1 is best for small models on a shared machine)")
-    ap.add_argument("--bleu_samples", type=int, default=500, help="held-out sentences for BLEU")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="paragen-train-nmt", description=__doc__.split("\n")[0], allow_abbrev=False,
+        epilog="Example (the bundled example, tiny models in a few minutes): paragen-train-nmt --tsv "
+               "examples/cs-en.example.tsv --src_lang cs --tgt_lang en --output runs/example-models "
+               "--vocab_size 800 --layers 2 --dim 128 --max_epoch 10")
+    data = ap.add_argument_group("training data (one of --tsv or --src_file + --tgt_file)")
+    src = data.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tsv", metavar="FILE", help="bitext as src<TAB>tgt lines (plain or .gz)")
+    src.add_argument("--src_file", metavar="FILE", help="source side, one sentence per line (plain or .gz)")
+    data.add_argument("--tgt_file", metavar="FILE", help="target side, line-aligned with --src_file")
+    data.add_argument("--valid_src_file", metavar="FILE",
+                      help="held-out source for validation and BLEU (default: held out from the training data)")
+    data.add_argument("--valid_tgt_file", metavar="FILE", help="held-out target, line-aligned with --valid_src_file")
+    data.add_argument("--valid_size", type=int, default=500,
+                      help="pairs held out when no validation files are given (at most 10%%; default 500)")
+    data.add_argument("--max_lines", type=int, default=None, help="use only the first N pairs (default: all)")
+    data.add_argument("--src_lang", default="cs", help="source language code (default cs)")
+    data.add_argument("--tgt_lang", default="en", help="target language code (default en)")
+    out = ap.add_argument_group("output")
+    out.add_argument("--output", required=True, metavar="DIR",
+                     help="directory for <src>-<tgt>/ and <tgt>-<src>/ model directories, spm.model and "
+                          "report.json (required)")
+    out.add_argument("--overwrite", action="store_true",
+                     help="replace models already in --output (default: refuse)")
+    out.add_argument("--directions", default="fwd,bwd",
+                     help="which models to train: fwd (src->tgt), bwd (tgt->src) or both (default fwd,bwd)")
+    model = ap.add_argument_group("model (a fairseq transformer) and training")
+    model.add_argument("--vocab_size", type=int, default=8000, help="joint sentencepiece vocabulary (default 8000)")
+    model.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each (default 3)")
+    model.add_argument("--dim", type=int, default=256, help="embedding and model dimension (default 256)")
+    model.add_argument("--ffn_dim", type=int, default=None, help="feed-forward dimension (default 4 x --dim)")
+    model.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    model.add_argument("--dropout", type=float, default=0.1, help="dropout (default 0.1)")
+    model.add_argument("--max_epoch", type=int, default=10, help="training epochs (default 10)")
+    model.add_argument("--max_update", type=int, default=None, help="stop after this many updates (default: none)")
+    model.add_argument("--max_tokens", type=int, default=4096, help="tokens per batch (default 4096)")
+    model.add_argument("--lr", type=float, default=5e-4, help="peak learning rate, Adam (default 5e-4)")
+    model.add_argument("--warmup", type=int, default=None,
+                       help="warm-up updates of the inverse-sqrt schedule (default: 10%% of training, at most 4000)")
+    model.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    model.add_argument("--cpu_threads", type=int, default=None,
+                       help="torch/OpenMP threads for training and decoding (default: torch's choice; "
+                            "1 is best for small models on a shared machine)")
+    model.add_argument("--bleu_samples", type=int, default=500,
+                       help="held-out sentences translated for the BLEU in model.json (default 500)")
+    return ap
+
+
+def run(argv=None) -> dict:
+    from paracorpus.cli import check_output_location
+    from paracorpus.names import check_lang_code
+
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.src_file and not a.tgt_file:
-        ap.error("--src_file needs --tgt_file")
+        raise UsageError("--src_file needs --tgt_file")
     if a.tsv and a.tgt_file:
-        ap.error("--tgt_file goes with --src_file, not --tsv")
+        raise UsageError("--tgt_file goes with --src_file, not --tsv")
     if bool(a.valid_src_file) != bool(a.valid_tgt_file):
-        ap.error("--valid_src_file and --valid_tgt_file go together")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+        raise UsageError("--valid_src_file and --valid_tgt_file go together")
+    check_lang_code(a.src_lang, "--src_lang")
+    check_lang_code(a.tgt_lang, "--tgt_lang")
+    for path in filter(None, (a.tsv, a.src_file, a.tgt_file, a.valid_src_file, a.valid_tgt_file)):
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such file")
+    unknown = [d for d in a.directions.split(",") if d.strip() and d.strip() not in ("fwd", "bwd")]
+    if unknown or not a.directions.strip():
+        raise UsageError(f"--directions takes fwd, bwd or fwd,bwd, not {a.directions!r}")
+    output = check_output_location(a.output)
+    existing = [d for d in (f"{a.src_lang}-{a.tgt_lang}", f"{a.tgt_lang}-{a.src_lang}")
+                if os.path.exists(os.path.join(output, d, "model.pt"))]
+    if existing and not a.overwrite:
+        raise UsageError(f"{output} already holds model(s) {', '.join(existing)}; pass --overwrite to replace them")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
     pairs = read_bitext(a.tsv, a.src_file, a.tgt_file, max_lines=a.max_lines)
     valid = (read_bitext(src_file=a.valid_src_file, tgt_file=a.valid_tgt_file)
              if a.valid_src_file else None)
-    report = train_models(pairs, a.out, a.src_lang, a.tgt_lang, valid, a.valid_size, a.vocab_size, a.layers,
+    report = train_models(pairs, output, a.src_lang, a.tgt_lang, valid, a.valid_size, a.vocab_size, a.layers,
                           a.dim, a.ffn_dim, a.heads, a.max_epoch, a.max_update, a.max_tokens, a.lr,
                           a.dropout, a.seed, a.directions, a.bleu_samples, a.warmup, a.cpu_threads)
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "examples"} if k == "directions" else v
                       for k, v in report.items()}, indent=2))
+    return report
+
+
+def main(argv=None) -> int:
+    from paracorpus.cli import cli_main
+
+    return cli_main(run, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -32,13 +32,16 @@ class GenerationConfig:
     seed: int = 1
     batch_pairs: int = 64             # pairs per decoding call: larger batches decode faster (README)
     num_output_shards: int = 8
+    # Pieces per side: cleaning bounds characters and whitespace tokens, but one 19 KB "word" of
+    # random letters is ~9,000 pieces, which costs gigabytes in attention; such pairs are rejected.
+    max_pieces: int = 250
 
     def __post_init__(self):
         errors = []
         if self.mode not in MODES:
             errors.append(f"mode must be one of {MODES}, not {self.mode!r}")
         for name in ("num_sets", "num_samples", "topk", "beam", "nbest", "clusters", "keep",
-                     "batch_pairs", "num_output_shards", "max_banned_words"):
+                     "batch_pairs", "num_output_shards", "max_banned_words", "max_pieces"):
             if getattr(self, name) < 1:
                 errors.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.nbest > self.beam:

@@ -59,6 +59,33 @@ def reject(pair: CleanPair, stage: str, reason: str, detail: str, config_hash: s
             "reference": pair.reference[:1000], "config_hash": config_hash}
 
 
+def piece_limits(forward, backward, max_pieces: int) -> tuple[int, int]:
+    """(foreign, English) pieces per side a pair may have: MAX_PIECES, and no more than the
+    positions of every model that reads or writes that side allow (one position is </s>)."""
+    src = [max_pieces, forward.max_source_positions - 1]
+    tgt = [max_pieces, forward.max_target_positions - 1]
+    if backward is not None:        # backward reads the English side and forced-decodes the foreign one
+        src.append(backward.max_target_positions - 1)
+        tgt.append(backward.max_source_positions - 1)
+    return min(src), min(tgt)
+
+
+def split_by_pieces(pairs: list[CleanPair], forward, limits: tuple[int, int],
+                    config_hash: str) -> tuple[list[CleanPair], list[dict]]:
+    """(pairs within LIMITS, reject rows for the others) under the forward model's segmentation
+    (the models share one sentencepiece model)."""
+    kept, rejects = [], []
+    for p in pairs:
+        for side, text, limit in (("src", p.source, limits[0]), ("tgt", p.reference, limits[1])):
+            n = len(forward.pieces(text))
+            if n > limit:
+                rejects.append(reject(p, "segment", f"too_many_pieces_{side}", f"{n} pieces > {limit}", config_hash))
+                break
+        else:
+            kept.append(p)
+    return kept, rejects
+
+
 def dual_xent_scores(pairs: list[CleanPair], forward, backward) -> list[float]:
     """Mean of the forward per-token NLL of the reference and the backward NLL of the source."""
     f = forward.score([p.source for p in pairs], [p.reference for p in pairs])

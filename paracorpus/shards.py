@@ -11,12 +11,18 @@ rejects table instead of disappearing.
 """
 from __future__ import annotations
 
+import bz2
 import glob
 import gzip
 import hashlib
+import io
+import lzma
 import os
 from dataclasses import dataclass
 from typing import Iterator
+
+from paracorpus.cli import UsageError
+from paracorpus.names import check_lang_code, check_path_component
 
 DEFAULT_MAX_LINE_CHARS = 20_000
 _READ_CHUNK = 1 << 16
@@ -42,11 +48,70 @@ class RawRecord:
     detail: str | None = None
 
 
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+
+
 def open_binary(path: str):
-    raw = open(path, "rb")
-    if path.endswith(".gz"):
+    """PATH opened for reading bytes, decompressed by its suffix (.gz, .bz2, .xz, .zst)."""
+    return _decompressed(open(path, "rb"), path)
+
+
+def _decompressed(raw, name: str):
+    if name.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw)
+    if name.endswith(".bz2"):
+        return bz2.BZ2File(raw)
+    if name.endswith(".xz"):
+        return lzma.LZMAFile(raw)
+    if name.endswith(".zst"):
+        import zstandard
+
+        # stream_reader has no readline(); the buffered wrapper gives the line reader one
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 14, closefd=True))
     return raw
+
+
+def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20, max_sampled: int = 16) -> tuple[int, bool]:
+    """(records in SHARDS, exact?) without reading them through, for progress lines. Parquet: row
+    counts from the footers. Text: the newlines in the first SAMPLE_BYTES (decompressed) of up to
+    MAX_SAMPLED shards, per compressed byte read, times the shards' total size."""
+    import pyarrow.parquet as pq
+
+    total, exact = 0, True
+    lines = consumed = 0
+    text_bytes = 0
+    for i, spec in enumerate(shards):
+        if spec.kind == "parquet":
+            total += pq.ParquetFile(spec.paths[0]).metadata.num_rows
+            continue
+        path = spec.paths[0]
+        size = os.path.getsize(path)
+        if i >= max_sampled:
+            text_bytes += size
+            exact = False
+            continue
+        data, broken = b"", False
+        with open(path, "rb") as raw:
+            stream = _decompressed(raw, path)
+            try:
+                while len(data) < sample_bytes:
+                    chunk = stream.read(min(1 << 16, sample_bytes - len(data)))
+                    if not chunk:
+                        break
+                    data += chunk
+            except Exception:  # noqa: BLE001: a corrupt shard is the readers' business; this is an estimate
+                broken = True
+            read = raw.tell()
+        n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+        if len(data) < sample_bytes:          # read whole (or up to where it breaks)
+            total += n
+            exact = exact and not broken
+            continue
+        lines, consumed, text_bytes = lines + n, consumed + read, text_bytes + size
+        exact = False
+    if text_bytes:
+        total += int(lines * text_bytes / max(consumed, 1)) if consumed else 0
+    return total, exact
 
 
 def bounded_lines(stream, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
@@ -148,20 +213,10 @@ def _pair_from_cells(name, index, s, t, max_line_chars) -> RawRecord:
 
 def _read_parquet(spec: ShardSpec, max_line_chars: int, src_column: str, tgt_column: str,
                   batch_size: int = 8192) -> Iterator[RawRecord]:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(spec.paths[0])
-    names = set(pf.schema_arrow.names)
-    missing = [c for c in (src_column, tgt_column) if c not in names]
-    if missing:
-        raise ValueError(f"{spec.paths[0]}: Parquet shard lacks column(s) {missing}; "
-                         f"has {sorted(names)} (set --src_column/--tgt_column)")
-    for c in (src_column, tgt_column):
-        t = pf.schema_arrow.field(c).type
-        if not any(check(t) for check in (pa.types.is_string, pa.types.is_large_string,
-                                          pa.types.is_binary, pa.types.is_large_binary)):
-            raise ValueError(f"{spec.paths[0]}: column {c!r} is {t}, not text (string or binary)")
+    _check_parquet_columns(spec.paths[0], pf.schema_arrow, src_column, tgt_column)
     index = 0
     # Read as binary so that invalid UTF-8 in a cell becomes a reject, not a crash of the reader.
     for batch in pf.iter_batches(batch_size=batch_size, columns=[src_column, tgt_column]):
@@ -174,6 +229,20 @@ def _read_parquet(spec: ShardSpec, max_line_chars: int, src_column: str, tgt_col
             index += 1
 
 
+def _check_parquet_columns(path: str, schema, src_column: str, tgt_column: str) -> None:
+    import pyarrow as pa
+
+    missing = [c for c in (src_column, tgt_column) if c not in schema.names]
+    if missing:
+        raise ShardError(f"{path}: Parquet shard lacks column(s) {missing}; "
+                         f"has {sorted(schema.names)} (set --src_column/--tgt_column)")
+    for c in (src_column, tgt_column):
+        t = schema.field(c).type
+        if not any(check(t) for check in (pa.types.is_string, pa.types.is_large_string,
+                                          pa.types.is_binary, pa.types.is_large_binary)):
+            raise ShardError(f"{path}: column {c!r} is {t}, not text (string or binary)")
+
+
 def _as_bytes(column) -> list:
     import pyarrow as pa
 
@@ -184,25 +253,80 @@ def _as_bytes(column) -> list:
 
 def read_shard(spec: ShardSpec, max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
                src_column: str = "src", tgt_column: str = "tgt") -> Iterator[RawRecord]:
+    """The records of SPEC in file order. If the file cannot be read to its end (a truncated or
+    corrupt compressed stream, a damaged Parquet page), the records read so far are kept and one
+    last record with error 'read_error' stands for the rest of the shard."""
     if spec.kind == "tsv":
-        return _read_tsv(spec, max_line_chars)
-    if spec.kind == "moses":
-        return _read_moses(spec, max_line_chars)
-    if spec.kind == "parquet":
-        return _read_parquet(spec, max_line_chars, src_column, tgt_column)
-    raise ValueError(f"unknown shard kind {spec.kind!r}")
+        records = _read_tsv(spec, max_line_chars)
+    elif spec.kind == "moses":
+        records = _read_moses(spec, max_line_chars)
+    elif spec.kind == "parquet":
+        records = _read_parquet(spec, max_line_chars, src_column, tgt_column)
+    else:
+        raise ValueError(f"unknown shard kind {spec.kind!r}")
+    return _stop_at_read_error(spec, records)
 
 
-def _strip_gz(path: str) -> str:
-    return path[:-3] if path.endswith(".gz") else path
+def _stop_at_read_error(spec: ShardSpec, records: Iterator[RawRecord]) -> Iterator[RawRecord]:
+    index = 0
+    try:
+        for rec in records:
+            index = rec.index + 1
+            yield rec
+    except ShardError:
+        raise                     # a shard that is wrong as a whole (e.g. its schema): the driver checks these
+    except Exception as exc:      # noqa: BLE001: whatever the decompressor or Parquet reader raises
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        yield RawRecord(spec.name, index, None, None, "read_error",
+                        f"cannot read the shard past record {index} ({detail[:300]}); earlier records kept")
+
+
+class ShardError(UsageError):
+    """An input shard that cannot be read at all (does not open, wrong Parquet columns)."""
+
+
+def check_shard(spec: ShardSpec, src_column: str = "src", tgt_column: str = "tgt") -> None:
+    """What can be checked of SPEC without reading it through, before a job writes anything: each
+    file opens and its first bytes decompress; a Parquet shard's footer and text columns are
+    valid. Raises ShardError."""
+    for path in spec.paths:
+        try:
+            if spec.kind == "parquet":
+                import pyarrow.parquet as pq
+
+                _check_parquet_columns(path, pq.ParquetFile(path).schema_arrow, src_column, tgt_column)
+            else:
+                with open_binary(path) as f:       # the head only: a shard may be gigabytes
+                    f.read(1024)
+        except ShardError:
+            raise
+        except Exception as exc:  # noqa: BLE001: any failure to open is reported the same way
+            raise ShardError(f"input shard {path} cannot be read: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+def _strip_compression(path: str) -> str:
+    for suffix in COMPRESSED_SUFFIXES:
+        if path.endswith(suffix):
+            return path[:-len(suffix)]
+    return path
+
+
+def _existing(base: str) -> str | None:
+    """BASE or BASE with a compression suffix, whichever exists first."""
+    return next((p for p in (base, *(base + s for s in COMPRESSED_SUFFIXES)) if os.path.exists(p)), None)
 
 
 def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[ShardSpec]:
     """Expand --input values (files, globs, directories, Moses prefixes) into sorted shard specs.
+    SRC_LANG and TGT_LANG must be checked language codes (paracorpus.names): they become parts
+    of the Moses file names looked for.
 
     ``X.<src_lang>[.gz]`` with a twin ``X.<tgt_lang>[.gz]`` becomes one Moses shard; ``*.parquet``
     is Parquet; anything else is TSV.
     """
+    check_lang_code(src_lang, "--src_lang")
+    check_lang_code(tgt_lang, "--tgt_lang")
     paths: list[str] = []
     for item in inputs:
         if os.path.isdir(item):
@@ -214,23 +338,22 @@ def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[Sha
             paths.append(item)
         else:
             # A Moses prefix: corpus -> corpus.cs + corpus.en (optionally gzipped).
-            found = [p for p in (f"{item}.{src_lang}", f"{item}.{src_lang}.gz") if os.path.exists(p)]
+            found = _existing(f"{item}.{src_lang}")
             if not found:
                 raise FileNotFoundError(f"input {item!r} matches no file, glob, directory or "
-                                        f"Moses prefix ({item}.{src_lang}[.gz])")
-            paths.append(found[0])
+                                        f"Moses prefix ({item}.{src_lang}[.gz|.bz2|.xz|.zst])")
+            paths.append(found)
     specs, seen = [], set()
     for path in paths:
         path = os.path.abspath(path)
         if path in seen:
             continue
-        base = _strip_gz(path)
+        base = _strip_compression(path)
         if base.endswith(f".{src_lang}") or base.endswith(f".{tgt_lang}"):
             prefix = base.rsplit(".", 1)[0]
             twins = []
             for lang in (src_lang, tgt_lang):
-                cands = [p for p in (f"{prefix}.{lang}", f"{prefix}.{lang}.gz") if os.path.exists(p)]
-                twins.append(cands[0] if cands else None)
+                twins.append(_existing(f"{prefix}.{lang}"))
             if twins[0] and twins[1]:
                 seen.update(twins)
                 specs.append(ShardSpec("moses", tuple(twins), os.path.basename(prefix)))
@@ -241,6 +364,8 @@ def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[Sha
         seen.add(path)
         kind = "parquet" if base.endswith(".parquet") else "tsv"
         specs.append(ShardSpec(kind, (path,), os.path.basename(path)))
+    for spec in specs:        # the name goes into pair ids, reject rows and _counts/<name>.json
+        check_path_component(spec.name, "input shard name")
     names = [s.name for s in specs]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -262,5 +387,5 @@ def shard_fingerprint(spec: ShardSpec) -> dict:
             "bytes": sum(os.path.getsize(p) for p in spec.paths)}
 
 
-__all__ = ["ShardSpec", "RawRecord", "read_shard", "discover_shards", "shard_fingerprint",
-           "file_sha256"]
+__all__ = ["ShardSpec", "ShardError", "RawRecord", "read_shard", "check_shard", "discover_shards", "estimate_records",
+           "shard_fingerprint", "file_sha256"]

@@ -27,6 +27,9 @@ def tiny_nmt_models(tmp_path_factory):
     from models.train_nmt import train_models
     from tests.toydata import toy_bitext
 
+    reuse = os.environ.get("PARAGEN_TEST_MODELS")    # a directory this fixture made before (for development)
+    if reuse and os.path.isfile(os.path.join(reuse, "cs-en", "model.pt")):
+        return reuse
     out = str(tmp_path_factory.mktemp("tiny-nmt"))
     train_models(toy_bitext(1500, seed=0), out, "cs", "en", **TINY)
     return out

@@ -425,9 +425,11 @@ def test_unreconciled_generation_run_is_refused(generation_output, tmp_path):
     (gen / "_manifest.json").write_text(json.dumps({"counts": {"reconciled": False}}))
     args = ["--input", str(gen / "paraphrases"), "--output", str(tmp_path / "out"), "--config", "paranmt",
             "--no_report"]
-    with pytest.raises(SystemExit) as e:
+    from paracorpus.cli import UsageError
+
+    with pytest.raises(UsageError, match="do not reconcile"):
         run(args)
-    assert e.value.code == 2 and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()
     (gen / "_manifest.json").unlink()                          # no manifest: warned, then filtered
     manifest = run(args[:-3] + ["--config", str(generation_output[0] / "cfg.yaml"), "--encoder",
                                 str(generation_output[0] / "enc"), "--no_report"])

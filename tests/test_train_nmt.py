@@ -36,8 +36,8 @@ def test_cli_help_exits_0():
 
 
 def test_cli_rejects_half_given_files(tmp_path):
-    assert _cli("--src_file", "a.cs", "--out", str(tmp_path), timeout=60).returncode == 2
-    r = _cli("--tsv", "a.tsv", "--valid_src_file", "v.cs", "--out", str(tmp_path), timeout=60)
+    assert _cli("--src_file", "a.cs", "--output", str(tmp_path), timeout=60).returncode == 2
+    r = _cli("--tsv", "a.tsv", "--valid_src_file", "v.cs", "--output", str(tmp_path), timeout=60)
     assert r.returncode == 2 and "valid_tgt_file" in r.stderr
 
 
@@ -220,7 +220,7 @@ def test_cli_tiny_corpus_with_oversized_vocab(tmp_path):
     (tmp_path / "valid.en").write_text("".join(en + "\n" for _, en in pairs[44:]), encoding="utf-8")
     out = tmp_path / "out"
     r = _cli("--tsv", str(tsv), "--valid_src_file", str(tmp_path / "valid.cs"),
-             "--valid_tgt_file", str(tmp_path / "valid.en"), "--out", str(out), "--max_lines", "42",
+             "--valid_tgt_file", str(tmp_path / "valid.en"), "--output", str(out), "--max_lines", "42",
              "--vocab_size", "8000", "--directions", "fwd", "--layers", "1", "--dim", "16", "--heads", "2",
              "--max_epoch", "2", "--max_update", "4", "--max_tokens", "512", "--cpu_threads", "1",
              "--bleu_samples", "3")

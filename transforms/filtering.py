@@ -6,16 +6,18 @@ import os
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from transforms.progress import Progress
+
 
 class ScoreFile(beam.DoFn):
     """(relative path) -> stats Counter as a dict. Filters are built and their models loaded once
     per worker in setup(); RAW_CONFIG is the validated config with fitted parameters filled in."""
 
     def __init__(self, input_root: str, output_root: str, raw_config: dict, overrides: dict, fit_ids: list,
-                 torch_threads: int | None = None):
+                 torch_threads: int | None = None, expected_rows: int | None = None):
         self.input_root, self.output_root = input_root, output_root
         self.raw_config, self.overrides, self.fit_ids = raw_config, overrides, fit_ids
-        self.torch_threads = torch_threads
+        self.torch_threads, self.expected_rows = torch_threads, expected_rows
         self.rows = Metrics.counter("filter", "rows_scored")
         self.kept = Metrics.counter("filter", "rows_kept")
         self.files = Metrics.counter("filter", "files_written")
@@ -31,6 +33,9 @@ class ScoreFile(beam.DoFn):
         for f in self.cfg.filters:
             f.setup()
         self._fit_ids = frozenset(self.fit_ids)
+        # a progress line per scored file (the counters above are the job's record)
+        self.progress = Progress("filter", every_seconds=3600.0, rate_of="rows", unit="rows",
+                                 expected=self.expected_rows)
 
     def process(self, rel_path: str):
         from filtering.scoring import score_file
@@ -43,6 +48,10 @@ class ScoreFile(beam.DoFn):
         for key, n in stats.items():
             if key.startswith("reason:"):
                 Metrics.counter("filter", "rejected_" + key[7:].replace("<", "_below_").replace(">", "_above_")).inc(n)
+        self.progress.add("files", 1)
+        self.progress.add("rows", stats["rows"])
+        self.progress.add("kept", stats["kept"])
+        self.progress.flush()
         yield dict(stats)
 
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from paracorpus.cleaning import pair_id
+from paracorpus.names import check_lang_code
 from paracorpus.atomic import replacing, write_json
 from paracorpus.shards import ShardSpec, read_shard
 from transforms.progress import Progress
@@ -80,6 +81,9 @@ def output_shard(pid: str, num_shards: int) -> int:
 
 
 def partition_dir(root: str, table: str, lang_pair: str, shard: int) -> str:
+    src, _, tgt = lang_pair.partition("-")      # checked on the driver too; a path must never escape ROOT
+    check_lang_code(src)
+    check_lang_code(tgt)
     return os.path.join(root, table, f"lang_pair={lang_pair}", f"shard={shard:05d}")
 
 

@@ -1,0 +1,166 @@
+"""Beam's side of a job's command line: the runner, its options, worker threads, and what a
+finished pipeline's counters were. Shared by the generation and filter jobs.
+
+A job parses its own options first and hands the rest to Beam. Beam only warns about options
+it does not know and runs with its defaults, so a typo (``--presett``, ``--num-samples``) would
+silently change a run; :func:`check_beam_args` refuses them instead, naming the closest option.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+
+from paracorpus.cli import UsageError
+
+RUNNER_ALIASES = {"daskrunner": "apache_beam.runners.dask.dask_runner.DaskRunner",
+                  "dask": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+
+
+def qualify_runner(beam_args: list[str]) -> list[str]:
+    """Beam knows the DaskRunner only by its module path; accept the short name too."""
+    out = list(beam_args)
+    for i, arg in enumerate(out):
+        if arg == "--runner" and i + 1 < len(out):
+            out[i + 1] = RUNNER_ALIASES.get(out[i + 1].lower(), out[i + 1])
+        elif arg.startswith("--runner="):
+            out[i] = "--runner=" + RUNNER_ALIASES.get(arg.split("=", 1)[1].lower(), arg.split("=", 1)[1])
+    return out
+
+
+def _beam_parser():
+    """An argument parser with every option of every registered PipelineOptions class."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    try:            # registers DaskOptions (--dask_client_address, ...)
+        import apache_beam.runners.dask.dask_runner  # noqa: F401
+    except ImportError:
+        pass
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    seen = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)  # noqa: SLF001: the same walk Beam's get_all_options makes
+    return parser
+
+
+def _option_names(parser: argparse.ArgumentParser) -> list[str]:
+    return [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
+
+
+def check_beam_args(beam_args: list[str], job_parser: argparse.ArgumentParser) -> list[str]:
+    """BEAM_ARGS with the runner name qualified, after refusing (UsageError) any argument that
+    neither the job nor Beam knows and a runner Beam cannot create."""
+    args = qualify_runner(beam_args)
+    beam_parser = _beam_parser()
+    _known, unknown = beam_parser.parse_known_args(args)
+    if unknown:
+        names = _option_names(job_parser) + _option_names(beam_parser)
+        problems = []
+        for i, arg in enumerate(unknown):
+            if not arg.startswith("-"):
+                if i and unknown[i - 1].startswith("--") and "=" not in unknown[i - 1]:
+                    continue                    # the value of the unknown option before it
+                problems.append(f"{arg!r} (a value without an option)")
+                continue
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name.replace("-", "_").replace("__", "--", 1), names, n=1) or \
+                difflib.get_close_matches(name, names, n=1)
+            problems.append(f"{name}" + (f" (did you mean {close[0]}?)" if close else ""))
+        raise UsageError(f"unknown option(s): {', '.join(problems)}; see --help")
+    runner = runner_name(args)
+    from apache_beam.runners.runner import create_runner
+
+    try:
+        create_runner(runner)
+    except ImportError as exc:
+        raise UsageError(f"--runner {runner} needs a Beam extra that is not installed ({exc})") from None
+    except (ValueError, AttributeError) as exc:
+        raise UsageError(f"--runner {runner}: {str(exc).splitlines()[0]}") from None
+    return args
+
+
+def runner_name(beam_args: list[str]) -> str:
+    """The runner BEAM_ARGS ask for, as given or qualified (default DirectRunner)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    return PipelineOptions(beam_args).view_as(StandardOptions).runner or "DirectRunner"
+
+
+def is_local(runner: str) -> bool:
+    """True for the DirectRunner: its workers run on this machine, whose hardware can be checked here."""
+    return runner.rsplit(".", 1)[-1].lower().removesuffix("runner") in ("direct", "bundlebaseddirect",
+                                                                        "switchingdirect")
+
+
+def worker_threads(requested: int, runner: str, running_mode: str | None, num_workers: int | None,
+                   cpu_count: int) -> int | None:
+    """Torch threads per worker process, or None to keep torch's default. Worker processes that
+    share a machine must split its cores: oversubscribed, OpenMP threads wait on each other."""
+    if requested < 0:
+        raise UsageError(f"--torch_threads must be >= 0, not {requested}")
+    if requested:
+        return requested
+    if is_local(runner) and running_mode in ("multi_processing", "multi_threading"):
+        workers = num_workers or cpu_count          # Beam: 0 workers means one per core
+        return max(1, cpu_count // workers)
+    return None
+
+
+def direct_workers(beam_args: list[str]) -> int | None:
+    """Worker processes of a DirectRunner run (1 in memory), or None for other runners."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+    runner = runner_name(beam_args)
+    if not is_local(runner):
+        return None
+    direct = PipelineOptions(beam_args).view_as(DirectOptions)
+    if direct.direct_running_mode in ("multi_processing", "multi_threading"):
+        return direct.direct_num_workers or os.cpu_count() or 1
+    return 1
+
+
+def torch_threads_for(requested: int, beam_args: list[str]) -> int | None:
+    """worker_threads() for the runner and DirectRunner options in BEAM_ARGS, on this machine."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+    runner = runner_name(beam_args)
+    direct = PipelineOptions(beam_args).view_as(DirectOptions)
+    return worker_threads(requested, runner, direct.direct_running_mode, direct.direct_num_workers,
+                          os.cpu_count() or 1)
+
+
+def run_pipeline(build, beam_args: list[str]) -> dict:
+    """Build a pipeline with BUILD(pipeline), run it to the end, and return its counters in the
+    'paragen' and 'filter' namespaces ({} where the runner reports none, as the DaskRunner)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
+
+    options = PipelineOptions(beam_args)
+    options.view_as(SetupOptions).save_main_session = False
+    p = beam.Pipeline(options=options)
+    build(p)
+    result = p.run()
+    result.wait_until_finish()
+    return counters_of(result)
+
+
+def counters_of(result) -> dict:
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        counters = result.metrics().query(MetricsFilter())["counters"]
+    except (NotImplementedError, AttributeError, KeyError):
+        return {}
+    out: dict[str, int] = {}
+    for c in counters:
+        if c.key.metric.namespace not in ("paragen", "filter"):
+            continue
+        try:
+            value = c.committed
+        except Exception:  # noqa: BLE001: runners without committed metrics raise here
+            value = None
+        value = c.attempted if value is None else value
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+    return dict(sorted(out.items()))

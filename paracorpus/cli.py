@@ -1,0 +1,89 @@
+"""What every command-line entry point shares: one-line errors, logging that shows progress,
+checks of output locations, and the versions a run records.
+
+A mistake (a bad option, a missing file, a refused model) is reported as one line on stderr and
+exit status 2 before anything is written; a traceback is only shown with PARAGEN_DEBUG=1.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+from typing import Callable
+
+EXIT_USAGE = 2
+
+
+class UsageError(ValueError):
+    """A mistake in how a command was called or in what it was given: one line, exit status 2."""
+
+
+# Mistakes of the caller, not bugs: UsageError (and its subclasses, e.g. a refused model or a bad
+# --where clause) and the file errors a wrong path gives.
+USER_ERRORS = (UsageError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
+               FileExistsError, pickle.UnpicklingError)
+
+
+def cli_main(run: Callable[[list[str]], object], argv: list[str] | None = None) -> int:
+    """Run RUN(argv); a user error becomes 'error: ...' on stderr and exit status 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        result = run(argv)
+    except USER_ERRORS as exc:
+        if os.environ.get("PARAGEN_DEBUG"):
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
+                            FileExistsError)) and exc.filename and exc.strerror:
+            message = f"{exc.filename}: {exc.strerror}"
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+def configure_logging(level: int = logging.INFO, quiet: tuple = ("apache_beam", "fairseq", "distributed")) -> None:
+    """INFO lines with timestamps on stderr. force=True: importing Beam already logged a warning,
+    which configured the root logger at WARNING, so a plain basicConfig() would be ignored and no
+    progress line would show in the in-memory DirectRunner."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def check_output_location(path: str, option: str = "--output") -> str:
+    """PATH, after checking a directory can be created (or exists) there: no existing ancestor is
+    a file, and the nearest existing one is writable. Raises UsageError."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{option} {path} is a file, not a directory")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"{option} {path} cannot be created: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path} cannot be created: {parent} is not writable")
+    return path
+
+
+def versions() -> dict:
+    """Versions of the packages that decide a run's output, for its manifest."""
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    for dist, key in (("paragen", "paragen"), ("apache-beam", "beam"), ("torch", "torch"),
+                      ("fairseq-fixed", "fairseq"), ("sentencepiece", "sentencepiece"), ("pyarrow", "pyarrow")):
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = None
+    return out
+
+
+def command_line(argv: list[str]) -> list[str]:
+    """The program and ARGV as they were given (recorded in manifests)."""
+    return [os.path.basename(sys.argv[0]) or "python", *argv]

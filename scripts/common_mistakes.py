@@ -1,0 +1,261 @@
+"""Run the common mistakes users make with the paragen commands and record what each prints.
+
+    .venv/bin/python scripts/common_mistakes.py --models runs/example-models --write docs/common-mistakes.md
+
+Every case must end with exit status 2, one 'error: ...' line, no traceback, and nothing written
+where the command would have written. The table it writes (docs/common-mistakes.md) is generated
+here, so it stays true; tests/test_common_mistakes.py runs every case. Paths in the messages are
+shown as $WORK (a scratch directory) and $MODELS (the model directory given).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "cs-en.example.tsv")
+
+
+@dataclass(frozen=True)
+class Case:
+    title: str
+    module: str
+    args: tuple                         # $OUT: a fresh path for this case, which must not exist afterwards
+    protect: str | None = None          # a path under $WORK whose files must be unchanged afterwards
+    when: str | None = None             # a machine condition ('no_gpu', 'no_bf16'); skipped otherwise
+
+
+def _gen(*extra, output="$OUT", fwd="$MODELS/cs-en", bwd="$MODELS/en-cs", inp="$WORK/in.tsv"):
+    return ("--input", inp, "--output", output, "--forward_model", fwd, "--backward_model", bwd, *extra)
+
+
+CASES = [
+    Case("option misspelt", "beam_pipelines.generate", _gen("--presett", "paranmt")),
+    Case("dashes instead of underscores", "beam_pipelines.generate", _gen("--num-samples", "4")),
+    Case("a stray value", "beam_pipelines.generate", _gen("paranmt")),
+    Case("unknown runner", "beam_pipelines.generate", _gen("--runner", "DirectRuner")),
+    Case("languages the models do not translate", "beam_pipelines.generate",
+         _gen("--src_lang", "de", "--tgt_lang", "fr")),
+    Case("forward and backward models swapped", "beam_pipelines.generate",
+         _gen(fwd="$MODELS/en-cs", bwd="$MODELS/cs-en")),
+    Case("a language code with path components", "beam_pipelines.generate", _gen("--src_lang", "x/../../ESC")),
+    Case("--output below a file", "beam_pipelines.generate", _gen(output="$WORK/afile/out"), protect="afile"),
+    Case("--output holds a run, no --overwrite", "beam_pipelines.generate", _gen(output="$WORK/done"),
+         protect="done"),
+    Case("--device cuda without a GPU", "beam_pipelines.generate", _gen("--device", "cuda"), when="no_gpu"),
+    Case("--precision bf16 on a CPU without bf16", "beam_pipelines.generate",
+         _gen("--device", "cpu", "--precision", "bf16"), when="no_bf16"),
+    Case("--precision fp16 on the CPU", "beam_pipelines.generate", _gen("--device", "cpu", "--precision", "fp16")),
+    Case("input file missing", "beam_pipelines.generate", _gen(inp="$WORK/nope.tsv")),
+    Case("Moses file without its twin", "beam_pipelines.generate", _gen(inp="$WORK/corpus.cs")),
+    Case("Parquet text column of the wrong type", "beam_pipelines.generate", _gen(inp="$WORK/ints.parquet")),
+    Case("a .gz input that is not gzip", "beam_pipelines.generate", _gen(inp="$WORK/notgz.tsv.gz")),
+    Case("model directory missing", "beam_pipelines.generate", _gen(fwd="$WORK/no-model")),
+    Case("model checkpoint carrying code in its config", "beam_pipelines.generate", _gen(fwd="$WORK/hostile-model")),
+    Case("model.pt that is a pickled object", "beam_pipelines.generate", _gen(fwd="$WORK/pickled-model")),
+    Case("a setting out of range", "beam_pipelines.generate", _gen("--num_samples", "0")),
+    Case("filter: unknown preset", "beam_pipelines.filter",
+         ("--input", "$WORK/gen", "--output", "$OUT", "--config", "paranmtt")),
+    Case("filter: input is not a generation run", "beam_pipelines.filter",
+         ("--input", "$WORK/afile", "--output", "$OUT")),
+    Case("filter: option misspelt", "beam_pipelines.filter",
+         ("--input", "$WORK/gen", "--output", "$OUT", "--encodr", "x")),
+    Case("embeddings: malformed --where", "embeddings.train",
+         ("--input", "$WORK/gen", "--output", "$OUT", "--where", "rank<<2")),
+    Case("embeddings: --where on a column that does not exist", "embeddings.train",
+         ("--input", "$WORK/gen", "--output", "$OUT", "--where", "rnak <= 2")),
+    Case("embeddings: --where comparing a number with text", "embeddings.train",
+         ("--input", "$WORK/gen", "--output", "$OUT", "--where", "rank <= 'two'")),
+    Case("embeddings: --output holds a model, no --overwrite", "embeddings.train",
+         ("--input", "$WORK/gen", "--output", "$WORK/encoder"), protect="encoder"),
+    Case("embeddings: input missing", "embeddings.train", ("--input", "$WORK/nope", "--output", "$OUT")),
+    Case("sts: model directory missing", "embeddings.sts",
+         ("--model", "$WORK/no-model", "--sts_dir", "$WORK/sts", "--json", "$OUT")),
+    Case("sts: weights.pt that is a pickled object", "embeddings.sts",
+         ("--model", "$WORK/pickled-encoder", "--sts_dir", "$WORK/sts", "--json", "$OUT")),
+    Case("lexicon: --model without --min_score", "embeddings.lexicon",
+         ("--input", "$WORK/gen", "--model", "$WORK/encoder", "--output", "$OUT")),
+    Case("train-nmt: --tsv file missing", "models.train_nmt",
+         ("--tsv", "$WORK/nope.tsv", "--output", "$OUT")),
+    Case("train-nmt: --src_file without --tgt_file", "models.train_nmt",
+         ("--src_file", "$WORK/corpus.cs", "--output", "$OUT")),
+]
+
+
+def _setup(work: str, models: str) -> None:
+    """The files the cases point at, made from the bundled example and MODELS."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from models.fairseq_compat import allow_fairseq_checkpoints
+
+    with open(EXAMPLE, encoding="utf-8") as f:
+        lines = f.readlines()[:20]
+    with open(os.path.join(work, "in.tsv"), "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    with open(os.path.join(work, "corpus.cs"), "w", encoding="utf-8") as f:
+        f.writelines(line.split("\t")[0] + "\n" for line in lines)
+    with open(os.path.join(work, "afile"), "w") as f:
+        f.write("a file, not a directory\n")
+    with open(os.path.join(work, "notgz.tsv.gz"), "wb") as f:
+        f.write(b"plain text pretending to be gzip\n")
+    pq.write_table(pa.table({"cs": [1, 2], "en": ["a", "b"]}), os.path.join(work, "ints.parquet"))
+    os.makedirs(os.path.join(work, "done", "paraphrases"))
+    with open(os.path.join(work, "done", "_manifest.json"), "w") as f:
+        json.dump({"counts": {"reconciled": True}}, f)
+    # a checkpoint whose config would run code if fairseq evaluated it, and a pickled one
+    allow_fairseq_checkpoints()
+    for name in ("hostile-model", "pickled-model"):
+        shutil.copytree(os.path.join(models, "cs-en"), os.path.join(work, name))
+    state = torch.load(os.path.join(models, "cs-en", "model.pt"), map_location="cpu", weights_only=True)
+    state["cfg"]["model"].adaptive_softmax_cutoff = f"__import__('os').system('touch {work}/pwned') or [1]"
+    torch.save(state, os.path.join(work, "hostile-model", "model.pt"))
+    torch.save({"model": _Pickled(work)}, os.path.join(work, "pickled-model", "model.pt"))
+    # a generation run (one Parquet file) and an encoder trained on it, for the other commands
+    from paracorpus.schema import PARAPHRASE_SCHEMA
+
+    rows = []
+    for i, line in enumerate(lines):
+        src, tgt = line.rstrip("\n").split("\t")
+        row = {f.name: None for f in PARAPHRASE_SCHEMA}
+        row.update(pair_id=f"p{i}", source=src, reference=tgt, paraphrase=tgt.lower(), rank=1, constraint_set=[])
+        rows.append(row)
+    part = os.path.join(work, "gen", "paraphrases", "lang_pair=cs-en", "shard=00000")
+    os.makedirs(part)
+    pq.write_table(pa.Table.from_pylist(rows, schema=PARAPHRASE_SCHEMA), os.path.join(part, "part-00000.parquet"))
+    with open(os.path.join(work, "gen", "_manifest.json"), "w") as f:
+        json.dump({"counts": {"reconciled": True}}, f)
+    from embeddings.data import PairSource
+    from embeddings.train import TrainConfig, train
+
+    train(PairSource(os.path.join(work, "gen")), os.path.join(work, "encoder"),
+          TrainConfig(dim=8, epochs=1, progress=False), log=lambda _m: None)
+    shutil.copytree(os.path.join(work, "encoder"), os.path.join(work, "pickled-encoder"), ignore=shutil.ignore_patterns("checkpoints"))
+    torch.save({"w": _Pickled(work)}, os.path.join(work, "pickled-encoder", "weights.pt"))
+    os.makedirs(os.path.join(work, "sts", "toy"))
+    with open(os.path.join(work, "sts", "toy", "dev.tsv"), "w") as f:
+        f.write("5.0\ta man sits .\ta man is sitting .\n0.0\ta dog runs .\tthe sea is calm .\n")
+
+
+class _Pickled:
+    """A pickled call of eval() that would create $WORK/pwned if it were ever unpickled: stands
+    for any Python object a model file must not carry."""
+
+    def __init__(self, work: str):
+        self.work = work
+
+    def __reduce__(self):
+        return (eval, (f"__import__('pathlib').Path({self.work!r}, 'pwned').touch()",))
+
+
+def _skip(case: Case) -> str | None:
+    import torch
+
+    from models.nmt import cpu_has_native_bf16
+
+    if case.when == "no_gpu" and torch.cuda.is_available():
+        return "this machine has a GPU"
+    if case.when == "no_bf16" and cpu_has_native_bf16() is not False:
+        return "this CPU has bf16"
+    return None
+
+
+def _tree(path: str) -> list:
+    """Every file under PATH with its size and modification time (a file: itself)."""
+    if os.path.isfile(path):
+        return [(path, os.path.getsize(path), os.path.getmtime(path))]
+    return sorted((os.path.join(d, f), os.path.getsize(os.path.join(d, f)), os.path.getmtime(os.path.join(d, f)))
+                  for d, _, fs in os.walk(path) for f in fs)
+
+
+def run_case(index: int, case: Case, work: str, models: str) -> dict:
+    out = os.path.join(work, f"out-{index}")
+    args = [a.replace("$OUT", out).replace("$WORK", work).replace("$MODELS", models) for a in case.args]
+    before = _tree(os.path.join(work, case.protect)) if case.protect else None
+    done = subprocess.run([sys.executable, "-m", case.module, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:") or ": error:" in line]
+    message = errors[-1] if errors else (done.stderr.strip().splitlines() or [""])[-1]
+    for real, shown in ((out, "$OUT"), (work, "$WORK"), (models, "$MODELS")):
+        message = message.replace(real, shown)
+    wrote = os.path.exists(out) or (case.protect is not None and _tree(os.path.join(work, case.protect)) != before)
+    return {"title": case.title, "command": f"{_command(case.module)} {' '.join(case.args)}",
+            "exit": done.returncode, "message": message, "traceback": "Traceback" in done.stderr,
+            "wrote": wrote, "code_ran": os.path.exists(os.path.join(work, "pwned"))}
+
+
+def _command(module: str) -> str:
+    return {"beam_pipelines.generate": "paragen-generate", "beam_pipelines.filter": "paragen-filter",
+            "embeddings.train": "paragen-train-embeddings", "embeddings.sts": "paragen-sts",
+            "embeddings.lexicon": "paragen-lexicon", "models.train_nmt": "paragen-train-nmt"}[module]
+
+
+def run_all(models: str, jobs: int = 2) -> list[dict]:
+    models = os.path.abspath(models)
+    with tempfile.TemporaryDirectory(prefix="paragen-mistakes-") as work:
+        _setup(work, models)
+        cases = [(i, c) for i, c in enumerate(CASES) if not _skip(c)]
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            results = list(pool.map(lambda ic: run_case(ic[0], ic[1], work, models), cases))
+        skipped = [{"title": c.title, "skipped": _skip(c)} for c in CASES if _skip(c)]
+    return results + skipped
+
+
+def ok(result: dict) -> bool:
+    """A mistake handled well: exit 2, an error line, no traceback, nothing written, no code run."""
+    return result.get("skipped") is not None or (
+        result["exit"] == 2 and result["message"].startswith(("error:", "paragen-")) and not result["traceback"]
+        and not result["wrote"] and not result["code_ran"])
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["# Common mistakes and what they print", "",
+             "Generated by `scripts/common_mistakes.py` (each command is run; `$WORK` is a scratch directory, "
+             "`$MODELS` the example models of `scripts/quickstart.sh`). Every one exits with status 2 before "
+             "writing anything.", "",
+             "| mistake | command | prints |", "|---|---|---|"]
+    for r in results:
+        if r.get("skipped"):
+            continue
+        msg = r["message"].replace("|", "\\|")
+        cmd = r["command"].replace("|", "\\|")
+        lines.append(f"| {r['title']} | `{cmd}` | `{msg}` |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, ROOT)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=os.path.join(ROOT, "runs", "example-models"),
+                    help="directory with cs-en/ and en-cs/ models (default runs/example-models, from quickstart.sh)")
+    ap.add_argument("--write", metavar="FILE", help="write the Markdown table here (default: print it)")
+    ap.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
+    a = ap.parse_args(argv)
+    if not os.path.isfile(os.path.join(a.models, "cs-en", "model.pt")):
+        print(f"error: {a.models}/cs-en/model.pt not found (run scripts/quickstart.sh, or pass --models)",
+              file=sys.stderr)
+        return 2
+    results = run_all(a.models, a.jobs)
+    bad = [r for r in results if not ok(r)]
+    for r in bad:
+        print(f"NOT HANDLED: {json.dumps(r)}", file=sys.stderr)
+    table = markdown(results)
+    if a.write:
+        from paracorpus.atomic import write_text
+
+        write_text(a.write, table)
+    else:
+        print(table)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""What a user sees while the job runs (progress lines on stderr, in the default in-memory
+DirectRunner too) and what the manifest records about the run."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tmp_path, tiny_nmt_models):
+    inp = tmp_path / "example.tsv"
+    with open(os.path.join(ROOT, "examples", "cs-en.example.tsv"), encoding="utf-8") as f:
+        inp.write_text("".join(f.readlines()[:30]), encoding="utf-8")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "beam_pipelines.generate", "--input", str(inp), "--output", str(out),
+           "--forward_model", os.path.join(tiny_nmt_models, "cs-en"),
+           "--backward_model", os.path.join(tiny_nmt_models, "en-cs"),
+           "--num_sets", "1", "--num_samples", "2", "--dual_xent_threshold", "-1", "--score_threshold", "-1"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    err = done.stderr
+    assert re.search(r"generation: 1 shard\(s\), 30 records", err)              # the pre-count
+    assert re.search(r"\[read\] pairs_read=\d+", err)
+    line = re.search(r"\[generate\] .*generate_pairs_in=(\d+).*\| ([\d.]+) pairs/s", err)
+    assert line and int(line.group(1)) > 0, err[-3000:]
+    assert "counters: " in done.stdout and "reconciled (read = with paraphrases + rejected): True" in done.stdout
+
+    manifest = json.load(open(out / "_manifest.json"))
+    assert manifest["command"][1:3] == ["--input", str(inp)]
+    assert {"paragen", "beam", "torch", "fairseq"} <= set(manifest["versions"]) and manifest["versions"]["fairseq"]
+    assert manifest["precision"] == {"requested": "auto", "resolved": "fp32", "workers": {"cpu_fp32": 1}}
+    counters = manifest["counters"]
+    rejected = {k: v for k, v in counters.items() if k.startswith("rejected_")}
+    assert sum(rejected.values()) == manifest["counts"]["rejected"]
+    at_generation = {"rejected_dual_xent", "rejected_too_many_pieces_src", "rejected_too_many_pieces_tgt",
+                     "rejected_no_candidates", "rejected_no_paraphrase"}
+    before = sum(v for k, v in rejected.items() if k not in at_generation)
+    assert counters["generate_pairs_in"] + before == manifest["counts"]["records_read"] == 30
+
+
+def test_progress_line_has_rate_share_and_eta():
+    from transforms.progress import Progress, format_seconds
+
+    p = Progress("generate", rate_of="pairs", expected=1000)
+    p._start -= 10.0                        # as if it had run for ten seconds
+    p.add("pairs", 250)
+    p.add("rejected_x", 3)
+    line = p.line()
+    assert line.startswith("[generate] pairs=250 rejected_x=3 | ")
+    assert "25.0 pairs/s" in line and "~25% of ~1,000" in line and "ETA 30s" in line
+    assert format_seconds(3725) == "1h02m" and format_seconds(75) == "1m15s"
