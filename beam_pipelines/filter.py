@@ -6,12 +6,14 @@
 (runs/example-output is what scripts/quickstart.sh writes; runs/example-encoder what
 paragen-train-embeddings --input runs/example-output --output runs/example-encoder writes.)
 
-Reads ``<input>/paraphrases`` (the generation job's Hive-partitioned Parquet), writes
-``<output>/scored/<same partition>/part-*.parquet`` with every input row and column, one column
-per score, ``keep`` and ``reasons``; then ``_filter_manifest.json`` and the statistics report
-(``report/report.md``, ``report.json``, PNG plots). Models that must be fitted on the data
-(KenLM, classifiers) are trained first, on the driver, on a hash-selected sample of the input
-(rows flagged ``fit_sample``), and saved under ``<output>/_fitted``.
+Reads the paraphrase files a generation run's manifest lists (a local directory or a bucket URL;
+or any Parquet), writes ``<output>/scored/<same partition>/<file>-<attempt>.parquet`` with every
+input row and column, one column per score, ``keep`` and ``reasons``, the statistics report
+(``report/report.md``, ``report.json``, PNG plots) and, last, ``_filter_manifest.json``, which
+lists the run's files (the same commit protocol as the generation job: paracorpus/commit.py).
+Models that must be fitted on the data (KenLM, classifiers) are trained first, on the driver, on
+a hash-selected sample of the input (rows flagged ``fit_sample``), and saved under
+``<output>/_fitted/<run id>``.
 """
 from __future__ import annotations
 
@@ -20,48 +22,35 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
+import tempfile
 import time
 
 import apache_beam as beam
 
 from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, torch_threads_for
-from paracorpus.atomic import write_json
+from paracorpus import storage
 from paracorpus.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
-from paracorpus.schema import manifest_reconciled, read_manifest
+from paracorpus.commit import Claim, new_run_id, publish, read_manifest, work_dir
+from paracorpus.runs import ParquetInput, open_input
+from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled
 from transforms.filtering import ScoreFile, merge_stats
 
 log = logging.getLogger("paragen.filter")
+TABLES = ("scored", "_fitted", "report")
 
 
-def list_partitions(input_dir: str) -> tuple[str, list[str]]:
-    """(root, relative paths of the Parquet files under ROOT), sorted: the explicit shard list."""
-    root = os.path.join(input_dir, "paraphrases") if os.path.isdir(os.path.join(input_dir, "paraphrases")) \
-        else input_dir
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"{input_dir}: no such directory")
-    files = []
-    for d, _, names in os.walk(root):
-        files += [os.path.relpath(os.path.join(d, n), root) for n in names
-                  if n.endswith(".parquet") and not n.startswith(".")]
-    if not files:
-        raise FileNotFoundError(f"{root}: no Parquet files (expected the generation job's paraphrases/)")
-    return root, sorted(files)
-
-
-def fit_sample(root: str, files: list[str], rows: int):
+def fit_sample(files: list[str], rows: int):
     """About ROWS rows: every row of the pairs whose pair_id hashes into a share of the hash space
     sized from the input's row count (Parquet metadata), so all ranks of a pair go together and
     reruns pick the same pairs; at most ROWS rows, in file order."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    total = sum(pq.ParquetFile(os.path.join(root, rel)).metadata.num_rows for rel in files)
+    total = sum(storage.parquet_file(f).metadata.num_rows for f in files)
     cut = int(min(1.0, rows / max(total, 1)) * 0xFFFFFFFF)
     parts, n = [], 0
-    for rel in files:
-        t = pq.read_table(os.path.join(root, rel), columns=["pair_id", "reference", "paraphrase"])
+    for path in files:
+        t = storage.parquet_file(path).read(columns=["pair_id", "reference", "paraphrase"])
         ids = t.column("pair_id").to_pylist()
         mask = [int(hashlib.sha1((i or "").encode()).hexdigest()[:8], 16) <= cut for i in ids]
         sel = t.filter(pa.array(mask, type=pa.bool_()))
@@ -73,20 +62,32 @@ def fit_sample(root: str, files: list[str], rows: int):
     return table
 
 
-def input_manifest(input_dir: str) -> dict | None:
-    """The generation run's _manifest.json (in INPUT_DIR, or beside it when INPUT_DIR is the run's
-    paraphrases/), or None when there is none. The generation job writes it last."""
-    for d in (input_dir, os.path.dirname(os.path.normpath(input_dir))):
-        manifest = read_manifest(d)
-        if manifest is not None:
-            return manifest
-    return None
-
-
 def _spm_from_manifest(manifest: dict | None) -> str | None:
     model = (manifest or {}).get("models", {}).get("forward", {}).get("path")
-    spm = os.path.join(model, "spm.model") if model else None
-    return spm if spm and os.path.isfile(spm) else None
+    spm = storage.join(model, "spm.model") if model else None
+    return spm if spm and storage.isfile(spm) else None
+
+
+def _upload_fitted(local_dir: str, remote_dir: str, entries: list[dict]) -> list[dict]:
+    """Copy the fitted models in LOCAL_DIR to REMOTE_DIR (so workers anywhere can load them) and
+    point the config ENTRIES there; returns their manifest entries (paths relative to the run)."""
+    files = []
+    for d, _, names in os.walk(local_dir):
+        for name in names:
+            rel = os.path.relpath(os.path.join(d, name), local_dir).replace(os.sep, "/")
+            dst = storage.join(remote_dir, rel)
+            storage.copy_file(os.path.join(d, name), dst)
+            files.append({"path": rel, "bytes": os.path.getsize(os.path.join(d, name))})
+
+    def moved(value):
+        if isinstance(value, str) and value.startswith(local_dir):
+            return storage.join(remote_dir, os.path.relpath(value, local_dir).replace(os.sep, "/"))
+        if isinstance(value, dict):
+            return {k: moved(v) for k, v in value.items()}
+        return value
+    for entry in entries:
+        entry.update(moved(dict(entry)))
+    return files
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,11 +135,12 @@ def run(argv=None) -> dict:
     beam_args = check_beam_args(beam_args, parser)
     threads = torch_threads_for(known.torch_threads, beam_args)
     output = check_output_location(known.output)
-    gen_manifest = input_manifest(known.input)
-    if gen_manifest is None:
-        print(f"warning: no _manifest.json with {known.input}: it may be an unfinished generation run; "
-              "its rows are filtered as they are", file=sys.stderr, flush=True)
-    elif not manifest_reconciled(gen_manifest) and not known.allow_unreconciled:
+    inp: ParquetInput = open_input(known.input)
+    gen_manifest = inp.manifest if inp.kind == "generation" else None
+    if inp.kind == "parquet":
+        print(f"warning: {known.input} is not a generation run (no _manifest.json): its rows are filtered as "
+              "they are", file=sys.stderr, flush=True)
+    elif gen_manifest is not None and not manifest_reconciled(gen_manifest) and not known.allow_unreconciled:
         raise UsageError(f"{known.input}: the generation run's counts do not reconcile (a failed or partial run, "
                          "see its _manifest.json); pass --allow_unreconciled to filter it anyway")
     overrides = {"paraphrase_score": {"model": known.encoder} if known.encoder else {},
@@ -146,94 +148,103 @@ def run(argv=None) -> dict:
                  "lm_perplexity": {"model": known.lm_model} if known.lm_model else {}}
     overrides = {k: {kk: vv for kk, vv in v.items() if vv} for k, v in overrides.items()}
     try:
-        root, files = list_partitions(known.input)
         cfg = load_config(known.config, overrides)
         for f in cfg.filters:                  # load every given model now: a bad path fails before the job
             if not f.needs_fit():
                 f.setup()
     except (ValueError, ImportError, OSError) as e:
         raise UsageError(str(e).splitlines()[0]) from None
-    existing = [n for n in ("scored", "_fitted", "report", "_filter_manifest.json")
-                if os.path.exists(os.path.join(output, n))]
-    if existing and not known.overwrite:
-        raise UsageError(f"{output} already holds a filter run ({', '.join(existing)}); pass --overwrite")
-    rows_expected = sum(_num_rows(os.path.join(root, rel)) for rel in files)
-    for n in existing:
-        p = os.path.join(output, n)
-        shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
-    os.makedirs(output, exist_ok=True)
+    committed = read_manifest(output, FILTER_MANIFEST)
+    if committed is not None and not known.overwrite:
+        raise UsageError(f"{output} already holds a filter run ({committed.get('run_id')}); pass --overwrite "
+                         "to replace it (it stays readable until the new run commits)")
+    files = list(inp.files)
+    rows_expected = sum(storage.parquet_file(f).metadata.num_rows for f in files)
+    run_id = new_run_id()
     t0 = time.time()
-    print(f"filter: {len(files)} file(s), {rows_expected:,} rows under {root}; config {cfg.source}; "
-          f"rules: {'; '.join(r.describe() for r in cfg.rules) or 'none'}", flush=True)
-    raw = json.loads(json.dumps(cfg.raw))
-    fit_ids: list[str] = []
-    if any(f.needs_fit() for f in cfg.filters):
-        sample = fit_sample(root, files, cfg.fit_sample)
-        if sample is None or sample.num_rows < 10:
-            raise UsageError("too few rows to fit the LM / classifiers (need 10 in the hash sample)")
-        fit_ids = sorted(set(sample.column("pair_id").to_pylist()))
-        workdir = os.path.join(output, "_fitted")
-        os.makedirs(workdir, exist_ok=True)
-        print(f"fitting on {sample.num_rows} sample rows ({len(fit_ids)} pairs)", flush=True)
-        for f, entry in zip(cfg.filters, raw["filters"]):
-            if f.needs_fit():
-                updates = f.fit(sample, workdir, log=lambda m: print(m, flush=True))
-                entry.update(updates)
-    scored_root = os.path.join(output, "scored")
-    workers = direct_workers(beam_args)
+    with Claim(output, run_id):
+        print(f"filter run {run_id}: {len(files)} file(s), {rows_expected:,} rows under {inp.root}; config "
+              f"{cfg.source}; rules: {'; '.join(r.describe() for r in cfg.rules) or 'none'}", flush=True)
+        raw = json.loads(json.dumps(cfg.raw))
+        fit_ids: list[str] = []
+        fitted_files: list[dict] = []
+        if any(f.needs_fit() for f in cfg.filters):
+            sample = fit_sample(files, cfg.fit_sample)
+            if sample is None or sample.num_rows < 10:
+                raise UsageError("too few rows to fit the LM / classifiers (need 10 in the hash sample)")
+            fit_ids = sorted(set(sample.column("pair_id").to_pylist()))
+            print(f"fitting on {sample.num_rows} sample rows ({len(fit_ids)} pairs)", flush=True)
+            with tempfile.TemporaryDirectory(prefix="paragen-fit-") as workdir:
+                fitted = [entry for f, entry in zip(cfg.filters, raw["filters"]) if f.needs_fit()]
+                for f, entry in zip(cfg.filters, raw["filters"]):
+                    if f.needs_fit():
+                        entry.update(f.fit(sample, workdir, log=lambda m: print(m, flush=True)))
+                remote = storage.join(output, "_fitted", run_id)
+                fitted_files = [{**e, "path": f"_fitted/{run_id}/{e['path']}"}
+                                for e in _upload_fitted(workdir, remote, fitted)]
+        work = work_dir(output, run_id)
+        workers = direct_workers(beam_args)
+        rels = [inp.relative(f) for f in files]
 
-    def build(p):
-        _ = (p | "Files" >> beam.Create(files)
-             | "Reshuffle" >> beam.Reshuffle()
-             | "Score" >> beam.ParDo(ScoreFile(root, scored_root, raw, overrides, fit_ids, threads,
-                                               rows_expected // workers if workers else None))
-             | "Key" >> beam.Map(lambda s: (None, s))
-             | "Group" >> beam.GroupByKey()
-             | "Merge" >> beam.Map(lambda kv: merge_stats(kv[1]))
-             | "WriteStats" >> beam.Map(_write_json, os.path.join(output, "_filter_stats.json")))
+        def build(p):
+            _ = (p | "Files" >> beam.Create(rels)
+                 | "Reshuffle" >> beam.Reshuffle()
+                 | "Score" >> beam.ParDo(ScoreFile(inp.root, output, raw, overrides, fit_ids, threads,
+                                                   rows_expected // workers if workers else None))
+                 | "Key" >> beam.Map(lambda s: (None, s))
+                 | "Group" >> beam.GroupByKey()
+                 | "Merge" >> beam.Map(lambda kv: merge_stats(kv[1]))
+                 | "WriteStats" >> beam.Map(lambda stats: storage.write_json(storage.join(work, "stats.json"), stats)))
 
-    counters = run_pipeline(build, beam_args)
-    elapsed = time.time() - t0
-    with open(os.path.join(output, "_filter_stats.json")) as f:
-        stats = json.load(f)
-    rows_in = sum(_num_rows(os.path.join(root, rel)) for rel in files)
-    rows_out = sum(_num_rows(os.path.join(scored_root, rel)) for rel in files)
-    manifest = {"input": os.path.abspath(known.input), "input_config_hash": (gen_manifest or {}).get("config_hash"),
-                "config": raw, "config_source": cfg.source,
-                "rules": [r.describe() for r in cfg.rules], "files": len(files), "rows_in": rows_in,
-                "rows_out": rows_out, "kept": stats.get("kept", 0),
-                "rejected_by_reason": {k[7:]: v for k, v in sorted(stats.items()) if k.startswith("reason:")},
-                # rows a score could not be computed for (null in the output): its rule let them pass
-                "unscored_by_score": {k[9:]: v for k, v in sorted(stats.items()) if k.startswith("unscored:")},
-                "reconciled": rows_in == rows_out == stats.get("rows", -1), "fit_sample_pairs": len(fit_ids),
-                "seconds": round(elapsed, 2), "rows_per_s": round(rows_in / max(elapsed, 1e-9), 1),
-                "counters": counters, "versions": versions(), "command": command_line(argv)}
-    _write_json(manifest, os.path.join(output, "_filter_manifest.json"))
-    print(f"scored {rows_in} rows in {elapsed:.1f}s ({manifest['rows_per_s']:.0f} rows/s): "
-          f"kept {manifest['kept']}, rejected {rows_in - manifest['kept']}", flush=True)
-    for reason, n in manifest["rejected_by_reason"].items():
-        print(f"  {reason}: {n}")
-    for score, n in manifest["unscored_by_score"].items():
-        print(f"  no {score} score (rule not applied): {n}")
-    print(f"  reconciled (rows in = rows out): {manifest['reconciled']}", flush=True)
-    if not known.no_report:
-        from filtering.report import write_report
-
-        path = write_report(scored_root, os.path.join(output, "report"), cfg, manifest)
-        print(f"report: {path}", flush=True)
-    if not manifest["reconciled"]:
-        raise SystemExit("error: rows in != rows out; see _filter_manifest.json")
+        counters = run_pipeline(build, beam_args)
+        elapsed = time.time() - t0
+        stats = storage.read_json(storage.join(work, "stats.json"))
+        scored = sorted(stats.pop("files"), key=lambda e: e["path"])
+        rows_out = sum(e["rows"] for e in scored)
+        manifest = {"contract_version": CONTRACT_VERSION, "run_id": run_id, "input": storage.absolute(known.input),
+                    "input_run_id": (inp.manifest or {}).get("run_id"),
+                    "input_config_hash": (gen_manifest or {}).get("config_hash"),
+                    "config": raw, "config_source": cfg.source,
+                    "rules": [r.describe() for r in cfg.rules], "input_files": len(files), "rows_in": rows_expected,
+                    "rows_out": rows_out, "kept": stats.get("kept", 0),
+                    "rejected_by_reason": {k[7:]: v for k, v in sorted(stats.items()) if k.startswith("reason:")},
+                    # rows a score could not be computed for (null in the output): its rule let them pass
+                    "unscored_by_score": {k[9:]: v for k, v in sorted(stats.items()) if k.startswith("unscored:")},
+                    "reconciled": rows_expected == rows_out == stats.get("rows", -1),
+                    "fit_sample_pairs": len(fit_ids), "seconds": round(elapsed, 2),
+                    "rows_per_s": round(rows_expected / max(elapsed, 1e-9), 1),
+                    "files": {"scored": scored, "fitted": fitted_files, "report": []},
+                    "counters": counters, "versions": versions(), "command": command_line(argv)}
+        print(f"scored {rows_expected} rows in {elapsed:.1f}s ({manifest['rows_per_s']:.0f} rows/s): "
+              f"kept {manifest['kept']}, rejected {rows_expected - manifest['kept']}", flush=True)
+        for reason, n in manifest["rejected_by_reason"].items():
+            print(f"  {reason}: {n}")
+        for score, n in manifest["unscored_by_score"].items():
+            print(f"  no {score} score (rule not applied): {n}")
+        print(f"  reconciled (rows in = rows out): {manifest['reconciled']}", flush=True)
+        if not manifest["reconciled"]:
+            storage.write_json(storage.join(work, "manifest.json"), manifest)
+            raise SystemExit(f"error: rows in != rows out; not published; see {work}/manifest.json")
+        if not known.no_report and scored:
+            manifest["files"]["report"] = _write_report([storage.join(output, e["path"]) for e in scored],
+                                                        storage.join(output, "report"), cfg, manifest)
+            print(f"report: {storage.join(output, 'report', 'report.md')}", flush=True)
+        publish(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES)
     return manifest
 
 
-def _num_rows(path: str) -> int:
-    import pyarrow.parquet as pq
+def _write_report(files: list[str], out_dir: str, cfg, manifest: dict) -> list[dict]:
+    """The statistics report, made in a local directory and copied to OUT_DIR (local or a
+    bucket); its manifest entries."""
+    from filtering.report import write_report
 
-    return pq.ParquetFile(path).metadata.num_rows
-
-
-def _write_json(obj, path: str):
-    return write_json(path, obj)
+    with tempfile.TemporaryDirectory(prefix="paragen-report-") as tmp:
+        write_report(files, tmp, cfg, manifest)
+        entries = []
+        for name in sorted(os.listdir(tmp)):
+            storage.copy_file(os.path.join(tmp, name), storage.join(out_dir, name))
+            entries.append({"path": f"report/{name}", "bytes": os.path.getsize(os.path.join(tmp, name))})
+    return entries
 
 
 def main(argv=None) -> int:

@@ -4,9 +4,10 @@
         --forward_model runs/example-models/cs-en --backward_model runs/example-models/en-cs
 
 One pair's path: ReadShard (transforms/io.py, paracorpus/shards.py) -> CleanPairs
-(paracorpus/cleaning.py) -> Deduplicate -> GroupByKey on the output shard -> GenerateForShard
-(transforms/generation.py -> paracorpus/paraphrasing.py -> models/nmt.py, paracorpus/clustering.py)
--> WritePartition (columns in paracorpus/schema.py).
+(paracorpus/cleaning.py) -> Deduplicate -> GroupByKey on the pair's work unit -> RunInference with
+UnitTranslatorHandler (transforms/units.py -> paracorpus/units.py -> paracorpus/paraphrasing.py ->
+models/nmt.py, paracorpus/clustering.py) -> WriteUnit (paracorpus/units.py; columns in
+paracorpus/schema.py) -> the run's manifest, written last (paracorpus/commit.py).
 
 Everything that can be checked is checked before anything is written: options (unknown ones are
 an error), the runner, the models (files, safe checkpoint config, languages and direction),
@@ -16,29 +17,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
-import os
-import shutil
 import sys
 import time
+from dataclasses import dataclass
 
 import apache_beam as beam
 
 from beam_pipelines.options import (check_beam_args, direct_workers, is_local, run_pipeline, runner_name,
                                     torch_threads_for)
-from paracorpus.atomic import write_json
+from paracorpus import storage
 from paracorpus.cleaning import CleaningConfig
 from paracorpus.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
+from paracorpus.commit import Claim, new_run_id, publish, read_manifest, resumable_run, work_dir
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
 from paracorpus.names import check_lang_code
-from paracorpus.schema import CONTRACT_VERSION, MANIFEST, PARAPHRASE_SCHEMA, REJECT_SCHEMA
-from paracorpus.shards import (DEFAULT_MAX_LINE_CHARS, check_shard, discover_shards, estimate_records,
-                               shard_fingerprint)
+from paracorpus.schema import CONTRACT_VERSION, MANIFEST, check_manifest
+from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, check_shard, discover_shards, estimate_records, shard_size
+from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, summarize_run
 from transforms.cleaning import CleanPairs, Deduplicate
-from transforms.generation import GenerateForShard
-from transforms.io import (COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged, WriteCounts,
-                           WritePartition, output_shard)
+from transforms.io import COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged
+from transforms.units import PAIR, REJECT, DecodeUnits, UnitTranslatorHandler, key_by_unit, reuse_unit
+
+TABLES = ("paraphrases", "rejects", "_counts")      # what publish() cleans (_counts: contract v1 runs)
 
 log = logging.getLogger("paragen")
 
@@ -80,7 +83,14 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                    help="output directory: paraphrases/, rejects/ (Hive-partitioned Parquet), _manifest.json "
                         "(required)")
     g.add_argument("--overwrite", action="store_true",
-                   help="replace a run already in --output (default: refuse)")
+                   help="replace the run committed in --output when this one commits; until then it stays "
+                        "readable (default: refuse)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the unfinished run in --output with the same inputs, models and settings, "
+                        "skipping its finished work units (default: start a new run)")
+    g.add_argument("--unit_pairs", type=int, default=DEFAULT_UNIT_PAIRS,
+                   help=f"records per work unit: the piece of decoding work one worker does, retries and resumes "
+                        f"(default {DEFAULT_UNIT_PAIRS})")
     g.add_argument("--src_column", default=None,
                    help="Parquet input: the foreign side's column (default: the --src_lang code)")
     g.add_argument("--tgt_column", default=None,
@@ -153,90 +163,57 @@ def _parse_encodings(spec: str) -> dict:
     return out
 
 
-def build(p: beam.Pipeline, shards, output: str, cfg: GenerationConfig, cleaning: CleaningConfig,
-          chash: str, forward_model: str, backward_model: str | None, device: str | None,
-          precision: str, max_line_chars: int, src_column: str, tgt_column: str,
-          torch_threads: int | None = None, expected_pairs_per_worker: int | None = None) -> None:
-    lang_pair = f"{cleaning.src_lang}-{cleaning.tgt_lang}"
-    n_shards = cfg.num_output_shards
+@dataclass(frozen=True)
+class Plan:
+    """What a run will do, fixed before the pipeline starts (and kept for --resume)."""
+    run_id: str
+    output: str
+    num_units: int
+    lang_pair: str
+    config_hash: str
+
+    @property
+    def work(self) -> str:
+        return work_dir(self.output, self.run_id)
+
+
+def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning: CleaningConfig,
+          handler: UnitTranslatorHandler, max_line_chars: int, src_column: str, tgt_column: str,
+          finished: frozenset = frozenset(), use_run_inference: bool = True) -> None:
+    """The pipeline: read -> clean -> dedup -> key every record by work unit -> decode and write each
+    unit not in FINISHED -> one summary of the run (WORK/summary.json) for the driver to commit."""
+    chash, num_units = plan.config_hash, plan.num_units
     read = (p | "ShardList" >> beam.Create(shards)
-            | "ReadShards" >> beam.ParDo(ReadShard(max_line_chars, src_column, tgt_column, chash))
+            | "ReadShards" >> beam.ParDo(ReadShard(max_line_chars, src_column, tgt_column, chash, plan.work))
             | "SplitRead" >> SplitTagged((MAIN_TAG, REJECTS_TAG, COUNTS_TAG)))
-    counts_written = read[COUNTS_TAG] | "WriteReadCounts" >> beam.ParDo(WriteCounts(output))
     cleaned = (read[MAIN_TAG] | "Clean" >> beam.ParDo(CleanPairs(cleaning, chash))
                | "SplitClean" >> SplitTagged())
     dedup = cleaned[MAIN_TAG] | "Deduplicate" >> Deduplicate(chash) | "SplitDedup" >> SplitTagged()
-    generated = (dedup[MAIN_TAG]
-                 | "KeyByOutputShard" >> beam.Map(lambda r: (output_shard(r["pair_id"], n_shards), r))
-                 | "GroupByOutputShard" >> beam.GroupByKey()
-                 | "Generate" >> beam.ParDo(GenerateForShard(forward_model, backward_model, device, chash, cfg,
-                                                                  precision, torch_threads, expected_pairs_per_worker))
-                 | "SplitGenerated" >> SplitTagged())
-    rows_written = (generated[MAIN_TAG]
-         | "KeyRows" >> beam.Map(lambda r: ((lang_pair, output_shard(r["pair_id"], n_shards)), r))
-         | "GroupRows" >> beam.GroupByKey()
-         | "WriteParaphrases" >> beam.ParDo(WritePartition(output, "paraphrases", PARAPHRASE_SCHEMA,
-                                                           ("pair_id", "rank"))))
-    rejects_written = ((read[REJECTS_TAG], cleaned[REJECTS_TAG], dedup[REJECTS_TAG], generated[REJECTS_TAG])
-         | "AllRejects" >> beam.Flatten()
-         | "KeyRejects" >> beam.Map(lambda r: ((lang_pair, output_shard(r["pair_id"], n_shards)), r))
-         | "GroupRejects" >> beam.GroupByKey()
-         | "WriteRejects" >> beam.ParDo(WritePartition(output, "rejects", REJECT_SCHEMA,
-                                                       ("input_shard", "input_index"))))
-    # One sink that depends on every write: the DaskRunner computes only the graph behind the
-    # last transform of the pipeline, so the writes must all lead into it.
-    _ = ((counts_written, rows_written, rejects_written)
-         | "AllWritten" >> beam.Flatten()
-         | "KeyDone" >> beam.Map(lambda _: (None, 1))
-         | "GroupDone" >> beam.GroupByKey()
-         | "JobDone" >> beam.Map(lambda kv: sum(kv[1])))
+    pairs = dedup[MAIN_TAG] | "KeyPairsByUnit" >> beam.Map(key_by_unit(PAIR, num_units))
+    rejects = ((read[REJECTS_TAG], cleaned[REJECTS_TAG], dedup[REJECTS_TAG]) | "EarlyRejects" >> beam.Flatten()
+               | "KeyRejectsByUnit" >> beam.Map(key_by_unit(REJECT, num_units)))
+    units = ((pairs, rejects) | "AllRecords" >> beam.Flatten()
+             | "SkipFinishedUnits" >> beam.Filter(lambda kv: kv[0] not in finished)
+             | "GroupByUnit" >> beam.GroupByKey())
+    written = units | "Units" >> DecodeUnits(handler, plan.output, plan.work, plan.lang_pair,
+                                             cfg.num_output_shards, use_run_inference)
+    reused = (p | "FinishedUnits" >> beam.Create(sorted(finished))
+              | "ReuseUnits" >> beam.Map(reuse_unit, plan.work))
+    # One sink that depends on everything: the DaskRunner computes only the graph behind the last
+    # transform of the pipeline.
+    _ = (((written, reused) | "UnitRecords" >> beam.Flatten() | "TagUnits" >> beam.Map(lambda r: ("unit", r)),
+          read[COUNTS_TAG] | "TagReads" >> beam.Map(lambda r: ("read", r)))
+         | "AllRecordsOfTheRun" >> beam.Flatten()
+         | "KeyRun" >> beam.Map(lambda r: (None, r))
+         | "GroupRun" >> beam.GroupByKey()
+         | "WriteSummary" >> beam.Map(_write_summary, plan.work))
 
 
-def summarize(output: str) -> dict:
-    """Counts read back from what was written, and the reconciliation input = kept + rejected."""
-    import pyarrow.dataset as ds
-
-    counts_dir = os.path.join(output, "_counts")
-    read = {}
-    for name in sorted(os.listdir(counts_dir)) if os.path.isdir(counts_dir) else []:
-        with open(os.path.join(counts_dir, name)) as f:
-            rec = json.load(f)
-        read[rec["input_shard"]] = rec["records_read"]
-
-    def table(name, columns):
-        path = os.path.join(output, name)
-        if not os.path.isdir(path):
-            return None
-        return ds.dataset(path, format="parquet", partitioning="hive").to_table(columns=columns)
-
-    para = table("paraphrases", ["pair_id"])
-    rej = table("rejects", ["pair_id", "reason"])
-    pairs_out = len(set(para.column("pair_id").to_pylist())) if para is not None else 0
-    reasons: dict[str, int] = {}
-    for r in rej.column("reason").to_pylist() if rej is not None else []:
-        reasons[r] = reasons.get(r, 0) + 1
-    total_read = sum(read.values())
-    rejected = sum(reasons.values())
-    return {"records_read": total_read, "records_read_per_shard": read,
-            "pairs_with_paraphrases": pairs_out, "paraphrase_rows": para.num_rows if para is not None else 0,
-            "rejected": rejected, "rejected_by_reason": dict(sorted(reasons.items())),
-            "reconciled": total_read == pairs_out + rejected}
-
-
-def _existing_run(output: str, overwrite: bool) -> list[str]:
-    """What of an earlier run is in OUTPUT (to be replaced); UsageError without --overwrite."""
-    existing = [n for n in ("paraphrases", "rejects", "_counts", MANIFEST)
-                if os.path.exists(os.path.join(output, n))]
-    if existing and not overwrite:
-        raise UsageError(f"{output} already holds a run ({', '.join(existing)}); pass --overwrite to replace it")
-    return existing
-
-
-def _prepare_output(output: str, existing: list[str]) -> None:
-    for n in existing:
-        path = os.path.join(output, n)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    os.makedirs(output, exist_ok=True)
+def _write_summary(keyed, work: str) -> int:
+    records = list(keyed[1])
+    summary = {"units": [r for kind, r in records if kind == "unit"], "reads": [r for kind, r in records if kind == "read"]}
+    storage.write_json(storage.join(work, "summary.json"), summary, indent=None)
+    return len(records)
 
 
 def check_models(forward: str, backward: str | None, src_lang: str, tgt_lang: str):
@@ -245,7 +222,7 @@ def check_models(forward: str, backward: str | None, src_lang: str, tgt_lang: st
     src_lang -> tgt_lang and the backward one tgt_lang -> src_lang. The languages are always
     explicit (with defaults) rather than read from the models: read from a swapped forward model,
     they would make the swap look right."""
-    from models.checkpoint import check_model_dir
+    from models.model_dir import check_model_dir
 
     metas = {}
     for option, path in (("--forward_model", forward), ("--backward_model", backward)):
@@ -311,6 +288,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plan_key(chash: str, shards, unit_pairs: int) -> str:
+    """What must be the same for --resume to continue a run: config, inputs (names and sizes) and
+    how records are cut into units."""
+    inputs = [(s.name, shard_size(s)) for s in shards]
+    return hashlib.sha256(json.dumps([chash, inputs, unit_pairs]).encode()).hexdigest()[:16]
+
+
+def start_run(output: str, plan_key: str, expected: int, unit_pairs: int, num_output_shards: int,
+              resume: bool, overwrite: bool) -> tuple[str, int, bool]:
+    """(run id, number of units, resumed?) for a run into OUTPUT. An unfinished run with the same
+    plan is continued with --resume; a committed run in OUTPUT is only replaced with --overwrite."""
+    committed = read_manifest(output, MANIFEST)
+    if committed is not None and not (overwrite or resume):
+        raise UsageError(f"{output} already holds a committed run ({committed.get('run_id')}); pass --overwrite "
+                         "to replace it (it stays readable until the new run commits)")
+    if resume:
+        run_id = resumable_run(output, plan_key)
+        if run_id is not None:
+            plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
+            return run_id, int(plan["num_units"]), True
+        log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
+    return new_run_id(), plan_units(expected, unit_pairs, num_output_shards), False
+
+
 def run(argv=None) -> dict:
     """Check everything, then run the job; returns the manifest. UsageError for a mistake."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -322,6 +323,8 @@ def run(argv=None) -> dict:
     output = check_output_location(opts.output)
     inputs = [x for item in opts.input for x in item.split(",") if x]
     cfg = generation_config(opts)
+    if opts.unit_pairs < 1:
+        raise UsageError(f"--unit_pairs must be >= 1, not {opts.unit_pairs}")
     fwd_meta, bwd_meta, src_lang, tgt_lang = check_models(opts.forward_model, opts.backward_model,
                                                           opts.src_lang, opts.tgt_lang)
     if cfg.dual_xent_threshold is not None and not opts.backward_model:
@@ -338,15 +341,12 @@ def run(argv=None) -> dict:
         raise UsageError(f"no input shards found in {inputs}")
     for shard in shards:
         check_shard(shard, src_column, tgt_column)
-    existing = _existing_run(output, opts.overwrite)
 
-    from models.nmt import model_fingerprint
-
-    models = {"forward": {"path": os.path.abspath(opts.forward_model),
-                          "fingerprint": model_fingerprint(opts.forward_model)}}
+    models = {"forward": {"path": storage.absolute(opts.forward_model), "sha256": fwd_meta["sha256"],
+                          "fingerprint": _fingerprint(fwd_meta["sha256"])}}
     if opts.backward_model:
-        models["backward"] = {"path": os.path.abspath(opts.backward_model),
-                              "fingerprint": model_fingerprint(opts.backward_model)}
+        models["backward"] = {"path": storage.absolute(opts.backward_model), "sha256": bwd_meta["sha256"],
+                              "fingerprint": _fingerprint(bwd_meta["sha256"])}
     cleaning_dict = {"src_lang": cleaning.src_lang, "tgt_lang": cleaning.tgt_lang,
                      "encodings": cleaning.encodings, "max_tokens": cleaning.max_tokens,
                      "max_length_ratio": cleaning.max_length_ratio, "max_line_chars": opts.max_line_chars}
@@ -354,36 +354,59 @@ def run(argv=None) -> dict:
                               "cleaning": cleaning_dict, "preset": opts.preset,
                               "precision": opts.precision})
     expected, exact = estimate_records(shards)
+    plan_key = _plan_key(chash, shards, opts.unit_pairs)
+    run_id, num_units, resumed = start_run(output, plan_key, expected, opts.unit_pairs, cfg.num_output_shards,
+                                           opts.resume, opts.overwrite)
+    plan = Plan(run_id, output, num_units, f"{src_lang}-{tgt_lang}", chash)
     workers = direct_workers(beam_args)
-    log.info("generation: %d shard(s), %s%s records, preset %s, mode %s, %s->%s, runner %s, config %s",
-             len(shards), "" if exact else "~", f"{expected:,}", opts.preset, cfg.mode, src_lang, tgt_lang,
-             runner.rsplit(".", 1)[-1], chash)
-
-    _prepare_output(output, existing)
+    handler = UnitTranslatorHandler(
+        storage.absolute(opts.forward_model), storage.absolute(opts.backward_model) if opts.backward_model else None,
+        device, precision, threads, {k: v["sha256"] for k, v in models.items()}, cfg, chash,
+        expected // workers if workers and expected else None)
     start = time.time()
-    counters = run_pipeline(lambda p: build(
-        p, shards, output, cfg, cleaning, chash, os.path.abspath(opts.forward_model),
-        os.path.abspath(opts.backward_model) if opts.backward_model else None, device, precision,
-        opts.max_line_chars, src_column, tgt_column, threads,
-        expected // workers if workers and expected else None), beam_args)
-    elapsed = time.time() - start
-    counts = summarize(output)
-    manifest = {
-        "contract_version": CONTRACT_VERSION, "config_hash": chash, "preset": opts.preset,
-        "config": cfg.to_dict(), "cleaning": cleaning_dict, "models": models, "runner": runner.rsplit(".", 1)[-1],
-        "precision": {"requested": opts.precision, "resolved": precision if precision != "auto" else None,
-                      "workers": {k[len("workers_"):]: v for k, v in counters.items() if k.startswith("workers_")}},
-        "device": device, "torch_threads_per_worker": threads,
-        "inputs": [shard_fingerprint(s) for s in shards], "counts": counts, "counters": counters,
-        "versions": versions(), "command": command_line(argv),
-        "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    write_json(os.path.join(output, MANIFEST), manifest)
+    with Claim(output, run_id):
+        finished = frozenset(finished_units(plan.work)) if resumed else frozenset()
+        storage.write_json(storage.join(plan.work, "plan.json"),
+                           {"run_id": run_id, "plan_key": plan_key, "num_units": num_units,
+                            "unit_pairs": opts.unit_pairs, "config_hash": chash, "command": command_line(argv)})
+        log.info("generation run %s%s: %d shard(s), %s%s records, %d work units%s, preset %s, mode %s, %s->%s, "
+                 "runner %s, config %s", run_id, " (resumed)" if resumed else "", len(shards), "" if exact else "~",
+                 f"{expected:,}", num_units, f" ({len(finished)} finished earlier)" if finished else "", opts.preset,
+                 cfg.mode, src_lang, tgt_lang, runner.rsplit(".", 1)[-1], chash)
+        counters = run_pipeline(lambda p: build(
+            p, plan, shards, cfg, cleaning, handler, opts.max_line_chars, src_column, tgt_column, finished,
+            use_run_inference="dask" not in runner.lower()), beam_args)
+        elapsed = time.time() - start
+        summary = storage.read_json(storage.join(plan.work, "summary.json"))
+        counts, files, units = summarize_run(summary["units"], summary["reads"])
+        units["planned"] = num_units
+        manifest = check_manifest({
+            "contract_version": CONTRACT_VERSION, "run_id": run_id, "config_hash": chash, "preset": opts.preset,
+            "config": cfg.to_dict(), "cleaning": cleaning_dict, "models": models,
+            "runner": runner.rsplit(".", 1)[-1],
+            "precision": {"requested": opts.precision, "resolved": precision if precision != "auto" else None,
+                          "workers": {k[len("workers_"):]: v for k, v in counters.items() if k.startswith("workers_")}},
+            "device": device, "torch_threads_per_worker": threads,
+            "inputs": [{k: r[k] for k in ("input_shard", "kind", "paths", "sha256", "bytes", "records_read")}
+                       for r in sorted(summary["reads"], key=lambda r: r["input_shard"])],
+            "counts": counts, "files": files, "units": units, "counters": counters,
+            "versions": versions(), "command": command_line(argv), "resumed": resumed,
+            "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        if not counts["reconciled"]:
+            storage.write_json(storage.join(plan.work, "manifest.json"), manifest)
+            _print_summary(counts, counters, elapsed, output)
+            raise SystemExit(f"error: counts do not reconcile (records read != pairs with output + rejects); "
+                             f"not published, the previous run (if any) stays; see {plan.work}/manifest.json")
+        removed = publish(output, MANIFEST, manifest, TABLES)
+        log.info("published run %s: %d files; removed %d files of earlier runs and attempts",
+                 run_id, sum(len(v) for v in files.values()), len(removed))
     _print_summary(counts, counters, elapsed, output)
-    if not counts["reconciled"]:
-        raise SystemExit("error: counts do not reconcile (records read != pairs with output + rejects); "
-                         f"see {output}/_manifest.json")
     return manifest
+
+
+def _fingerprint(sha256: dict) -> str:
+    """A short id of a model's files (what the config hash records)."""
+    return hashlib.sha256(json.dumps(sha256, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _print_summary(counts: dict, counters: dict, elapsed: float, output: str) -> None:

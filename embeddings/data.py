@@ -6,31 +6,30 @@ used, and skipped by reason (null or empty side, malformed TSV line).
 """
 from __future__ import annotations
 
-import glob
-import os
 import random
 from collections import Counter
 from typing import Iterator
 
-import pyarrow.dataset as ds
-
-from paracorpus.schema import read_manifest
+from paracorpus import storage
+from paracorpus.runs import open_input
 from paracorpus.shards import bounded_lines, open_binary
 from paracorpus.where import parse_where
 
 MAX_LINE_BYTES = 100_000    # a TSV line longer than this is not a sentence pair: skipped, counted
 
-def _is_parquet(path: str) -> bool:
-    return os.path.isdir(path) or path.endswith(".parquet")
+def _is_text(path: str) -> bool:
+    """A sentence-pair text file (or a glob of them) rather than Parquet or a run directory."""
+    return storage.has_wildcards(path) or (storage.isfile(path) and not path.endswith(".parquet"))
 
 
 class PairSource:
     """A re-iterable stream of (sentence1, sentence2) pairs.
 
-    PATH: a directory of Parquet (Hive partitions, e.g. ``<generate --output>/paraphrases``, or the
-    output directory itself, whose ``paraphrases/`` is used), a .parquet file, or a TSV file
-    (``sentence1<TAB>sentence2``, optionally .gz; a glob matches several). COLUMNS names the two
-    text columns of Parquet input; WHERE are filter clauses (see parse_where).
+    PATH (a local path or a URL): a generation or filter run (the files its manifest lists; its
+    ``paraphrases/`` or ``scored/`` too), a directory of Parquet, a .parquet file, or a text file
+    (``sentence1<TAB>sentence2``, optionally compressed; a glob matches several).
+    COLUMNS names the two text columns of Parquet input; WHERE are filter clauses (see
+    paracorpus/where.py).
     """
 
     def __init__(self, path: str, columns: tuple[str, str] = ("reference", "paraphrase"),
@@ -39,21 +38,19 @@ class PairSource:
         self.where = list(where or [])
         self.stats: Counter = Counter()
         self.generation_manifest = None     # the generation run's _manifest.json, when PATH is one
-        if _is_parquet(path):
-            root = path
-            if os.path.isdir(os.path.join(path, "paraphrases")):
-                root = os.path.join(path, "paraphrases")
-                self.generation_manifest = read_manifest(path) or {}
-            if not os.path.exists(root):
-                raise FileNotFoundError(f"{path}: no such file or directory")
-            self._dataset = ds.dataset(root, format="parquet", partitioning="hive")
+        if not _is_text(path):
+            inp = open_input(path)
+            if inp.kind == "generation":
+                self.generation_manifest = inp.manifest
+            self._dataset = storage.parquet_dataset(list(inp.files))
             missing = [c for c in self.columns if c not in self._dataset.schema.names]
             if missing:
                 raise ValueError(f"{path}: no column {', '.join(missing)}; columns are "
                                  f"{', '.join(self._dataset.schema.names)}")
             self._filter = parse_where(self.where, self._dataset.schema)
         else:
-            self._files = sorted(glob.glob(path)) or ([path] if os.path.exists(path) else [])
+            self._files = storage.glob(path) if storage.has_wildcards(path) else (
+                [path] if storage.isfile(path) else [])
             if not self._files:
                 raise FileNotFoundError(f"{path}: no such file or directory")
             if self.where:

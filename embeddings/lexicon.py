@@ -17,7 +17,6 @@ cosine) is below a threshold and sentences over 30 tokens are dropped first.
 from __future__ import annotations
 
 import argparse
-import os
 import math
 import sys
 from collections import Counter
@@ -111,15 +110,18 @@ def adjusted_pmi(pairs, max_tokens: int = 30, min_count: int = 3, encoder=None, 
 
 
 def write_tsv(rows: list[dict], path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("word1\tword2\tadjusted_pmi\tcross_pmi\tordinary_pmi\tcross_count\n")
-        for r in rows:
-            f.write(f"{r['word1']}\t{r['word2']}\t{r['adjusted_pmi']:.4f}\t{r['cross_pmi']:.4f}\t"
-                    f"{r['ordinary_pmi']:.4f}\t{r['cross_count']}\n")
+    """ROWS as a TSV at PATH (a local path or a URL), written whole."""
+    from paracorpus import storage
+
+    lines = ["word1\tword2\tadjusted_pmi\tcross_pmi\tordinary_pmi\tcross_count\n"]
+    lines += [f"{r['word1']}\t{r['word2']}\t{r['adjusted_pmi']:.4f}\t{r['cross_pmi']:.4f}\t"
+              f"{r['ordinary_pmi']:.4f}\t{r['cross_count']}\n" for r in rows]
+    storage.write_bytes(path, "".join(lines).encode("utf-8"))
 
 
 def run(argv=None) -> int:
     from embeddings.data import PairSource
+    from paracorpus import storage
     from paracorpus.cli import UsageError, check_output_location
 
     ap = argparse.ArgumentParser(prog="paragen-lexicon", description=__doc__, allow_abbrev=False,
@@ -143,9 +145,9 @@ def run(argv=None) -> int:
     a = ap.parse_args(argv)
     if (a.model is None) != (a.min_score is None):
         raise UsageError("--model and --min_score go together")
-    if os.path.exists(a.output) and not a.overwrite:
+    if storage.exists(a.output) and not a.overwrite:
         raise UsageError(f"{a.output} exists; pass --overwrite to replace it")
-    check_output_location(os.path.dirname(os.path.abspath(a.output)), "--output's directory")
+    check_output_location(storage.parent(a.output), "--output's directory")
     try:
         source = PairSource(a.input, tuple(a.columns.split(",")), a.where)
     except ValueError as exc:

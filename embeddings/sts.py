@@ -53,7 +53,14 @@ def read_subset(path: str, name: str) -> StsSubset:
 
 def read_sts_dir(root: str) -> dict[str, list[StsSubset]]:
     """{year: [subsets]} for every ``<root>/<year>/<subset>.tsv``, sorted by name. ROOT may also be
-    one year's directory (``<subset>.tsv`` files) or a single .tsv file (e.g. STS Benchmark dev)."""
+    one year's directory (``<subset>.tsv`` files) or a single .tsv file (e.g. STS Benchmark dev).
+    A bucket URL is copied to the local cache first."""
+    from paracorpus import storage
+
+    if storage.is_url(root):
+        if not storage.exists(root):
+            raise FileNotFoundError(f"STS directory {root} does not exist")
+        root = storage.local_copy(root)
     if os.path.isfile(root):
         year = os.path.basename(os.path.dirname(os.path.abspath(root)))
         return {year: [read_subset(root, f"{year}/{os.path.basename(root)[:-4]}")]}

@@ -27,6 +27,7 @@ from embeddings.data import PairSource, scramble, shuffled
 from embeddings.mining import hardest_negatives, margin_loss
 from models.encoders import is_order_sensitive, parse_spec
 from models.sentence_encoder import SentenceEncoder
+from paracorpus import storage
 from paracorpus.atomic import copy_file, write_json
 from paracorpus.cli import UsageError
 from paracorpus.schema import manifest_reconciled
@@ -192,6 +193,14 @@ def train(source, out: str, cfg: TrainConfig, dev_sts: str | None = None, log=pr
     return report
 
 
+def upload_dir(local: str, remote: str, last: str | None = None) -> None:
+    """Copy every file under LOCAL to REMOTE (a URL), the file named LAST at the end (readers
+    take it as the mark of a whole directory)."""
+    files = sorted(os.path.relpath(os.path.join(d, n), local) for d, _, ns in os.walk(local) for n in ns)
+    for rel in sorted(files, key=lambda r: r == last):
+        storage.copy_file(os.path.join(local, rel), storage.join(remote, rel.replace(os.sep, "/")))
+
+
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
@@ -247,7 +256,7 @@ def run(argv=None) -> dict:
     if len(columns) != 2:
         raise UsageError("--columns takes two column names")
     output = check_output_location(a.output)
-    if os.path.exists(os.path.join(output, "config.json")) and not a.overwrite:
+    if storage.isfile(storage.join(output, "config.json")) and not a.overwrite:
         raise UsageError(f"{output} already holds an encoder; pass --overwrite to replace it")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA GPU is visible on this machine")
@@ -267,7 +276,15 @@ def run(argv=None) -> dict:
         why = "counts do not reconcile (see its _manifest.json)" if gm else "has no _manifest.json (unfinished?)"
         print(f"warning: {a.input}: the generation run {why}", file=sys.stderr, flush=True)
     print(f"training on {source.describe()}", flush=True)
-    report = train(source, output, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
+    if storage.is_local(output):
+        report = train(source, output, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
+    else:                       # train in a local directory, then upload it, config.json last
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="paragen-encoder-") as tmp:
+            report = train(source, tmp, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
+            upload_dir(tmp, output, last="config.json")
+        print(f"uploaded to {output}", flush=True)
     print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
     return report
 

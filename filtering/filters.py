@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from filtering import text_scores as ts
+from paracorpus import storage
 
 DIRECTIONS = ("high", "low", "between")
 
@@ -207,7 +208,7 @@ class BagOfPiecesFilter(Filter):
 
         if not self.params["spm_model"]:
             raise ValueError("filter 'bag_of_pieces' needs spm_model (no generation manifest names one)")
-        self._sp = spm.SentencePieceProcessor(model_file=self.params["spm_model"])
+        self._sp = spm.SentencePieceProcessor(model_file=storage.local_copy(self.params["spm_model"]))
 
     def score(self, batch):
         sp = self._sp
@@ -258,7 +259,7 @@ class LanguageModelFilter(Filter):
     def setup(self):
         import kenlm
 
-        self._lm = kenlm.Model(self.params["model"])
+        self._lm = kenlm.Model(storage.local_copy(self.params["model"]))
 
     def score(self, batch):
         lm = self._lm
@@ -304,7 +305,8 @@ class ClassifierFilter(Filter):
     def setup(self):
         from filtering.classifier import load_classifier
 
-        self._models = {v: load_classifier(self.params["models"][v]) for v in self.params["variants"]}
+        self._models = {v: load_classifier(storage.local_copy(self.params["models"][v]))
+                        for v in self.params["variants"]}
 
     def score(self, batch):
         return {f"p_reference_{v}": m.p_reference(batch.paraphrase) for v, m in self._models.items()}
@@ -323,7 +325,7 @@ class ParaphraseScoreFilter(Filter):
     def setup(self):
         from models.sentence_encoder import load_encoder
 
-        self._enc = load_encoder(self.params["model"])
+        self._enc = load_encoder(storage.local_copy(self.params["model"]))
 
     def score(self, batch):
         return {"paraphrase_score": self._enc.similarity(batch.reference, batch.paraphrase).astype(np.float64)}

@@ -18,7 +18,6 @@ import os
 from collections import Counter
 
 import numpy as np
-import pyarrow.dataset as ds
 
 from embeddings.text import tokenize
 from paracorpus.atomic import write_json, write_text
@@ -83,9 +82,12 @@ def _plot_hist(path: str, title: str, series: dict[str, np.ndarray], bins: int =
     plt.close(fig)
 
 
-def write_report(scored_root: str, out_dir: str, cfg, manifest: dict, max_rows: int = 1_000_000) -> str:
+def write_report(scored_files: list[str], out_dir: str, cfg, manifest: dict, max_rows: int = 1_000_000) -> str:
+    """The report of the scored files SCORED_FILES (local paths or URLs) in the local OUT_DIR."""
+    from paracorpus import storage
+
     os.makedirs(out_dir, exist_ok=True)
-    dataset = ds.dataset(scored_root, format="parquet", partitioning="hive")
+    dataset = storage.parquet_dataset(scored_files)
     names = dataset.schema.names
     score_cols = [c for c in cfg.score_columns if c in names]
     cols = ["reference", "paraphrase", "keep"] + [c for c in ("rank", "pair_id") if c in names] + score_cols

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from filtering.config import FilterConfig
 from filtering.filters import PairBatch, decide
-from paracorpus.atomic import replacing
+from paracorpus import storage
 
 
 def output_schema(input_schema: pa.Schema, cfg: FilterConfig) -> pa.Schema:
@@ -66,11 +66,12 @@ def score_table(table: pa.Table, cfg: FilterConfig, fit_ids: frozenset = frozens
 
 def score_file(src: str, dst: str, cfg: FilterConfig, fit_ids: frozenset = frozenset(),
                batch_rows: int = 4096) -> Counter:
-    """Score one Parquet file in record batches and write DST atomically (temp name, rename)."""
-    pf = pq.ParquetFile(src)
+    """Score one Parquet file (a local path or a URL) in record batches and write DST whole
+    (paracorpus.storage.open_output)."""
+    pf = storage.parquet_file(src)
     schema = output_schema(pf.schema_arrow, cfg)
     total = Counter()
-    with replacing(dst) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+    with storage.open_output(dst) as out, pq.ParquetWriter(out, schema, compression="zstd") as w:
         for rb in pf.iter_batches(batch_size=batch_rows):
             scored, stats = score_table(pa.Table.from_batches([rb]), cfg, fit_ids)
             w.write_table(scored.cast(schema))

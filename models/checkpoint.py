@@ -289,51 +289,6 @@ def sanitized_copy(src: str, dst: str) -> None:
         torch.save(clean, tmp)
 
 
-MODEL_FILES = ("model.pt", "model.json", "spm.model")
-
-
-def read_model_meta(model_dir: str) -> dict:
-    """MODEL_DIR/model.json (written by models.train_nmt), after checking the directory holds a
-    whole model and that its language codes are plain codes (they name dict.<lang>.txt files)."""
-    import json
-
-    from paracorpus.names import check_lang_code
-
-    if not os.path.isdir(model_dir):
-        raise FileNotFoundError(f"{model_dir}: no such model directory (train one with paragen-train-nmt)")
-    missing = [f for f in MODEL_FILES if not os.path.isfile(os.path.join(model_dir, f))]
-    if missing:
-        raise FileNotFoundError(f"{model_dir}: not an NMT model directory, missing {', '.join(missing)} "
-                                "(train one with paragen-train-nmt)")
-    try:
-        with open(os.path.join(model_dir, "model.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UnsafeModelError(f"{model_dir}/model.json is not valid JSON ({exc})") from None
-    if not isinstance(meta, dict) or not meta.get("src_lang") or not meta.get("tgt_lang"):
-        raise UnsafeModelError(f"{model_dir}/model.json must name src_lang and tgt_lang "
-                               "(the dict.<lang>.txt files alone do not say the direction)")
-    try:
-        for key in ("src_lang", "tgt_lang"):
-            check_lang_code(meta[key], f"{model_dir}/model.json {key}")
-    except ValueError as exc:
-        raise UnsafeModelError(str(exc)) from None
-    for lang in (meta["src_lang"], meta["tgt_lang"]):
-        if not os.path.isfile(os.path.join(model_dir, f"dict.{lang}.txt")):
-            raise FileNotFoundError(f"{model_dir}: missing dict.{lang}.txt")
-    return meta
-
-
-def check_model_dir(model_dir: str) -> dict:
-    """Everything about MODEL_DIR that can be checked without building the model: its files, its
-    languages, its checkpoint (see check_checkpoint). Returns model.json plus max_source_positions
-    and max_target_positions from the checkpoint."""
-    meta = read_model_meta(model_dir)
-    cfg = check_checkpoint(os.path.join(model_dir, "model.pt"))
-    return {**meta, "max_source_positions": getattr(cfg, "max_source_positions", None) or 1024,
-            "max_target_positions": getattr(cfg, "max_target_positions", None) or 1024}
-
-
 def load_tensor_file(path: str) -> dict:
     """A state dict file written by torch.save({name: tensor}) (encoder and classifier weights):
     loaded weights-only, refused with UnsafeModelError if it holds anything but named tensors."""

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from models.checkpoint import build_translation_model, read_model_meta
+from models.checkpoint import build_translation_model
+from models.model_dir import read_model_meta
 from models.onednn import pack_linears
 from models.prefix_decoder import prefix_decoder
 from models.topk import topk_rows
@@ -490,11 +491,17 @@ _CACHE: dict = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def load_translator(model_dir: str, device: str | None = None, **kwargs) -> Translator:
-    """Load a model once per process: Beam may create many DoFn instances in one worker."""
-    key = (os.path.abspath(model_dir), device, tuple(sorted(kwargs.items())))
+def load_translator(model_dir: str, device: str | None = None, sha256: dict | None = None,
+                    **kwargs) -> Translator:
+    """Load a model once per process: Beam may create many DoFn instances in one worker.
+    MODEL_DIR may be a bucket URL: it is copied to a local cache first and checked against
+    SHA256 ({file: digest}, recorded by the driver), see models/model_dir.py."""
+    from models.model_dir import local_model_dir
+    from paracorpus import storage
+
+    key = (storage.absolute(model_dir), device, tuple(sorted(kwargs.items())))
     with _CACHE_LOCK:
         if key not in _CACHE:
             log.info("loading NMT model %s", model_dir)
-            _CACHE[key] = Translator(model_dir, device=device, **kwargs)
+            _CACHE[key] = Translator(local_model_dir(model_dir, sha256), device=device, **kwargs)
         return _CACHE[key]

@@ -123,7 +123,12 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def load_encoder(path: str, device: str | None = None) -> SentenceEncoder:
-    """Load a directory written by SentenceEncoder.save (or by python -m embeddings.train)."""
+    """Load a directory written by SentenceEncoder.save (or by python -m embeddings.train); a
+    bucket URL is copied to the local cache first (paracorpus.storage.local_copy)."""
+    from paracorpus import storage
+
+    if storage.is_url(path) and storage.isdir(path):
+        path = storage.local_copy(path)
     missing = [f for f in FILES if not os.path.isfile(os.path.join(path, f))]
     if missing:
         raise FileNotFoundError(f"{path} is not an encoder directory: missing {', '.join(missing)}")

@@ -55,9 +55,23 @@ def configure_logging(level: int = logging.INFO, quiet: tuple = ("apache_beam", 
 
 
 def check_output_location(path: str, option: str = "--output") -> str:
-    """PATH, after checking a directory can be created (or exists) there: no existing ancestor is
-    a file, and the nearest existing one is writable. Raises UsageError."""
-    path = os.path.abspath(path)
+    """PATH (absolute, or the URL unchanged), after checking a directory can be created (or exists)
+    there: no existing ancestor is a file, and the nearest existing one is writable; for a URL,
+    that its bucket can be listed. Raises UsageError."""
+    from paracorpus import storage
+
+    if storage.is_url(path) and not storage.is_local(path):
+        bucket = path.split("://", 1)[0] + "://" + path.split("://", 1)[1].split("/", 1)[0]
+        try:
+            found = storage.isdir(bucket)
+        except OSError as exc:
+            raise UsageError(f"{option} {path}: cannot reach {bucket} ({str(exc).splitlines()[0]})") from None
+        if not found:
+            raise UsageError(f"{option} {path}: bucket {bucket} does not exist (or is not visible with these credentials)")
+        if storage.isfile(path):
+            raise UsageError(f"{option} {path} is a file, not a directory")
+        return path.rstrip("/")
+    path = storage.resolve(path)[1]
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{option} {path} is a file, not a directory")
     parent = path

@@ -1,7 +1,7 @@
 """From cleaned pairs to paraphrase rows: back-translate, dual-score, cluster, select.
 
 This is the whole per-pair algorithm of the generation job as plain functions. The Beam DoFns
-(transforms/generation.py) only batch pairs and call :func:`paraphrase_batch`; a benchmark or a
+(transforms/units.py, through paracorpus/units.py) only batch pairs and call :func:`paraphrase_batch`; a benchmark or a
 notebook can call it directly with two :class:`models.nmt.Translator` objects.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from paracorpus.clustering import cluster_candidates
 from paracorpus.config import GenerationConfig
 from paracorpus.constraints import draw_constraint_sets
+from paracorpus.schema import paraphrase_row, reject_row
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,9 @@ def violates(text: str, banned: tuple) -> bool:
 
 
 def reject(pair: CleanPair, stage: str, reason: str, detail: str, config_hash: str) -> dict:
-    return {"pair_id": pair.pair_id, "input_shard": pair.input_shard, "input_index": pair.input_index,
-            "stage": stage, "reason": reason, "detail": detail, "source": pair.source[:1000],
-            "reference": pair.reference[:1000], "config_hash": config_hash}
+    return reject_row(pair_id=pair.pair_id, input_shard=pair.input_shard, input_index=pair.input_index,
+                      stage=stage, reason=reason, detail=detail, source=pair.source[:1000],
+                      reference=pair.reference[:1000], config_hash=config_hash)
 
 
 def piece_limits(forward, backward, max_pieces: int) -> tuple[int, int]:
@@ -164,15 +165,14 @@ def paraphrase_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationC
                                   config_hash))
             continue
         for rank, (c, cluster_id, size) in enumerate(chosen, 1):
-            rows.append({
-                "pair_id": p.pair_id, "src_lang": forward.src_lang, "tgt_lang": forward.tgt_lang,
-                "source": p.source, "reference": p.reference, "paraphrase": c.text, "rank": rank,
-                "cluster_id": int(cluster_id), "cluster_size": int(size),
-                "forward_nll": c.forward_nll, "backward_nll": c.backward_nll,
-                "combined_score": c.combined, "constraint_set": list(c.banned),
-                "constraint_set_id": c.set_id, "num_sampled": len(cands),
-                "num_surviving": len(surviving), "mode": cfg.mode, "config_hash": config_hash,
-                "input_shard": p.input_shard, "input_index": p.input_index,
-            })
+            rows.append(paraphrase_row(
+                pair_id=p.pair_id, src_lang=forward.src_lang, tgt_lang=forward.tgt_lang,
+                source=p.source, reference=p.reference, paraphrase=c.text, rank=rank,
+                cluster_id=int(cluster_id), cluster_size=int(size),
+                forward_nll=c.forward_nll, backward_nll=c.backward_nll,
+                combined_score=c.combined, constraint_set=list(c.banned),
+                constraint_set_id=c.set_id, num_sampled=len(cands),
+                num_surviving=len(surviving), mode=cfg.mode, config_hash=config_hash,
+                input_shard=p.input_shard, input_index=p.input_index))
         counters["paraphrases"] = counters.get("paraphrases", 0) + len(chosen)
     return rows, rejects

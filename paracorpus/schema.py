@@ -1,26 +1,29 @@
-"""The output contract of the generation job: every Parquet column, its type and meaning.
+"""The output contract of the jobs: every table's columns, types, meaning and required columns,
+one row builder per table, and the manifests that publish them.
 
 Downstream jobs (filter, embedding training) read these tables, so changing a column here is a
 breaking change: add columns, never rename or retype them, and bump CONTRACT_VERSION.
 
-Layout under ``--output``::
+Layout under a generation run's ``--output`` (a local directory or a bucket URL)::
 
-    paraphrases/lang_pair=<src>-<tgt>/shard=<NNNNN>/part-00000.parquet   one row per paraphrase
-    rejects/lang_pair=<src>-<tgt>/shard=<NNNNN>/part-00000.parquet       one row per rejected pair
-    _manifest.json                                                        inputs, models, config, counts
+    paraphrases/lang_pair=<src>-<tgt>/shard=<NNNNN>/part-u<unit>-<attempt>.parquet   one row per paraphrase
+    rejects/lang_pair=<src>-<tgt>/shard=<NNNNN>/part-u<unit>-<attempt>.parquet       one row per rejected record
+    _manifest.json    written last: the files of the run, inputs, models, config, counts
 
-``pyarrow.dataset.dataset(output / "paraphrases", partitioning="hive")`` reads it; the partition
-columns ``lang_pair`` and ``shard`` come from the directory names.
+Only the files the manifest lists belong to the run (paracorpus/commit.py): read them with
+``paracorpus.commit.committed_files(output, "paraphrases")`` or any Parquet reader given that list.
+The partition columns ``lang_pair`` and ``shard`` are stored in the files too, with one type, so
+every reader (pyarrow, DuckDB, polars, pandas, HF datasets) sees the same columns.
 """
 from __future__ import annotations
 
-import json
-import os
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2            # 2: partition columns stored in the files; files listed by the manifest
 MANIFEST = "_manifest.json"     # written last by the generation job
+FILTER_MANIFEST = "_filter_manifest.json"   # written last by the filter job
 
 # (name, type, meaning). Order is the column order in the files.
 PARAPHRASE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
@@ -44,6 +47,8 @@ PARAPHRASE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("config_hash", pa.string(), "hash of the generation config (models, preset, thresholds, seed)"),
     ("input_shard", pa.string(), "file name of the input shard the pair came from"),
     ("input_index", pa.int64(), "0-based record index of the pair inside its input shard"),
+    ("lang_pair", pa.string(), "partition: <src_lang>-<tgt_lang> (also the directory name)"),
+    ("shard", pa.int32(), "partition: output shard number (also the directory name)"),
 ]
 
 REJECT_COLUMNS: list[tuple[str, pa.DataType, str]] = [
@@ -56,9 +61,9 @@ REJECT_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("source", pa.string(), "foreign side as read, truncated to 1,000 characters; null if unreadable"),
     ("reference", pa.string(), "English side as read, truncated to 1,000 characters; null if unreadable"),
     ("config_hash", pa.string(), "hash of the generation config"),
+    ("lang_pair", pa.string(), "partition: <src_lang>-<tgt_lang> (also the directory name)"),
+    ("shard", pa.int32(), "partition: output shard number (also the directory name)"),
 ]
-
-PARTITION_COLUMNS = ("lang_pair", "shard")
 
 REJECT_REASONS = {
     "bad_utf8": "the line or cell is not valid UTF-8",
@@ -80,7 +85,11 @@ REJECT_REASONS = {
     "dual_xent": "dual conditional cross-entropy of the pair above the threshold",
     "no_candidates": "no candidate survived the dual-score threshold",
     "no_paraphrase": "every surviving candidate fell into the reference cluster",
+    "decode_error": "decoding this pair raised an error (out of memory, a bug) even when retried alone; detail says which",
 }
+
+
+PARTITION_COLUMNS = ("lang_pair", "shard")
 
 
 def _schema(columns) -> pa.Schema:
@@ -88,8 +97,73 @@ def _schema(columns) -> pa.Schema:
                      metadata={"contract_version": str(CONTRACT_VERSION)})
 
 
-PARAPHRASE_SCHEMA = _schema(PARAPHRASE_COLUMNS)
-REJECT_SCHEMA = _schema(REJECT_COLUMNS)
+class ContractError(ValueError):
+    """A row that does not fit its table: a column name that is not in it, a required value missing."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of the contract: its columns and which of them may never be null."""
+    name: str
+    columns: list
+    optional: frozenset = field(default_factory=frozenset)      # columns that may be null
+
+    @property
+    def schema(self) -> pa.Schema:
+        return _schema(self.columns)
+
+    @property
+    def names(self) -> list[str]:
+        return [c[0] for c in self.columns]
+
+    def row(self, **values) -> dict:
+        """A row of this table from VALUES, checked where it is made: an unknown column or a
+        missing required value raises ContractError (the partition columns may come later, from
+        the writer: :meth:`partitioned`)."""
+        unknown = set(values) - set(self.names)
+        if unknown:
+            raise ContractError(f"{self.name}: no column(s) {sorted(unknown)}")
+        missing = [n for n in self.names if n not in PARTITION_COLUMNS and n not in self.optional
+                   and values.get(n) is None]
+        if missing:
+            raise ContractError(f"{self.name}: required column(s) {missing} missing or null")
+        return {n: values.get(n) for n in self.names}
+
+    def partitioned(self, rows: list[dict], lang_pair: str, shard: int) -> pa.Table:
+        """ROWS (made by :meth:`row`) with their partition columns set, as an Arrow table."""
+        for r in rows:
+            r["lang_pair"], r["shard"] = lang_pair, shard
+        return pa.Table.from_pylist(rows, schema=self.schema)
+
+
+PARAPHRASES = Table("paraphrases", PARAPHRASE_COLUMNS, frozenset({"backward_nll"}))
+REJECTS = Table("rejects", REJECT_COLUMNS, frozenset({"detail", "source", "reference"}))
+PARAPHRASE_SCHEMA = PARAPHRASES.schema
+REJECT_SCHEMA = REJECTS.schema
+paraphrase_row = PARAPHRASES.row
+reject_row = REJECTS.row
+
+# The filter job's scored table: every input column, one float64 column per score of the
+# configured filters (named by the filter), then these.
+SCORED_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("keep", pa.bool_(), "true when no rule rejected the row"),
+    ("reasons", pa.list_(pa.string()), "rules that rejected the row, e.g. 'trigram_overlap>max'"),
+    ("fit_sample", pa.bool_(), "the row was in the sample the LM / classifiers were fitted on"),
+]
+
+# The manifests: keys every one has. A manifest's 'files' maps a table to a list of
+# {"path": <relative to the run>, "rows": n, "bytes": n}; only those files belong to the run.
+MANIFEST_KEYS = ("contract_version", "run_id", "config_hash", "config", "models", "inputs", "counts",
+                 "files", "units", "versions", "command", "finished_at")
+FILTER_MANIFEST_KEYS = ("contract_version", "run_id", "input", "input_run_id", "config", "rows_in", "rows_out",
+                        "kept", "files", "reconciled", "versions", "command")
+
+
+def check_manifest(manifest: dict, keys=MANIFEST_KEYS) -> dict:
+    missing = [k for k in keys if k not in manifest]
+    if missing:
+        raise ContractError(f"manifest lacks {missing}")
+    return manifest
 
 
 def markdown_table(columns=PARAPHRASE_COLUMNS) -> str:
@@ -97,16 +171,6 @@ def markdown_table(columns=PARAPHRASE_COLUMNS) -> str:
     lines = ["| column | type | meaning |", "|---|---|---|"]
     lines += [f"| `{name}` | {dtype} | {doc} |" for name, dtype, doc in columns]
     return "\n".join(lines)
-
-
-def read_manifest(run_dir: str) -> dict | None:
-    """The generation run's manifest in RUN_DIR, or None when there is none (an unfinished run,
-    or not a run directory)."""
-    path = os.path.join(run_dir, MANIFEST)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def manifest_reconciled(manifest: dict) -> bool:

@@ -12,15 +12,13 @@ rejects table instead of disappearing.
 from __future__ import annotations
 
 import bz2
-import glob
 import gzip
-import hashlib
 import io
 import lzma
-import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from paracorpus import storage
 from paracorpus.cli import UsageError
 from paracorpus.names import check_lang_code, check_path_component
 
@@ -33,9 +31,6 @@ class ShardSpec:
     kind: str            # tsv | moses | parquet
     paths: tuple         # one path, or (src_path, tgt_path) for moses
     name: str            # stable name used in pair ids (file name, not the full path)
-
-    def describe(self) -> str:
-        return f"{self.kind}:{','.join(self.paths)}"
 
 
 @dataclass(frozen=True)
@@ -51,9 +46,32 @@ class RawRecord:
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 
 
-def open_binary(path: str):
-    """PATH opened for reading bytes, decompressed by its suffix (.gz, .bz2, .xz, .zst)."""
-    return _decompressed(open(path, "rb"), path)
+def open_binary(path: str, digest=None):
+    """PATH (a local path or a URL) opened for reading bytes, decompressed by its suffix (.gz,
+    .bz2, .xz, .zst). With DIGEST (a hashlib object), the stored bytes are hashed as they are read."""
+    raw = storage.open_input(path)
+    return _decompressed(_Hashing(raw, digest) if digest is not None else raw, path)
+
+
+class _Hashing(io.RawIOBase):
+    """A read-only stream that feeds every byte read from RAW into DIGEST."""
+
+    def __init__(self, raw, digest):
+        self.raw, self.digest, self.bytes = raw, digest, 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(len(buffer))
+        buffer[:len(data)] = data
+        self.digest.update(data)
+        self.bytes += len(data)
+        return len(data)
+
+    def close(self):
+        self.raw.close()
+        super().close()
 
 
 def _decompressed(raw, name: str):
@@ -75,23 +93,21 @@ def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20, max
     """(records in SHARDS, exact?) without reading them through, for progress lines. Parquet: row
     counts from the footers. Text: the newlines in the first SAMPLE_BYTES (decompressed) of up to
     MAX_SAMPLED shards, per compressed byte read, times the shards' total size."""
-    import pyarrow.parquet as pq
-
     total, exact = 0, True
     lines = consumed = 0
     text_bytes = 0
     for i, spec in enumerate(shards):
         if spec.kind == "parquet":
-            total += pq.ParquetFile(spec.paths[0]).metadata.num_rows
+            total += _parquet_file(spec.paths[0]).metadata.num_rows
             continue
         path = spec.paths[0]
-        size = os.path.getsize(path)
+        size = storage.size(path)
         if i >= max_sampled:
             text_bytes += size
             exact = False
             continue
         data, broken = b"", False
-        with open(path, "rb") as raw:
+        with storage.open_input(path) as raw:
             stream = _decompressed(raw, path)
             try:
                 while len(data) < sample_bytes:
@@ -147,9 +163,9 @@ def _snippet(data: bytes, limit: int = 1000) -> str:
     return data[:limit].decode("utf-8", errors="replace")
 
 
-def _read_tsv(spec: ShardSpec, max_line_chars: int) -> Iterator[RawRecord]:
+def _read_tsv(spec: ShardSpec, max_line_chars: int, digests: list) -> Iterator[RawRecord]:
     # Characters are at most 4 UTF-8 bytes; the exact character limit is checked after decoding.
-    with open_binary(spec.paths[0]) as stream:
+    with open_binary(spec.paths[0], digests[0]) as stream:
         for index, (line, overlong) in enumerate(bounded_lines(stream, 4 * max_line_chars)):
             if overlong:
                 yield RawRecord(spec.name, index, _snippet(line), None, "overlong_line",
@@ -173,10 +189,10 @@ def _read_tsv(spec: ShardSpec, max_line_chars: int) -> Iterator[RawRecord]:
                 yield RawRecord(spec.name, index, cells[0], cells[1])
 
 
-def _read_moses(spec: ShardSpec, max_line_chars: int) -> Iterator[RawRecord]:
+def _read_moses(spec: ShardSpec, max_line_chars: int, digests: list) -> Iterator[RawRecord]:
     src_path, tgt_path = spec.paths
     limit = 4 * max_line_chars
-    with open_binary(src_path) as fs, open_binary(tgt_path) as ft:
+    with open_binary(src_path, digests[0]) as fs, open_binary(tgt_path, digests[1]) as ft:
         src_lines, tgt_lines = bounded_lines(fs, limit), bounded_lines(ft, limit)
         index = 0
         while True:
@@ -213,9 +229,7 @@ def _pair_from_cells(name, index, s, t, max_line_chars) -> RawRecord:
 
 def _read_parquet(spec: ShardSpec, max_line_chars: int, src_column: str, tgt_column: str,
                   batch_size: int = 8192) -> Iterator[RawRecord]:
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(spec.paths[0])
+    pf = _parquet_file(spec.paths[0])
     _check_parquet_columns(spec.paths[0], pf.schema_arrow, src_column, tgt_column)
     index = 0
     # Read as binary so that invalid UTF-8 in a cell becomes a reject, not a crash of the reader.
@@ -227,6 +241,12 @@ def _read_parquet(spec: ShardSpec, max_line_chars: int, src_column: str, tgt_col
             else:
                 yield _pair_from_cells(spec.name, index, (s, False), (t, False), max_line_chars)
             index += 1
+
+
+def _parquet_file(path: str):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(storage.open_random_access(path))
 
 
 def _check_parquet_columns(path: str, schema, src_column: str, tgt_column: str) -> None:
@@ -252,14 +272,16 @@ def _as_bytes(column) -> list:
 
 
 def read_shard(spec: ShardSpec, max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
-               src_column: str = "src", tgt_column: str = "tgt") -> Iterator[RawRecord]:
+               src_column: str = "src", tgt_column: str = "tgt", digests: list | None = None) -> Iterator[RawRecord]:
     """The records of SPEC in file order. If the file cannot be read to its end (a truncated or
     corrupt compressed stream, a damaged Parquet page), the records read so far are kept and one
-    last record with error 'read_error' stands for the rest of the shard."""
+    last record with error 'read_error' stands for the rest of the shard. DIGESTS (one hashlib
+    object per path of a text shard) are fed the stored bytes as they are read."""
+    digests = digests or [None] * len(spec.paths)
     if spec.kind == "tsv":
-        records = _read_tsv(spec, max_line_chars)
+        records = _read_tsv(spec, max_line_chars, digests)
     elif spec.kind == "moses":
-        records = _read_moses(spec, max_line_chars)
+        records = _read_moses(spec, max_line_chars, digests)
     elif spec.kind == "parquet":
         records = _read_parquet(spec, max_line_chars, src_column, tgt_column)
     else:
@@ -292,9 +314,7 @@ def check_shard(spec: ShardSpec, src_column: str = "src", tgt_column: str = "tgt
     for path in spec.paths:
         try:
             if spec.kind == "parquet":
-                import pyarrow.parquet as pq
-
-                _check_parquet_columns(path, pq.ParquetFile(path).schema_arrow, src_column, tgt_column)
+                _check_parquet_columns(path, _parquet_file(path).schema_arrow, src_column, tgt_column)
             else:
                 with open_binary(path) as f:       # the head only: a shard may be gigabytes
                     f.read(1024)
@@ -314,7 +334,7 @@ def _strip_compression(path: str) -> str:
 
 def _existing(base: str) -> str | None:
     """BASE or BASE with a compression suffix, whichever exists first."""
-    return next((p for p in (base, *(base + s for s in COMPRESSED_SUFFIXES)) if os.path.exists(p)), None)
+    return next((p for p in (base, *(base + s for s in COMPRESSED_SUFFIXES)) if storage.isfile(p)), None)
 
 
 def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[ShardSpec]:
@@ -329,12 +349,12 @@ def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[Sha
     check_lang_code(tgt_lang, "--tgt_lang")
     paths: list[str] = []
     for item in inputs:
-        if os.path.isdir(item):
-            paths += [os.path.join(item, f) for f in sorted(os.listdir(item))
-                      if os.path.isfile(os.path.join(item, f)) and not f.startswith((".", "_"))]
-        elif any(ch in item for ch in "*?["):
-            paths += sorted(glob.glob(item))
-        elif os.path.exists(item):
+        if storage.has_wildcards(item):
+            paths += storage.glob(item)
+        elif storage.isdir(item):
+            paths += [p for p in storage.list_files(item, recursive=False)
+                      if not storage.basename(p).startswith((".", "_"))]
+        elif storage.isfile(item):
             paths.append(item)
         else:
             # A Moses prefix: corpus -> corpus.cs + corpus.en (optionally gzipped).
@@ -345,7 +365,7 @@ def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[Sha
             paths.append(found)
     specs, seen = [], set()
     for path in paths:
-        path = os.path.abspath(path)
+        path = storage.absolute(path)
         if path in seen:
             continue
         base = _strip_compression(path)
@@ -356,14 +376,14 @@ def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[Sha
                 twins.append(_existing(f"{prefix}.{lang}"))
             if twins[0] and twins[1]:
                 seen.update(twins)
-                specs.append(ShardSpec("moses", tuple(twins), os.path.basename(prefix)))
+                specs.append(ShardSpec("moses", tuple(twins), storage.basename(prefix)))
                 continue
             if base.endswith(f".{tgt_lang}"):
                 raise FileNotFoundError(f"{path}: Moses file without its {src_lang} twin")
             raise FileNotFoundError(f"{path}: Moses file without its {tgt_lang} twin")
         seen.add(path)
         kind = "parquet" if base.endswith(".parquet") else "tsv"
-        specs.append(ShardSpec(kind, (path,), os.path.basename(path)))
+        specs.append(ShardSpec(kind, (path,), storage.basename(path)))
     for spec in specs:        # the name goes into pair ids, reject rows and _counts/<name>.json
         check_path_component(spec.name, "input shard name")
     names = [s.name for s in specs]
@@ -373,19 +393,9 @@ def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[Sha
     return sorted(specs, key=lambda s: s.name)
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def shard_fingerprint(spec: ShardSpec) -> dict:
-    return {"name": spec.name, "kind": spec.kind, "paths": list(spec.paths),
-            "sha256": [file_sha256(p) for p in spec.paths],
-            "bytes": sum(os.path.getsize(p) for p in spec.paths)}
+def shard_size(spec: ShardSpec) -> int:
+    return sum(storage.size(p) for p in spec.paths)
 
 
 __all__ = ["ShardSpec", "ShardError", "RawRecord", "read_shard", "check_shard", "discover_shards", "estimate_records",
-           "shard_fingerprint", "file_sha256"]
+           "shard_size"]

@@ -5,12 +5,13 @@ import shutil
 import subprocess
 import sys
 
-import pyarrow.dataset as ds
 import pytest
 
 from beam_pipelines.generate import run
 from beam_pipelines.options import worker_threads
 from paracorpus.cli import UsageError
+from paracorpus import storage
+from paracorpus.commit import committed_files
 from paracorpus.schema import PARAPHRASE_SCHEMA, REJECT_SCHEMA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +45,11 @@ def _args(bitext, out, models, *extra):
 
 
 def _rows(out, table="paraphrases"):
-    t = ds.dataset(os.path.join(out, table), format="parquet", partitioning="hive").to_table()
+    """The rows of TABLE that the run's manifest lists."""
+    files = committed_files(str(out), table)
+    if not files:
+        return []
+    t = storage.parquet_dataset(files).to_table()
     return sorted(t.to_pylist(), key=lambda r: (r["pair_id"], r.get("rank") or r.get("input_index")))
 
 
@@ -75,23 +80,28 @@ def test_counts_reconcile_and_hostile_records_are_rejects(direct_run):
 
 def test_parquet_matches_the_contract(direct_run):
     out, _ = direct_run
-    dataset = ds.dataset(os.path.join(out, "paraphrases"), format="parquet", partitioning="hive")
-    names = dataset.schema.names
-    assert names[:len(PARAPHRASE_SCHEMA)] == PARAPHRASE_SCHEMA.names
-    for field in PARAPHRASE_SCHEMA:
-        assert dataset.schema.field(field.name).type == field.type
-    assert set(names[len(PARAPHRASE_SCHEMA):]) == {"lang_pair", "shard"}
-    parts = sorted(os.listdir(os.path.join(out, "paraphrases", "lang_pair=cs-en")))
-    assert parts and all(p.startswith("shard=") for p in parts)
-    assert not [f for _, _, fs in os.walk(out) for f in fs if f.startswith(".tmp")]
-    rej = ds.dataset(os.path.join(out, "rejects"), format="parquet", partitioning="hive")
-    assert rej.schema.names[:len(REJECT_SCHEMA)] == REJECT_SCHEMA.names
     manifest = json.load(open(os.path.join(out, "_manifest.json")))
+    for table, schema in (("paraphrases", PARAPHRASE_SCHEMA), ("rejects", REJECT_SCHEMA)):
+        files = committed_files(str(out), table)
+        assert files and all(os.path.exists(f) for f in files)
+        dataset = storage.parquet_dataset(files)
+        assert dataset.schema.names == schema.names                  # partition columns stored too
+        for field in schema:
+            assert dataset.schema.field(field.name).type == field.type
+        rows = dataset.to_table().to_pylist()
+        assert {r["lang_pair"] for r in rows} == {"cs-en"}
+        for f, entry in zip(files, manifest["files"][table]):       # the directory says the same
+            assert f"/lang_pair=cs-en/shard={entry['path'].split('shard=')[1][:5]}/" in f
+            assert entry["rows"] == storage.parquet_file(f).metadata.num_rows
+    # every file in the table directories is listed, nothing is left of attempts or bookkeeping
+    on_disk = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
+    listed = sorted(e["path"] for t in manifest["files"].values() for e in t)
+    assert on_disk == sorted(listed + ["_manifest.json"])
     import hashlib
     shard = manifest["inputs"][0]
     with open(shard["paths"][0], "rb") as f:
         assert shard["sha256"] == [hashlib.sha256(f.read()).hexdigest()]
-    assert manifest["models"]["forward"]["fingerprint"]
+    assert manifest["models"]["forward"]["fingerprint"] and manifest["models"]["forward"]["sha256"]["model.pt"]
 
 
 def test_ranking_clusters_and_constraints(direct_run):

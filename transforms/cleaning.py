@@ -4,15 +4,16 @@ from __future__ import annotations
 import apache_beam as beam
 
 from paracorpus.cleaning import CleaningConfig, Rejection, clean_pair, dedup_key
+from paracorpus.schema import reject_row
 from transforms.io import MAIN_TAG, REJECTS_TAG
 from transforms.progress import Progress
 
 
 def _reject(rec: dict, stage: str, reason: str, detail: str, config_hash: str) -> tuple:
-    return (REJECTS_TAG, {
-        "pair_id": rec["pair_id"], "input_shard": rec["input_shard"], "input_index": rec["input_index"],
-        "stage": stage, "reason": reason, "detail": detail, "source": rec["source"][:1000],
-        "reference": rec["reference"][:1000], "config_hash": config_hash})
+    return (REJECTS_TAG, reject_row(
+        pair_id=rec["pair_id"], input_shard=rec["input_shard"], input_index=rec["input_index"],
+        stage=stage, reason=reason, detail=detail, source=rec["source"][:1000],
+        reference=rec["reference"][:1000], config_hash=config_hash))
 
 
 class CleanPairs(beam.DoFn):

@@ -1,21 +1,24 @@
 """Thin DoFn around filtering.scoring.score_file: one input Parquet file in, one scored file out."""
 from __future__ import annotations
 
-import os
-
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from paracorpus import storage
+from paracorpus.commit import attempt_id
 from transforms.progress import Progress
 
 
 class ScoreFile(beam.DoFn):
-    """(relative path) -> stats Counter as a dict. Filters are built and their models loaded once
-    per worker in setup(); RAW_CONFIG is the validated config with fitted parameters filled in."""
+    """(path relative to the input table's root) -> stats Counter as a dict, with the scored file's
+    manifest entry under 'files'. The scored file mirrors the input's path under OUTPUT/scored,
+    named with an attempt id so a retried attempt never overwrites a committed file. Filters are
+    built and their models loaded once per worker in setup(); RAW_CONFIG is the validated config
+    with fitted parameters filled in."""
 
-    def __init__(self, input_root: str, output_root: str, raw_config: dict, overrides: dict, fit_ids: list,
+    def __init__(self, input_root: str, output: str, raw_config: dict, overrides: dict, fit_ids: list,
                  torch_threads: int | None = None, expected_rows: int | None = None):
-        self.input_root, self.output_root = input_root, output_root
+        self.input_root, self.output = input_root, output
         self.raw_config, self.overrides, self.fit_ids = raw_config, overrides, fit_ids
         self.torch_threads, self.expected_rows = torch_threads, expected_rows
         self.rows = Metrics.counter("filter", "rows_scored")
@@ -40,8 +43,10 @@ class ScoreFile(beam.DoFn):
     def process(self, rel_path: str):
         from filtering.scoring import score_file
 
-        stats = score_file(os.path.join(self.input_root, rel_path), os.path.join(self.output_root, rel_path),
-                           self.cfg, self._fit_ids)
+        stem = rel_path[:-len(".parquet")] if rel_path.endswith(".parquet") else rel_path
+        rel_out = f"scored/{stem}-{attempt_id()}.parquet"
+        dst = storage.join(self.output, rel_out)
+        stats = score_file(storage.join(self.input_root, rel_path), dst, self.cfg, self._fit_ids)
         self.rows.inc(stats["rows"])
         self.kept.inc(stats["kept"])
         self.files.inc()
@@ -52,12 +57,12 @@ class ScoreFile(beam.DoFn):
         self.progress.add("rows", stats["rows"])
         self.progress.add("kept", stats["kept"])
         self.progress.flush()
-        yield dict(stats)
+        yield {**stats, "files": [{"path": rel_out, "rows": stats["rows"], "bytes": storage.size(dst)}]}
 
 
 def merge_stats(dicts) -> dict:
     total: dict = {}
     for d in dicts:
         for k, v in d.items():
-            total[k] = total.get(k, 0) + v
+            total[k] = total.get(k, [] if k == "files" else 0) + v
     return total

@@ -1,22 +1,20 @@
-"""File IO as DoFns over an explicit shard list.
+"""Reading input shards as a DoFn over an explicit shard list, and splitting tagged outputs.
 
 Beam's own text sources rely on splittable DoFns that some runners (DaskRunner) do not
-translate, so reading happens inside a plain DoFn per shard, and each output partition is
-written by one DoFn call after a GroupByKey: a temporary file, then an atomic rename, so a
-reader never sees a partial file and a retried bundle simply overwrites.
+translate, so reading happens inside a plain DoFn per shard (through paracorpus/storage.py, so a
+shard may be a local file or a bucket URL). Writing happens per work unit (transforms/units.py).
 """
 from __future__ import annotations
 
-import os
+import hashlib
+import time
 
 import apache_beam as beam
-import pyarrow as pa
-import pyarrow.parquet as pq
 
+from paracorpus import storage
 from paracorpus.cleaning import pair_id
-from paracorpus.names import check_lang_code
-from paracorpus.atomic import replacing, write_json
-from paracorpus.shards import ShardSpec, read_shard
+from paracorpus.schema import reject_row
+from paracorpus.shards import ShardSpec, read_shard, shard_size
 from transforms.progress import Progress
 
 MAIN_TAG = "main"
@@ -44,77 +42,44 @@ class SplitTagged(beam.PTransform):
         return {kind: pcoll | f"Only_{kind}" >> beam.FlatMap(_select, kind) for kind in self.kinds}
 
 
-class ReadShard(beam.DoFn):
-    """ShardSpec -> (main, raw pair dict) | (rejects, reject row) | (counts, (shard, records read))."""
+def read_record_path(work: str, shard_name: str) -> str:
+    return storage.join(work, "read", f"{shard_name}.json")
 
-    def __init__(self, max_line_chars: int, src_column: str, tgt_column: str, config_hash: str):
+
+class ReadShard(beam.DoFn):
+    """ShardSpec -> (main, raw pair dict) | (rejects, reject row) | (counts, read record).
+
+    The read record (records read, sha256 and size of the stored bytes, hashed while reading) is
+    also written to WORK/read/<shard>.json: the left-hand side of the run's reconciliation."""
+
+    def __init__(self, max_line_chars: int, src_column: str, tgt_column: str, config_hash: str, work: str):
         self.max_line_chars = max_line_chars
         self.src_column, self.tgt_column = src_column, tgt_column
-        self.config_hash = config_hash
+        self.config_hash, self.work = config_hash, work
 
     def setup(self):
-        self.progress = Progress("read")
+        self.progress = Progress("read", rate_of="records_read", unit="records")
 
     def process(self, spec: ShardSpec):
         n = 0
-        for rec in read_shard(spec, self.max_line_chars, self.src_column, self.tgt_column):
+        digests = [hashlib.sha256() for _ in spec.paths] if spec.kind != "parquet" else None
+        for rec in read_shard(spec, self.max_line_chars, self.src_column, self.tgt_column, digests):
             n += 1
+            self.progress.inc("records_read")
             pid = pair_id(rec.shard, rec.index, rec.src, rec.tgt)
             if rec.error:
                 self.progress.inc(f"rejected_{rec.error}")
-                yield (REJECTS_TAG, {
-                    "pair_id": pid, "input_shard": rec.shard, "input_index": rec.index,
-                    "stage": "read", "reason": rec.error, "detail": rec.detail,
-                    "source": None if rec.src is None else rec.src[:1000],
-                    "reference": None if rec.tgt is None else rec.tgt[:1000],
-                    "config_hash": self.config_hash})
+                yield (REJECTS_TAG, reject_row(
+                    pair_id=pid, input_shard=rec.shard, input_index=rec.index, stage="read", reason=rec.error,
+                    detail=rec.detail, source=None if rec.src is None else rec.src[:1000],
+                    reference=None if rec.tgt is None else rec.tgt[:1000], config_hash=self.config_hash))
             else:
                 self.progress.inc("pairs_read")
                 yield (MAIN_TAG, {"pair_id": pid, "input_shard": rec.shard, "input_index": rec.index,
                                   "source": rec.src, "reference": rec.tgt})
-        yield (COUNTS_TAG, (spec.name, n))
+        sha = [d.hexdigest() for d in digests] if digests else [storage.sha256(p) for p in spec.paths]
+        record = {"input_shard": spec.name, "kind": spec.kind, "paths": list(spec.paths), "records_read": n,
+                  "sha256": sha, "bytes": shard_size(spec), "finished_at": time.time()}
+        storage.write_json(read_record_path(self.work, spec.name), record, indent=None)
         self.progress.flush()
-
-
-def output_shard(pid: str, num_shards: int) -> int:
-    return int(pid[:8], 16) % num_shards
-
-
-def partition_dir(root: str, table: str, lang_pair: str, shard: int) -> str:
-    src, _, tgt = lang_pair.partition("-")      # checked on the driver too; a path must never escape ROOT
-    check_lang_code(src)
-    check_lang_code(tgt)
-    return os.path.join(root, table, f"lang_pair={lang_pair}", f"shard={shard:05d}")
-
-
-def write_table_atomically(table: pa.Table, path: str) -> None:
-    with replacing(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
-
-
-class WritePartition(beam.DoFn):
-    """((lang_pair, shard), rows) -> one Parquet file; rows sorted so reruns are byte-stable."""
-
-    def __init__(self, root: str, table: str, schema: pa.Schema, sort_keys: tuple):
-        self.root, self.table, self.schema, self.sort_keys = root, table, schema, sort_keys
-
-    def process(self, element):
-        (lang_pair, shard), rows = element
-        rows = sorted(rows, key=lambda r: tuple(r[k] for k in self.sort_keys))
-        table = pa.Table.from_pylist(rows, schema=self.schema)
-        path = os.path.join(partition_dir(self.root, self.table, lang_pair, shard), "part-00000.parquet")
-        write_table_atomically(table, path)
-        yield (self.table, lang_pair, shard, len(rows))
-
-
-class WriteCounts(beam.DoFn):
-    """Per input shard, the number of records read: the left-hand side of the reconciliation."""
-
-    def __init__(self, root: str):
-        self.root = root
-
-    def process(self, element):
-        name, n = element
-        write_json(os.path.join(self.root, "_counts", f"{name}.json"),
-                   {"input_shard": name, "records_read": n}, indent=None)
-        yield element
+        yield (COUNTS_TAG, record)

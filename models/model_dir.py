@@ -1,0 +1,91 @@
+"""NMT model directories, local or in a bucket: what they hold, how they are checked, and the
+local copy a worker loads.
+
+A model directory (written by ``paragen-train-nmt``) holds ``model.pt``, ``model.json``,
+``spm.model`` and ``dict.<lang>.txt`` for its two languages. Given as a URL (``gs://``,
+``s3://``), it is copied once per machine into a local cache (``$PARAGEN_CACHE``, default
+``~/.cache/paragen``), under a lock so that worker processes sharing a machine download it
+once, and every file is checked against the sha256 the driver recorded in the run's manifest
+before the safe loader (models/checkpoint.py) reads it: a model changed in the bucket while a job
+runs is refused, not mixed in.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from models.checkpoint import UnsafeModelError, check_checkpoint
+from paracorpus import storage
+
+MODEL_FILES = ("model.pt", "model.json", "spm.model")
+
+
+def model_file_names(meta: dict) -> list[str]:
+    """Every file of a model directory whose model.json is META."""
+    return sorted({*MODEL_FILES, f"dict.{meta['src_lang']}.txt", f"dict.{meta['tgt_lang']}.txt"})
+
+
+def read_model_meta(model_dir: str) -> dict:
+    """MODEL_DIR/model.json (written by models.train_nmt), after checking the directory holds a
+    whole model and that its language codes are plain codes (they name dict.<lang>.txt files)."""
+    from paracorpus.names import check_lang_code
+
+    if not storage.isdir(model_dir):
+        raise FileNotFoundError(f"{model_dir}: no such model directory (train one with paragen-train-nmt)")
+    missing = [f for f in MODEL_FILES if not storage.isfile(storage.join(model_dir, f))]
+    if missing:
+        raise FileNotFoundError(f"{model_dir}: not an NMT model directory, missing {', '.join(missing)} "
+                                "(train one with paragen-train-nmt)")
+    try:
+        meta = json.loads(storage.read_bytes(storage.join(model_dir, "model.json")).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UnsafeModelError(f"{model_dir}/model.json is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or not meta.get("src_lang") or not meta.get("tgt_lang"):
+        raise UnsafeModelError(f"{model_dir}/model.json must name src_lang and tgt_lang "
+                               "(the dict.<lang>.txt files alone do not say the direction)")
+    try:
+        for key in ("src_lang", "tgt_lang"):
+            check_lang_code(meta[key], f"{model_dir}/model.json {key}")
+    except ValueError as exc:
+        raise UnsafeModelError(str(exc)) from None
+    for lang in (meta["src_lang"], meta["tgt_lang"]):
+        if not storage.isfile(storage.join(model_dir, f"dict.{lang}.txt")):
+            raise FileNotFoundError(f"{model_dir}: missing dict.{lang}.txt")
+    return meta
+
+
+def _sha256_local(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
+    """A local directory holding MODEL_DIR: MODEL_DIR itself when it is local, else a copy in the
+    cache (paracorpus.storage.local_copy), downloaded once per machine. EXPECTED ({file name:
+    sha256}, from the run's manifest) is checked file by file; a mismatch raises UnsafeModelError."""
+    if storage.is_local(model_dir):
+        return storage.resolve(model_dir)[1]
+    target = storage.local_copy(model_dir, model_file_names(read_model_meta(model_dir)))
+    for name, sha in sorted((expected or {}).items()):
+        got = _sha256_local(os.path.join(target, name))
+        if got != sha:
+            raise UnsafeModelError(f"{model_dir}/{name} changed since the job started (sha256 {got[:12]}..., "
+                                   f"the manifest recorded {sha[:12]}...)")
+    return target
+
+
+def check_model_dir(model_dir: str) -> dict:
+    """Everything about MODEL_DIR that can be checked without building the model: its files, its
+    languages, its checkpoint (see models.checkpoint.check_checkpoint). Returns model.json plus
+    max_source_positions, max_target_positions and sha256 (file name -> digest) of the local
+    copy that was checked (the copy in the cache for a bucket URL)."""
+    meta = read_model_meta(model_dir)
+    local = local_model_dir(model_dir)
+    cfg = check_checkpoint(os.path.join(local, "model.pt"))
+    return {**meta, "max_source_positions": getattr(cfg, "max_source_positions", None) or 1024,
+            "max_target_positions": getattr(cfg, "max_target_positions", None) or 1024,
+            "sha256": {name: _sha256_local(os.path.join(local, name)) for name in model_file_names(meta)}}

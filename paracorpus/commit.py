@@ -1,0 +1,180 @@
+"""Publishing a run without renames: data files under unique names, a manifest written last.
+
+Object stores cannot rename a directory, so a run is never "moved into place". Instead:
+
+* every data file gets a name no other attempt uses (``part-u000042-3f9a1c2e.parquet``: work
+  unit and attempt), written whole (paracorpus/storage.open_output);
+* a run in progress keeps its bookkeeping under ``OUT/_work/<run id>/`` (its plan and one
+  completion record per finished work unit, for --resume);
+* the run is published by writing ``OUT/<manifest>`` last: it lists every committed file, and
+  readers (the filter and embedding jobs, :func:`committed_files`) read only what it lists, so they
+  never see a partial file or one an abandoned attempt left;
+* after the manifest is written, files it does not list (the previous run's, dead attempts') and
+  the run's ``_work`` are removed.
+
+A committed run stays readable until a new run commits over it, so a rerun that fails destroys
+nothing. ``OUT/_owner.json`` names the run writing in OUT (host, pid, a heartbeat renewed every
+30 s); a second writer is refused while it is alive. Object stores have no atomic create-if-
+absent here, so the claim is written and read back: of two runs that start within the same
+instant, the one whose record was overwritten steps back.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+
+from paracorpus import storage
+from paracorpus.cli import UsageError
+from paracorpus.names import check_run_id
+
+OWNER = "_owner.json"
+WORK = "_work"
+HEARTBEAT_SECONDS = 30.0
+STALE_SECONDS = 300.0          # an owner silent this long is taken for dead
+
+
+def new_run_id() -> str:
+    """A unique, sortable run id: UTC timestamp plus a short random part."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+def attempt_id() -> str:
+    """A name part no other attempt of any work unit uses."""
+    return uuid.uuid4().hex[:8]
+
+
+def work_dir(output: str, run_id: str) -> str:
+    return storage.join(output, WORK, check_run_id(run_id))
+
+
+def _owner_alive(owner: dict) -> tuple[bool, str]:
+    """(alive?, why) for the owner record OWNER."""
+    age = time.time() - float(owner.get("heartbeat", 0))
+    if owner.get("host") == socket.gethostname() and owner.get("pid"):
+        try:
+            os.kill(int(owner["pid"]), 0)
+        except ProcessLookupError:
+            return False, f"its process {owner['pid']} on this host has ended"
+        except PermissionError:
+            pass                   # alive, another user's
+    if age > STALE_SECONDS:
+        return False, f"its heartbeat is {age:.0f} s old"
+    return True, f"host {owner.get('host')}, pid {owner.get('pid')}, heartbeat {age:.0f} s ago"
+
+
+class Claim:
+    """This run's claim on OUT: the owner record, renewed by a heartbeat thread until released."""
+
+    def __init__(self, output: str, run_id: str):
+        self.output, self.run_id = output, run_id
+        self.path = storage.join(output, OWNER)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self) -> dict:
+        return {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
+                "started": self._started, "heartbeat": time.time()}
+
+    def acquire(self) -> "Claim":
+        """Write the owner record, or UsageError if another live run holds OUT."""
+        if storage.exists(self.path):
+            owner = _read_owner(self.path)
+            if owner and owner.get("run_id") != self.run_id:
+                alive, why = _owner_alive(owner)
+                if alive:
+                    raise UsageError(f"{self.output} is being written by run {owner.get('run_id')} ({why}); "
+                                     "wait for it to finish (a second writer would mix their files)")
+        self._started = time.time()
+        storage.write_json(self.path, self._record())
+        time.sleep(0.05)
+        owner = _read_owner(self.path)
+        if not owner or owner.get("run_id") != self.run_id:
+            raise UsageError(f"{self.output}: another run ({(owner or {}).get('run_id')}) claimed it at the same time")
+        self._thread = threading.Thread(target=self._beat, name="paragen-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                owner = _read_owner(self.path)
+                if owner and owner.get("run_id") == self.run_id:
+                    storage.write_json(self.path, self._record())
+            except Exception:  # noqa: BLE001: a missed heartbeat is retried; the job goes on
+                pass
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        owner = _read_owner(self.path) if storage.exists(self.path) else None
+        if owner and owner.get("run_id") == self.run_id:
+            storage.delete(self.path)
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+def _read_owner(path: str) -> dict | None:
+    try:
+        owner = storage.read_json(path)
+    except (FileNotFoundError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def resumable_run(output: str, plan_key: str) -> str | None:
+    """The newest unfinished run in OUTPUT whose plan has PLAN_KEY (same inputs, config and
+    models), or None."""
+    found = []
+    for run_id in storage.listdir(storage.join(output, WORK)):
+        plan_path = storage.join(output, WORK, run_id, "plan.json")
+        if storage.isfile(plan_path):
+            plan = storage.read_json(plan_path)
+            if plan.get("plan_key") == plan_key:
+                found.append(run_id)
+    return sorted(found)[-1] if found else None
+
+
+def read_manifest(output: str, name: str) -> dict | None:
+    path = storage.join(output, name)
+    return storage.read_json(path) if storage.isfile(path) else None
+
+
+def committed_files(output: str, table: str, manifest_name: str = "_manifest.json") -> list[str]:
+    """The files of TABLE that OUTPUT's manifest lists, as full paths or URLs. FileNotFoundError
+    when OUTPUT holds no committed run."""
+    manifest = read_manifest(output, manifest_name)
+    if manifest is None:
+        raise FileNotFoundError(f"{output}: no {manifest_name}, so no committed run (unfinished, or not a run)")
+    return [storage.join(output, f["path"]) for f in manifest.get("files", {}).get(table, [])]
+
+
+def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...]) -> list[str]:
+    """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME, then remove
+    what it does not list under OUTPUT/<table> and all of OUTPUT/_work. Returns the removed files."""
+    storage.write_json(storage.join(output, manifest_name), manifest)
+    keep = {f["path"] for files in manifest.get("files", {}).values() for f in files}
+    removed = []
+    for table in tables:
+        root = storage.join(output, table)
+        for path in storage.list_files(root):
+            rel = table + "/" + _relative(root, path)
+            if rel not in keep:
+                storage.delete(path)
+                removed.append(rel)
+    storage.delete_tree(storage.join(output, WORK))
+    return removed
+
+
+def _relative(root: str, path: str) -> str:
+    if storage.is_url(root):
+        return path[len(root.rstrip("/")) + 1:]
+    return os.path.relpath(path, root).replace(os.sep, "/")

@@ -1,0 +1,370 @@
+"""One storage layer for every path the jobs read or write: a local path or a URL.
+
+Built on ``pyarrow.fs``: pyarrow is already a dependency of Beam and of this project (Parquet),
+its wheels carry native S3 and GCS clients, and ``pyarrow.parquet`` / ``pyarrow.dataset`` read
+and write through the same filesystem objects, so one layer serves files, Parquet and listings
+with nothing else to install on workers. (Beam's ``FileSystems`` needs the ``gcp``/``aws`` extras
+and has no Parquet integration; fsspec needs s3fs/gcsfs on top.)
+
+Paths: ``/local/path`` or ``relative/path``, ``file:///path``, ``s3://bucket/key``,
+``gs://bucket/key`` (or ``gcs://``), and whatever else ``pyarrow.fs.FileSystem.from_uri``
+knows (``hdfs://``). Object stores are configured the usual way: S3 by ``AWS_*`` variables
+(``AWS_ENDPOINT_URL`` for an S3-compatible server), GCS by application-default credentials, or
+``STORAGE_EMULATOR_HOST`` for an emulator.
+
+Writes: :func:`open_output` gives readers the whole file or nothing: on a local disk it writes a
+temporary name and renames; an object store makes an object visible only when its upload
+completes. There is no rename on object stores, so the jobs commit runs with manifests written
+last (paracorpus/commit.py), never by renaming directories.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import io
+import json
+import os
+import shutil
+import threading
+import uuid
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+_FS_CACHE: dict = {}
+_FS_LOCK = threading.Lock()
+_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs", "file"}
+
+
+def is_url(path: str) -> bool:
+    """True for scheme://... paths (object stores, HDFS, file://)."""
+    return "://" in path and path.split("://", 1)[0].lower() in _SCHEMES
+
+
+def is_local(path: str) -> bool:
+    return not is_url(path) or path.lower().startswith("file://")
+
+
+def _s3() -> pafs.FileSystem:
+    kwargs = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else "https://" + endpoint)
+        kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs["region"] = region
+    return pafs.S3FileSystem(**kwargs)
+
+
+def _gcs() -> pafs.FileSystem:
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if emulator:
+        parsed = urlparse(emulator if "://" in emulator else "http://" + emulator)
+        return pafs.GcsFileSystem(anonymous=True, endpoint_override=parsed.netloc, scheme=parsed.scheme)
+    return pafs.GcsFileSystem()
+
+
+def resolve(path: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for PATH. Filesystems are made once per process and scheme."""
+    if not is_url(path):
+        return _cached("local", pafs.LocalFileSystem), os.path.abspath(path)
+    scheme, rest = path.split("://", 1)
+    scheme = scheme.lower()
+    if scheme == "file":
+        return _cached("local", pafs.LocalFileSystem), os.path.abspath(rest)
+    rest = rest.rstrip("/") if rest.count("/") else rest
+    if scheme == "s3":
+        return _cached("s3", _s3), rest
+    if scheme in ("gs", "gcs"):
+        return _cached("gcs", _gcs), rest
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return fs, inner
+
+
+def _cached(key: str, make):
+    env = (os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_ENDPOINT_URL_S3"),
+           os.environ.get("STORAGE_EMULATOR_HOST"), os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION"))
+    with _FS_LOCK:
+        fs = _FS_CACHE.get((key, env))
+        if fs is None:
+            fs = _FS_CACHE[(key, env)] = make()
+        return fs
+
+
+def join(base: str, *parts: str) -> str:
+    """BASE / PARTS for local paths and URLs alike."""
+    if not is_url(base):
+        return os.path.join(base, *parts)
+    out = base.rstrip("/")
+    for p in parts:
+        out = f"{out}/{p.strip('/')}"
+    return out
+
+
+def parent(path: str) -> str:
+    if not is_url(path):
+        return os.path.dirname(os.path.abspath(path))
+    scheme, rest = path.split("://", 1)
+    return f"{scheme}://{rest.rstrip('/').rsplit('/', 1)[0]}" if "/" in rest.rstrip("/") else path
+
+
+def basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] if is_url(path) else os.path.basename(path)
+
+
+def absolute(path: str) -> str:
+    """PATH as an absolute local path or an unchanged URL (what workers elsewhere can open)."""
+    return path if is_url(path) else os.path.abspath(path)
+
+
+def _info(path: str):
+    fs, inner = resolve(path)
+    return fs.get_file_info(inner)
+
+
+def exists(path: str) -> bool:
+    return _info(path).type != pafs.FileType.NotFound
+
+
+def isfile(path: str) -> bool:
+    return _info(path).type == pafs.FileType.File
+
+
+def isdir(path: str) -> bool:
+    """A directory, or on an object store a prefix some object lives under."""
+    return _info(path).type == pafs.FileType.Directory
+
+
+def stat(path: str) -> tuple[int, int | None]:
+    """(size in bytes, modification time in ns or None) of the file PATH."""
+    info = _info(path)
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"{path}: no such file")
+    return info.size, info.mtime_ns
+
+
+def size(path: str) -> int:
+    info = _info(path)
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"{path}: no such file")
+    return info.size
+
+
+def _url_of(base_url: str, base_inner: str, inner: str) -> str:
+    """The URL (or local path) of INNER, found under BASE_INNER while listing BASE_URL."""
+    if not is_url(base_url):
+        return inner
+    rel = inner[len(base_inner):].lstrip("/")
+    return join(base_url, rel) if rel else base_url
+
+
+def list_files(path: str, recursive: bool = True) -> list[str]:
+    """Files under the directory (or prefix) PATH, sorted, as paths of the same kind as PATH.
+    Hidden names (a part starting with '.' or '_') are included; callers filter."""
+    fs, inner = resolve(path)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=recursive))
+    except FileNotFoundError:
+        return []
+    return sorted(_url_of(path, inner, i.path) for i in infos if i.type == pafs.FileType.File)
+
+
+def listdir(path: str) -> list[str]:
+    """Names directly under PATH (files and directories), sorted."""
+    fs, inner = resolve(path)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=False))
+    except FileNotFoundError:
+        return []
+    return sorted(i.base_name for i in infos)
+
+
+def has_wildcards(path: str) -> bool:
+    return any(ch in path for ch in "*?[")
+
+
+def glob(pattern: str) -> list[str]:
+    """Files matching PATTERN, sorted. Local patterns follow Python's glob; on object stores the
+    prefix before the first wildcard is listed and matched with fnmatch (where '*' also matches
+    '/')."""
+    if not is_url(pattern):
+        import glob as _glob
+
+        return sorted(p for p in _glob.glob(pattern) if os.path.isfile(p))
+    first = min(pattern.index(ch) for ch in "*?[" if ch in pattern)
+    base = pattern[:first].rsplit("/", 1)[0]
+    return [p for p in list_files(base) if fnmatch.fnmatchcase(p, pattern)]
+
+
+def open_input(path: str):
+    """A buffered binary stream of PATH's bytes as stored (no decompression)."""
+    fs, inner = resolve(path)
+    if fs.type_name == "local":
+        return open(inner, "rb")
+    return io.BufferedReader(fs.open_input_stream(inner, compression=None), buffer_size=1 << 20)
+
+
+def open_random_access(path: str):
+    """A seekable file for PATH (what Parquet readers need)."""
+    fs, inner = resolve(path)
+    return fs.open_input_file(inner)
+
+
+@contextlib.contextmanager
+def open_output(path: str):
+    """Write PATH as a whole: yields a binary stream; readers see the old file (or none) until the
+    block succeeds, then the new one. Local: a hidden temporary name, then a rename. Object stores:
+    the upload completes (and the object appears) when the stream closes without an error."""
+    fs, inner = resolve(path)
+    if fs.type_name == "local":
+        directory = os.path.dirname(inner)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(inner)}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+            os.replace(tmp, inner)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return
+    stream = fs.open_output_stream(inner, compression=None)
+    try:
+        yield stream
+    except BaseException:
+        # pyarrow's S3/GCS streams upload on close(); abort() drops the upload instead
+        with contextlib.suppress(Exception):
+            stream.abort() if hasattr(stream, "abort") else None
+        raise
+    stream.close()
+
+
+def read_bytes(path: str) -> bytes:
+    with open_input(path) as f:
+        return f.read()
+
+
+def write_bytes(path: str, data: bytes) -> str:
+    with open_output(path) as f:
+        f.write(data)
+    return path
+
+
+def read_json(path: str):
+    return json.loads(read_bytes(path).decode("utf-8"))
+
+
+def write_json(path: str, obj, indent: int | None = 2, **dump_kw) -> str:
+    return write_bytes(path, json.dumps(obj, indent=indent, **dump_kw).encode("utf-8"))
+
+
+def delete(path: str) -> None:
+    """Remove the file PATH (no error if it is already gone)."""
+    fs, inner = resolve(path)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(inner)
+
+
+def delete_tree(path: str) -> None:
+    """Remove the directory or prefix PATH and everything under it (no error if absent)."""
+    fs, inner = resolve(path)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.File:
+        fs.delete_file(inner)
+    elif info.type == pafs.FileType.Directory:
+        fs.delete_dir(inner)
+
+
+def makedirs(path: str) -> None:
+    """Create the directory PATH (on object stores there is nothing to create)."""
+    if is_local(path):
+        os.makedirs(resolve(path)[1], exist_ok=True)
+
+
+def sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open_input(path) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def copy_file(src: str, dst: str) -> str:
+    """Copy SRC to DST (either may be a URL), DST written as a whole."""
+    with open_input(src) as fin, open_output(dst) as fout:
+        for block in iter(lambda: fin.read(1 << 20), b""):
+            fout.write(block)
+    return dst
+
+
+def parquet_dataset(paths: list[str]):
+    """A pyarrow dataset over PATHS (local paths or URLs of one store): the files a manifest lists."""
+    import pyarrow.dataset as ds
+
+    if not paths:
+        raise ValueError("no Parquet files to read")
+    fs = resolve(paths[0])[0]
+    return ds.dataset([resolve(p)[1] for p in paths], filesystem=fs, format="parquet")
+
+
+def parquet_file(path: str):
+    """A pyarrow.parquet.ParquetFile for PATH (local or URL)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(open_random_access(path))
+
+
+def cache_root() -> str:
+    """Where copies of remote models live on this machine ($PARAGEN_CACHE, default ~/.cache/paragen)."""
+    return os.environ.get("PARAGEN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "paragen")
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+    import fcntl
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def local_copy(path: str, names: list[str] | None = None) -> str:
+    """A local path holding PATH: PATH itself when it is local; for a URL, a copy in the cache,
+    downloaded once per machine (worker processes wait on a file lock) and kept while the remote
+    files keep their sizes and times. For a directory, NAMES limits the copy to those files
+    (default: every file under it)."""
+    import tempfile
+
+    if is_local(path):
+        return resolve(path)[1]
+    single = isfile(path)
+    if single:
+        listing = [(basename(path), *stat(path))]
+    else:
+        remote = list_files(path)
+        rels = [p[len(path.rstrip("/")) + 1:] for p in remote]
+        listing = [(rel, *stat(join(path, rel))) for rel in rels if names is None or rel in names]
+        if not listing:
+            raise FileNotFoundError(f"{path}: no such file or directory")
+    key = hashlib.sha256(json.dumps([path.rstrip("/"), listing]).encode()).hexdigest()[:24]
+    root = os.path.join(cache_root(), "copies")
+    target = os.path.join(root, key)
+    with _file_lock(target + ".lock"):
+        if not os.path.exists(os.path.join(target, ".complete")):
+            tmp = tempfile.mkdtemp(prefix=".download-", dir=root)
+            try:
+                for rel, _size, _mtime in listing:
+                    src = path if single else join(path, rel)
+                    copy_file(src, os.path.join(tmp, rel))
+                open(os.path.join(tmp, ".complete"), "w").close()
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(tmp, target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return os.path.join(target, listing[0][0]) if single else target

@@ -1,0 +1,193 @@
+"""Work units: the generation job's pieces of decoding work, and what one unit does.
+
+Every input record belongs to one unit, chosen by a hash of its pair id (``unit_of``); a run has
+about ``expected records / unit_pairs`` units (``plan_units``), so decoding spreads over many keys
+whatever the number of output files, a retry or a resume redoes one unit, and a unit's rows fit
+in one worker's memory. Unit ``u`` writes into output shard ``u % num_output_shards``.
+
+:func:`generate_unit` is the whole per-unit algorithm as a plain function (decode in batches,
+with a failing batch retried pair by pair so one bad pair becomes a reject, not a failed unit);
+:func:`write_unit` writes its rows under names no other attempt uses and returns the unit's
+completion record. The Beam DoFns in transforms/units.py only call these.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from paracorpus import storage
+from paracorpus.commit import attempt_id
+from paracorpus.config import GenerationConfig
+from paracorpus.paraphrasing import CleanPair, dual_xent_scores, paraphrase_batch, reject, split_by_pieces
+from paracorpus.schema import PARAPHRASES, REJECTS
+
+DEFAULT_UNIT_PAIRS = 500
+MAX_FILE_ROWS = 1_000_000     # a unit's table rolls over to a new file past this many rows
+PAIR, REJECT = "pair", "reject"
+
+
+def plan_units(expected_records: int, unit_pairs: int, num_output_shards: int) -> int:
+    """How many units a run of about EXPECTED_RECORDS records gets (at least one per shard)."""
+    return max(num_output_shards, math.ceil(max(expected_records, 1) / max(unit_pairs, 1)))
+
+
+def unit_of(pair_id: str, num_units: int) -> int:
+    """The unit a record belongs to: a hash of its pair id (independent of the output shard)."""
+    return int(pair_id[8:16] or pair_id, 16) % num_units
+
+
+def shard_of_unit(unit: int, num_output_shards: int) -> int:
+    return unit % num_output_shards
+
+
+def unit_name(unit: int) -> str:
+    return f"u{unit:06d}"
+
+
+@dataclass
+class UnitResult:
+    rows: list = field(default_factory=list)          # paraphrase rows (schema.PARAPHRASES)
+    rejects: list = field(default_factory=list)       # reject rows (schema.REJECTS)
+    counters: Counter = field(default_factory=Counter)
+
+
+def _clean_pair(rec: dict) -> CleanPair:
+    return CleanPair(rec["pair_id"], rec["input_shard"], rec["input_index"], rec["source"], rec["reference"])
+
+
+def _decode_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationConfig, config_hash: str,
+                  limits: tuple[int, int], out: UnitResult) -> None:
+    pairs, too_long = split_by_pieces(pairs, forward, limits, config_hash)
+    rejects, counters = list(too_long), Counter()
+    if cfg.dual_xent_threshold is not None and backward is not None and pairs:
+        kept = []
+        for pair, score in zip(pairs, dual_xent_scores(pairs, forward, backward)):
+            if score > cfg.dual_xent_threshold:
+                rejects.append(reject(pair, "dual_xent", "dual_xent", f"{score:.3f} > {cfg.dual_xent_threshold}",
+                                      config_hash))
+            else:
+                kept.append(pair)
+        pairs = kept
+    rows = []
+    if pairs:
+        found: dict = {}
+        rows, more = paraphrase_batch(pairs, forward, backward, cfg, config_hash, found)
+        rejects += more
+        counters.update(found)
+        counters["pairs_generated"] += len(pairs)
+    out.rows += rows                      # only once the whole batch succeeded
+    out.rejects += rejects
+    out.counters.update(counters)
+
+
+def generate_unit(elements: list, forward, backward, cfg: GenerationConfig, config_hash: str,
+                  limits: tuple[int, int], on_batch=None) -> UnitResult:
+    """Rows and rejects of one unit. ELEMENTS are (PAIR, cleaned record) and (REJECT, reject row)
+    items; pairs are decoded in batches of cfg.batch_pairs in pair-id order, so a unit always
+    gives the same rows. A batch that raises (an error in decoding, running out of memory) is
+    retried one pair at a time, and a pair that fails alone is rejected as 'decode_error'.
+    ON_BATCH(number of pairs) is called after each batch (progress)."""
+    out = UnitResult()
+    out.rejects += [row for kind, row in elements if kind == REJECT]
+    pairs = sorted((_clean_pair(rec) for kind, rec in elements if kind == PAIR), key=lambda p: p.pair_id)
+    for start in range(0, len(pairs), cfg.batch_pairs):
+        batch = pairs[start:start + cfg.batch_pairs]
+        try:
+            _decode_batch(batch, forward, backward, cfg, config_hash, limits, out)
+        except Exception:  # noqa: BLE001: isolate the pair that fails, below
+            out.counters["batches_retried_pair_by_pair"] += 1
+            for pair in batch:
+                try:
+                    _decode_batch([pair], forward, backward, cfg, config_hash, limits, out)
+                except Exception as exc:  # noqa: BLE001: any failure of one pair is that pair's reject
+                    detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+                    out.rejects.append(reject(pair, "generate", "decode_error", detail, config_hash))
+        if on_batch is not None:
+            on_batch(len(batch))
+    out.counters["paraphrases"] = len(out.rows)
+    return out
+
+
+def _write_table(output: str, contract, rows: list, lang_pair: str, shard: int, unit: int,
+                 attempt: str) -> list[dict]:
+    """ROWS as Parquet under OUTPUT/<table>/lang_pair=../shard=../, MAX_FILE_ROWS per file, each
+    named after the unit and attempt; their manifest entries."""
+    import pyarrow.parquet as pq
+
+    if not rows:
+        return []
+    rel_dir = f"{contract.name}/lang_pair={lang_pair}/shard={shard:05d}"
+    entries = []
+    for seq, start in enumerate(range(0, len(rows), MAX_FILE_ROWS)):
+        chunk = rows[start:start + MAX_FILE_ROWS]
+        name = f"part-{unit_name(unit)}-{attempt}" + (f"-{seq:03d}" if len(rows) > MAX_FILE_ROWS else "") + ".parquet"
+        rel = f"{rel_dir}/{name}"
+        table = contract.partitioned(chunk, lang_pair, shard)
+        with storage.open_output(storage.join(output, rel)) as f:
+            pq.write_table(table, f, compression="zstd")
+        entries.append({"path": rel, "rows": table.num_rows, "bytes": storage.size(storage.join(output, rel))})
+    return entries
+
+
+def write_unit(output: str, work: str, unit: int, shard: int, lang_pair: str, result: UnitResult,
+               seconds: float) -> dict:
+    """Write a unit's paraphrases and rejects (sorted, so reruns write the same bytes) and then its
+    completion record WORK/units/<unit>.json; returns that record."""
+    attempt = attempt_id()
+    rows = sorted(result.rows, key=lambda r: (r["pair_id"], r["rank"]))
+    rejects = sorted(result.rejects, key=lambda r: (r["input_shard"], r["input_index"]))
+    files = {"paraphrases": _write_table(output, PARAPHRASES, rows, lang_pair, shard, unit, attempt),
+             "rejects": _write_table(output, REJECTS, rejects, lang_pair, shard, unit, attempt)}
+    reasons = Counter(r["reason"] for r in rejects)
+    record = {"unit": unit, "shard": shard, "attempt": attempt, "files": files,
+              "counts": {"records": len({r["pair_id"] for r in rows}) + len(rejects),
+                         "pairs_with_paraphrases": len({r["pair_id"] for r in rows}),
+                         "paraphrase_rows": len(rows), "rejected": len(rejects),
+                         "rejected_by_reason": dict(sorted(reasons.items()))},
+              "counters": dict(result.counters), "worker": f"{socket.gethostname()}:{os.getpid()}",
+              "seconds": round(seconds, 3), "finished_at": time.time()}
+    storage.write_json(unit_record_path(work, unit), record, indent=None)
+    return record
+
+
+def unit_record_path(work: str, unit: int) -> str:
+    return storage.join(work, "units", f"{unit_name(unit)}.json")
+
+
+def finished_units(work: str) -> set[int]:
+    """Units of the run whose completion record exists (for --resume)."""
+    return {int(name[1:7]) for name in storage.listdir(storage.join(work, "units"))
+            if name.startswith("u") and name.endswith(".json")}
+
+
+def summarize_run(unit_records: list[dict], read_records: list[dict]) -> tuple[dict, dict, dict]:
+    """(counts, files, units) of a run from its units' completion records and its shards' read
+    records: the reconciliation (records read = pairs with paraphrases + rejected), the files the
+    manifest lists, and which worker decoded how many units."""
+    reasons: Counter = Counter()
+    files: dict[str, list] = {"paraphrases": [], "rejects": []}
+    per_worker: Counter = Counter()
+    with_paraphrases = rows = rejected = reused = 0
+    for rec in sorted(unit_records, key=lambda r: r["unit"]):
+        c = rec["counts"]
+        with_paraphrases += c["pairs_with_paraphrases"]
+        rows += c["paraphrase_rows"]
+        rejected += c["rejected"]
+        reasons.update(c["rejected_by_reason"])
+        for table in files:
+            files[table] += rec["files"].get(table, [])
+        per_worker[rec["worker"]] += 1
+        reused += bool(rec.get("reused"))
+    read = {r["input_shard"]: r["records_read"] for r in read_records}
+    total = sum(read.values())
+    counts = {"records_read": total, "records_read_per_shard": dict(sorted(read.items())),
+              "pairs_with_paraphrases": with_paraphrases, "paraphrase_rows": rows, "rejected": rejected,
+              "rejected_by_reason": dict(sorted(reasons.items())),
+              "reconciled": total == with_paraphrases + rejected}
+    units = {"written": len(unit_records), "reused_from_earlier_attempt": reused,
+             "per_worker": dict(sorted(per_worker.items()))}
+    return counts, files, units

@@ -1,0 +1,142 @@
+"""Work units in the pipeline: key records by unit, decode each unit with Beam's RunInference (or a
+plain ParDo on runners that cannot run it), write it, and reuse units a resumed run finished.
+
+The per-unit algorithm is paracorpus/units.py; these are thin wrappers around it.
+"""
+from __future__ import annotations
+
+import time
+
+import apache_beam as beam
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
+
+from paracorpus import storage
+from paracorpus.config import GenerationConfig
+from paracorpus.paraphrasing import piece_limits
+from paracorpus.units import PAIR, REJECT, generate_unit, shard_of_unit, unit_of, unit_record_path, write_unit
+from transforms.progress import Progress
+
+
+class _Models:
+    """The forward and backward translators of one process (Beam's Shared cache needs an object
+    that can be weakly referenced, which a tuple cannot)."""
+
+    def __init__(self, forward, backward):
+        self.forward, self.backward = forward, backward
+
+
+class UnitTranslatorHandler(ModelHandler):
+    """RunInference's model handler: loads the two translators once per process (from a bucket
+    through the local cache, checked against the manifest's sha256), and 'infers' whole work
+    units: an example is (unit, elements), its inference the unit's rows, rejects and counters."""
+
+    def __init__(self, forward_model: str, backward_model: str | None, device: str | None, precision: str,
+                 torch_threads: int | None, model_sha256: dict, cfg: GenerationConfig, config_hash: str,
+                 expected_pairs: int | None = None):
+        super().__init__()
+        self.forward_model, self.backward_model = forward_model, backward_model
+        self.device, self.precision, self.torch_threads = device, precision, torch_threads
+        self.model_sha256, self.cfg, self.config_hash = model_sha256, cfg, config_hash
+        self.expected_pairs = expected_pairs
+        self._progress = None
+
+    def load_model(self) -> _Models:
+        from models.nmt import load_translator
+
+        if self.torch_threads:      # several worker processes share this machine's cores
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
+        forward = load_translator(self.forward_model, device=self.device, precision=self.precision,
+                                  sha256=self.model_sha256.get("forward"))
+        backward = (load_translator(self.backward_model, device=self.device, precision=self.precision,
+                                    sha256=self.model_sha256.get("backward")) if self.backward_model else None)
+        return _Models(forward, backward)
+
+    def should_skip_batching(self) -> bool:
+        return True                 # a unit is already a batch of pairs; elements arrive as [unit]
+
+    def get_metrics_namespace(self) -> str:
+        return "paragen"
+
+    def get_num_bytes(self, batch) -> int:
+        return sum(len(elements) for _unit, elements in batch)
+
+    def run_inference(self, batch, model: _Models, inference_args=None):
+        if self._progress is None:
+            self._progress = Progress("generate", rate_of="generate_pairs_in", expected=self.expected_pairs)
+            # which device and precision each worker really decoded with, for the run's manifest
+            self._progress.inc(f"workers_{model.forward.device.type}_{model.forward.precision}")
+        limits = piece_limits(model.forward, model.backward, self.cfg.max_pieces)
+        for unit, elements in batch:
+            start = time.time()
+            result = generate_unit(list(elements), model.forward, model.backward, self.cfg, self.config_hash, limits,
+                                   on_batch=lambda n: self._progress.inc("generate_pairs_in", n))
+            for name, n in result.counters.items():
+                self._progress.inc(name, n)
+            for r in result.rejects:
+                if r["stage"] in ("segment", "dual_xent", "generate"):
+                    self._progress.inc(f"rejected_{r['reason']}")
+            yield PredictionResult((unit, len(elements)), (result, time.time() - start))
+        self._progress.flush()
+
+
+class _PlainInference(beam.DoFn):
+    """The same handler in a plain ParDo, for runners that do not run RunInference (Dask)."""
+
+    def __init__(self, handler: UnitTranslatorHandler):
+        self.handler = handler
+
+    def setup(self):
+        self.model = self.handler.load_model()
+
+    def process(self, batch):
+        yield from self.handler.run_inference(batch, self.model)
+
+
+class WriteUnit(beam.DoFn):
+    """PredictionResult of a unit -> its files and completion record (paracorpus.units.write_unit)
+    -> the record, for the run's summary."""
+
+    def __init__(self, output: str, work: str, lang_pair: str, num_output_shards: int):
+        self.output, self.work, self.lang_pair, self.num_output_shards = output, work, lang_pair, num_output_shards
+
+    def process(self, prediction: PredictionResult):
+        (unit, _n), (result, seconds) = prediction.example, prediction.inference
+        yield write_unit(self.output, self.work, unit, shard_of_unit(unit, self.num_output_shards),
+                         self.lang_pair, result, seconds)
+
+
+def reuse_unit(unit: int, work: str) -> dict:
+    """The completion record of a unit a previous attempt of this run finished (--resume)."""
+    record = storage.read_json(unit_record_path(work, unit))
+    record["reused"] = True
+    return record
+
+
+def key_by_unit(kind: str, num_units: int):
+    """A function tagging a record (or reject row) and keying it by its unit."""
+    def key(rec):
+        return unit_of(rec["pair_id"], num_units), (kind, rec)
+    return key
+
+
+class DecodeUnits(beam.PTransform):
+    """(unit, elements) -> completion records: each unit decoded (RunInference, or a plain ParDo
+    where USE_RUN_INFERENCE is False) and written."""
+
+    def __init__(self, handler: UnitTranslatorHandler, output: str, work: str, lang_pair: str,
+                 num_output_shards: int, use_run_inference: bool = True):
+        super().__init__()
+        self.handler, self.output, self.work, self.lang_pair = handler, output, work, lang_pair
+        self.num_output_shards, self.use_run_inference = num_output_shards, use_run_inference
+
+    def expand(self, units):
+        batches = units | "OneUnitPerBatch" >> beam.Map(lambda u: [u])
+        decoded = (batches | "RunInference" >> RunInference(self.handler) if self.use_run_inference
+                   else batches | "Decode" >> beam.ParDo(_PlainInference(self.handler)))
+        return decoded | "WriteUnit" >> beam.ParDo(WriteUnit(self.output, self.work, self.lang_pair,
+                                                              self.num_output_shards))
+
+
+__all__ = ["UnitTranslatorHandler", "DecodeUnits", "key_by_unit", "reuse_unit", "PAIR", "REJECT"]
