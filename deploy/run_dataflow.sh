@@ -6,10 +6,11 @@ usage() {
 usage: PROJECT=my-project REGION=europe-west4 TEMP=gs://bucket/tmp IMAGE=REGION-docker.pkg.dev/... \\
        deploy/run_dataflow.sh JOB_ARGS...
 
-JOB_ARGS are the options of the job named by JOB (generate, the default, or filter). The jobs
-read and write with Python file APIs, so --input/--output/--forward_model must be paths every
-worker sees: mount the bucket with Cloud Storage FUSE inside the image (e.g. /gcs/BUCKET/...),
-not gs:// URLs.
+JOB_ARGS are the options of the job named by JOB (generate, the default, or filter). Paths are
+Cloud Storage URLs (gs://bucket/...): --input, --output and the model directories
+(--forward_model, --backward_model, --encoder, ...) are read and written by every worker through
+the jobs' storage layer, models copied once per worker VM; no mount is needed. A local path
+would not exist on the workers, so one is refused here.
 Environment:
   PROJECT REGION TEMP IMAGE   required
   GPU                 accelerator type, e.g. nvidia-tesla-t4 (default: none, CPU workers with
@@ -34,5 +35,18 @@ else
   # the cores (JOB_ARGS may override with their own --torch_threads, the last one wins).
   args+=(--torch_threads 1)
 fi
+# Every path option must be a gs:// URL: the workers cannot see this machine's files.
+prev=""
+for arg in "$@"; do
+  case "$prev" in
+    --input|--output|--forward_model|--backward_model|--encoder|--lm_model|--spm_model)
+      case "$arg" in gs://*) ;; *) echo "run_dataflow.sh: $prev $arg: Dataflow workers cannot read local paths; use a gs:// URL" >&2; exit 2;; esac;;
+  esac
+  case "$arg" in
+    --input=*|--output=*|--forward_model=*|--backward_model=*|--encoder=*)
+      case "${arg#*=}" in gs://*) ;; *) echo "run_dataflow.sh: $arg: Dataflow workers cannot read local paths; use a gs:// URL" >&2; exit 2;; esac;;
+  esac
+  prev=$arg
+done
 cd "$(dirname "$0")/.."
 exec "${PYTHON:-.venv/bin/python}" -m "beam_pipelines.$JOB" "${args[@]}" "$@"

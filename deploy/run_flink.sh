@@ -6,8 +6,11 @@ usage() {
 usage: FLINK_MASTER=host:8081 IMAGE=registry/paragen:TAG deploy/run_flink.sh JOB_ARGS...
 
 Runs python -m beam_pipelines.\$JOB with --runner FlinkRunner. JOB_ARGS are the job's own
-options (--input, --output, --forward_model, --backward_model, --preset, ...); paths must be
-visible to every Flink task manager (a shared filesystem mounted at the same path).
+options (--input, --output, --forward_model, --backward_model, --preset, ...). Paths are bucket
+URLs (s3://, gs://, hdfs://) that every task manager reads and writes through the jobs' storage
+layer (models are copied once per machine); credentials come from the task managers'
+environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS). A local path works only on a filesystem
+every task manager mounts at the same path.
 Environment:
   JOB                generate (default) or filter
   FLINK_MASTER       Flink REST address (required)

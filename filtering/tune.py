@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--direction", required=True, choices=["high", "low"],
                     help="whether the score is kept high or low (required)")
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--scored", metavar="DIR", help="a filter run's scored/ directory")
+    src.add_argument("--scored", metavar="DIR", help="a filter run (its output directory or scored/)")
     src.add_argument("--dev", metavar="FILE", help="label<TAB>sentence1<TAB>sentence2 development file")
     ap.add_argument("--keep_rate", type=float, help="with --scored: share of rows to keep, 0-1 (required with it)")
     ap.add_argument("--config", default="paranmt",
@@ -102,11 +102,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.scored:
-            import pyarrow.dataset as ds
+            from paracorpus import storage
+            from paracorpus.runs import open_input
 
             if a.keep_rate is None:
                 ap.error("--scored needs --keep_rate")
-            col = ds.dataset(a.scored, format="parquet", partitioning="hive").to_table(columns=[a.score]).column(0)
+            files = list(open_input(a.scored).files)
+            col = storage.parquet_dataset(files).to_table(columns=[a.score]).column(0)
             values = np.array([np.nan if x is None else x for x in col.to_pylist()], dtype=np.float64)
             bound = threshold_for_keep_rate(values, a.direction, a.keep_rate)
             kept = np.mean(values >= bound) if a.direction == "high" else np.mean(values <= bound)

@@ -110,7 +110,7 @@ def _setup(work: str, models: str) -> None:
     pq.write_table(pa.table({"cs": [1, 2], "en": ["a", "b"]}), os.path.join(work, "ints.parquet"))
     os.makedirs(os.path.join(work, "done", "paraphrases"))
     with open(os.path.join(work, "done", "_manifest.json"), "w") as f:
-        json.dump({"counts": {"reconciled": True}}, f)
+        json.dump({"run_id": "20260101T000000Z-example", "counts": {"reconciled": True}}, f)
     # a checkpoint whose config would run code if fairseq evaluated it, and a pickled one
     allow_fairseq_checkpoints()
     for name in ("hostile-model", "pickled-model"):
@@ -119,20 +119,23 @@ def _setup(work: str, models: str) -> None:
     state["cfg"]["model"].adaptive_softmax_cutoff = f"__import__('os').system('touch {work}/pwned') or [1]"
     torch.save(state, os.path.join(work, "hostile-model", "model.pt"))
     torch.save({"model": _Pickled(work)}, os.path.join(work, "pickled-model", "model.pt"))
-    # a generation run (one Parquet file) and an encoder trained on it, for the other commands
-    from paracorpus.schema import PARAPHRASE_SCHEMA
+    # a committed generation run (one Parquet file) and an encoder trained on it, for the other commands
+    from paracorpus.commit import attempt_id, new_run_id, publish
+    from paracorpus.schema import PARAPHRASES, paraphrase_row
+    from paracorpus.units import _write_table
 
     rows = []
     for i, line in enumerate(lines):
         src, tgt = line.rstrip("\n").split("\t")
-        row = {f.name: None for f in PARAPHRASE_SCHEMA}
-        row.update(pair_id=f"p{i}", source=src, reference=tgt, paraphrase=tgt.lower(), rank=1, constraint_set=[])
-        rows.append(row)
-    part = os.path.join(work, "gen", "paraphrases", "lang_pair=cs-en", "shard=00000")
-    os.makedirs(part)
-    pq.write_table(pa.Table.from_pylist(rows, schema=PARAPHRASE_SCHEMA), os.path.join(part, "part-00000.parquet"))
-    with open(os.path.join(work, "gen", "_manifest.json"), "w") as f:
-        json.dump({"counts": {"reconciled": True}}, f)
+        rows.append(paraphrase_row(
+            pair_id=f"p{i}", src_lang="cs", tgt_lang="en", source=src, reference=tgt, paraphrase=tgt.lower(),
+            rank=1, cluster_id=1, cluster_size=1, forward_nll=1.0, combined_score=1.0, constraint_set=[],
+            constraint_set_id=-1, num_sampled=1, num_surviving=1, mode="beam", config_hash="x",
+            input_shard="in.tsv", input_index=i))
+    gen = os.path.join(work, "gen")
+    files = _write_table(gen, PARAPHRASES, rows, "cs-en", 0, 0, attempt_id())
+    publish(gen, "_manifest.json", {"run_id": new_run_id(), "counts": {"reconciled": True},
+                                    "files": {"paraphrases": files, "rejects": []}}, ("paraphrases",))
     from embeddings.data import PairSource
     from embeddings.train import TrainConfig, train
 

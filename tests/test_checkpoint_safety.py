@@ -12,8 +12,9 @@ import sys
 import pytest
 import torch
 
-from models.checkpoint import (UnsafeModelError, build_translation_model, check_checkpoint, check_model_dir,
-                               load_state, validate_model_config)
+from models.checkpoint import (UnsafeModelError, build_translation_model, check_checkpoint, load_state,
+                               validate_model_config)
+from models.model_dir import check_model_dir
 from models.fairseq_compat import allow_fairseq_checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,4 +20,21 @@ def test_schema_has_the_columns_the_issue_requires():
                 "cluster_size", "forward_nll", "backward_nll", "combined_score", "constraint_set",
                 "num_sampled", "num_surviving", "mode", "config_hash"}
     assert required <= set(PARAPHRASE_SCHEMA.names)
-    assert PARAPHRASE_SCHEMA.metadata[b"contract_version"] == b"1"
+    assert PARAPHRASE_SCHEMA.metadata[b"contract_version"] == b"2"
+
+
+def test_row_builders_fail_where_the_row_is_made():
+    import pytest
+
+    from paracorpus.schema import ContractError, REJECTS, reject_row
+
+    good = dict(pair_id="p", input_shard="s.tsv", input_index=3, stage="clean", reason="empty_src",
+                detail=None, source=None, reference="x", config_hash="h")
+    row = reject_row(**good)
+    assert list(row) == REJECTS.names and row["lang_pair"] is None            # partition columns come later
+    with pytest.raises(ContractError, match=r"no column\(s\) \['reasn'\]"):
+        reject_row(**{**good, "reasn": "x"})
+    with pytest.raises(ContractError, match=r"required column\(s\) \['reason'\]"):
+        reject_row(**{**good, "reason": None})
+    table = REJECTS.partitioned([row], "cs-en", 7)
+    assert table.schema == REJECTS.schema and table.to_pylist()[0]["shard"] == 7

@@ -77,22 +77,9 @@ def test_dask_launcher_runs_the_filter_job_on_a_local_cluster(tmp_path):
     import json
     import sys
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from tests.toydata import paraphrase_rows, toy_paraphrases, write_generation_run
 
-    from paracorpus.schema import PARAPHRASE_SCHEMA
-    from tests.toydata import toy_paraphrases
-
-    rows = []
-    for i, (a, b) in enumerate(toy_paraphrases(60, seed=5)):
-        row = {f.name: None for f in PARAPHRASE_SCHEMA}
-        row.update(pair_id=f"p{i:03d}", reference=a, paraphrase=b, rank=1, constraint_set=[])
-        rows.append(row)
-    for shard in (0, 1):
-        d = tmp_path / "gen" / "paraphrases" / "lang_pair=cs-en" / f"shard={shard:05d}"
-        d.mkdir(parents=True)
-        pq.write_table(pa.Table.from_pylist(rows[shard::2], schema=PARAPHRASE_SCHEMA), d / "part-00000.parquet")
-    (tmp_path / "gen" / "_manifest.json").write_text(json.dumps({"counts": {"reconciled": True}}))
+    write_generation_run(tmp_path / "gen", paraphrase_rows(toy_paraphrases(60, seed=5)))
     (tmp_path / "cfg.yaml").write_text("filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.5}}\n")
     env = {**os.environ, "JOB": "filter", "PYTHON": sys.executable}
     done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dask.sh"), "--local", "2",
@@ -110,12 +97,17 @@ def test_dataflow_launcher_command(gpu):
     """PYTHON=echo prints the command the launcher would run."""
     env = {"PATH": os.environ["PATH"], "PYTHON": "echo", "PROJECT": "p", "REGION": "r", "TEMP": "gs://b/t",
            "IMAGE": "img", "JOB": "filter", "GPU": gpu}
-    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh"), "--input", "/gcs/x"],
+    job = ["--input", "gs://b/gen", "--output", "gs://b/filtered", "--encoder", "gs://b/models/enc"]
+    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh"), *job],
                           env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     cmd = done.stdout.split()
     assert cmd[:2] == ["-m", "beam_pipelines.filter"] and "--runner" in cmd and "DataflowRunner" in cmd
-    assert cmd[-2:] == ["--input", "/gcs/x"] and "--sdk_container_image" in cmd
+    assert cmd[-6:] == job and "--sdk_container_image" in cmd
+    for local in (["--input", "/gcs/x"], ["--output=/data/out"], ["--input", "gs://b/x", "--encoder", "runs/enc"]):
+        bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh"), *local],
+                             env=env, capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and "use a gs:// URL" in bad.stderr and not bad.stdout
     if gpu:
         assert "--experiments=no_use_multiple_sdk_containers" in cmd and "--torch_threads" not in cmd
     else:                                # one SDK process per vCPU: one torch thread each
@@ -124,10 +116,12 @@ def test_dataflow_launcher_command(gpu):
 
 def test_flink_launcher_command():
     env = {"PATH": os.environ["PATH"], "PYTHON": "echo", "FLINK_MASTER": "h:8081", "IMAGE": "img"}
-    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh"), "--preset", "paranmt"],
+    job = ["--input", "s3://b/bitext/*.tsv.gz", "--output", "s3://b/out", "--forward_model", "s3://b/m/cs-en",
+           "--preset", "paranmt"]
+    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh"), *job],
                           env=env, capture_output=True, text=True, timeout=30)
     cmd = done.stdout.split()
-    assert done.returncode == 0 and cmd[:2] == ["-m", "beam_pipelines.generate"]
+    assert done.returncode == 0 and cmd[:2] == ["-m", "beam_pipelines.generate"] and cmd[-len(job):] == job
     assert cmd[cmd.index("--flink_master") + 1] == "h:8081" and cmd[cmd.index("--environment_config") + 1] == "img"
     bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh")], env={**env, "JOB": "x"},
                          capture_output=True, text=True, timeout=30)

@@ -198,6 +198,7 @@ def test_streaming_shuffle_keeps_every_item():
 
 def _generation_like_parquet(root):
     from paracorpus.schema import PARAPHRASE_SCHEMA
+    from tests.toydata import write_generation_run
 
     rows = []
     for i, (a, b) in enumerate(toy_paraphrases(40, seed=3)):
@@ -206,22 +207,29 @@ def _generation_like_parquet(root):
                    constraint_set=[], src_lang="cs", tgt_lang="en")
         rows.append(row)
     rows[3]["paraphrase"] = None                                       # a null side
-    for shard in (0, 1):
-        d = root / "paraphrases" / "lang_pair=cs-en" / f"shard={shard:05d}"
-        d.mkdir(parents=True)
-        pq.write_table(pa.Table.from_pylist(rows[shard::2], schema=PARAPHRASE_SCHEMA), d / "part-00000.parquet")
+    write_generation_run(root, rows, shards=2)
     return rows
 
 
 def test_pair_source_reads_generation_parquet_with_filters(tmp_path):
+    from paracorpus.schema import PARAPHRASE_SCHEMA
+    from tests.toydata import write_generation_run
+
     rows = _generation_like_parquet(tmp_path)
     src = PairSource(str(tmp_path))                                    # the generate --output dir
     pairs = list(src)
     assert src.stats == {"read": 40, "used": 39, "skipped_empty_side": 1}
-    assert src.generation_manifest == {}                               # no _manifest.json: empty, not None
-    (tmp_path / "_manifest.json").write_text('{"counts": {"reconciled": true}}')
-    assert PairSource(str(tmp_path)).generation_manifest == {"counts": {"reconciled": True}}
-    assert PairSource(str(tmp_path / "paraphrases")).generation_manifest is None   # not a run directory
+    assert src.generation_manifest["counts"] == {"reconciled": True}
+    assert PairSource(str(tmp_path / "paraphrases")).generation_manifest == src.generation_manifest
+    # a file no manifest lists (an abandoned attempt's) is never read
+    stray = tmp_path / "paraphrases" / "lang_pair=cs-en" / "shard=00000" / "part-u000009-deadbeef.parquet"
+    pq.write_table(pa.Table.from_pylist(rows[:4], schema=PARAPHRASE_SCHEMA), stray)
+    assert sorted(PairSource(str(tmp_path))) == sorted(pairs)
+    # a run directory without its manifest is refused, not read
+    os.remove(tmp_path / "_manifest.json")
+    with pytest.raises(ValueError, match="without its manifest"):
+        PairSource(str(tmp_path))
+    write_generation_run(tmp_path, rows, shards=2)
     assert sorted(pairs) == sorted((r["reference"], r["paraphrase"]) for r in rows if r["paraphrase"])
     best = PairSource(str(tmp_path / "paraphrases"), where=["rank<=1", "combined_score < 3"])
     expect = [r for r in rows if r["rank"] <= 1 and r["combined_score"] < 3 and r["paraphrase"]]

@@ -11,8 +11,6 @@ from collections import Counter
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 import pytest
 
 from filtering import text_scores as ts
@@ -21,7 +19,7 @@ from filtering.filters import FILTERS, PairBatch, decide
 from filtering.lm import estimate, write_arpa
 from filtering.syntax import parse_bracketed, top_levels, tree_edit_distance
 from paracorpus.schema import PARAPHRASE_SCHEMA
-from tests.toydata import toy_paraphrases
+from tests.toydata import toy_paraphrases, write_generation_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -301,14 +299,10 @@ def generation_output(tmp_path_factory):
         rows.append(row)
     rows[5]["paraphrase"] = ""                                       # hostile rows are scored, not lost
     rows[6]["paraphrase"] = "x" * 5000
-    for shard in range(3):
-        d = root / "paraphrases" / "lang_pair=cs-en" / f"shard={shard:05d}"
-        d.mkdir(parents=True)
-        pq.write_table(pa.Table.from_pylist(rows[shard::3], schema=PARAPHRASE_SCHEMA), d / "part-00000.parquet")
+    write_generation_run(root, rows, shards=3)
     train(toy_paraphrases(500, seed=1), str(root / "enc"), TrainConfig(dim=16, epochs=1, progress=False),
           log=lambda m: None)
     (root / "cfg.yaml").write_text(CONFIG)
-    (root / "_manifest.json").write_text(json.dumps({"config_hash": "toy", "counts": {"reconciled": True}}))
     return root, rows
 
 
@@ -321,7 +315,11 @@ def _run(gen, out, *extra):
 
 
 def _scored(out):
-    return ds.dataset(os.path.join(out, "scored"), format="parquet", partitioning="hive").to_table()
+    """The scored rows the filter run's manifest lists."""
+    from paracorpus import storage
+    from paracorpus.commit import committed_files
+
+    return storage.parquet_dataset(committed_files(str(out), "scored", "_filter_manifest.json")).to_table()
 
 
 @pytest.fixture(scope="module")
@@ -420,20 +418,23 @@ def test_unreconciled_generation_run_is_refused(generation_output, tmp_path):
 
     from beam_pipelines.filter import run
 
-    gen = tmp_path / "gen"
-    shutil.copytree(generation_output[0] / "paraphrases", gen / "paraphrases")
-    (gen / "_manifest.json").write_text(json.dumps({"counts": {"reconciled": False}}))
-    args = ["--input", str(gen / "paraphrases"), "--output", str(tmp_path / "out"), "--config", "paranmt",
-            "--no_report"]
     from paracorpus.cli import UsageError
+    from tests.toydata import write_generation_run
 
+    gen = write_generation_run(tmp_path / "gen", generation_output[1], reconciled=False)
+    args = ["--input", os.path.join(gen, "paraphrases"), "--output", str(tmp_path / "out"), "--config", "paranmt",
+            "--no_report"]
     with pytest.raises(UsageError, match="do not reconcile"):
         run(args)
     assert not (tmp_path / "out").exists()
-    (gen / "_manifest.json").unlink()                          # no manifest: warned, then filtered
-    manifest = run(args[:-3] + ["--config", str(generation_output[0] / "cfg.yaml"), "--encoder",
-                                str(generation_output[0] / "enc"), "--no_report"])
-    assert manifest["reconciled"] and manifest["input_config_hash"] is None
+    os.remove(os.path.join(gen, "_manifest.json"))       # a run without its manifest: refused
+    with pytest.raises(UsageError, match="without its manifest"):
+        run(["--input", gen] + args[2:])
+    plain = tmp_path / "plain"                           # Parquet of one's own: warned, then filtered
+    shutil.copytree(os.path.join(gen, "paraphrases"), plain)
+    manifest = run(["--input", str(plain)] + args[2:-3] + ["--config", str(generation_output[0] / "cfg.yaml"),
+                                                          "--encoder", str(generation_output[0] / "enc"), "--no_report"])
+    assert manifest["reconciled"] and manifest["input_config_hash"] is None and manifest["rows_in"] == 900
 
 
 def test_threshold_tuning_from_keep_rate_and_dev_set():
@@ -597,15 +598,16 @@ def test_ngram_match_counts_for_every_key_layout():
 
 
 def test_fit_sample_is_sized_from_the_input_and_keeps_pairs_whole(generation_output):
-    from beam_pipelines.filter import fit_sample, list_partitions
+    from beam_pipelines.filter import fit_sample
+    from paracorpus.runs import open_input
 
     gen, rows = generation_output
-    root, files = list_partitions(str(gen))
+    files = list(open_input(str(gen)).files)
     for want in (90, 300):
-        sample = fit_sample(root, files, want)
+        sample = fit_sample(files, want)
         assert want / 3 <= sample.num_rows <= want          # about WANT rows, never more
         ids = sample.column("pair_id").to_pylist()
-        assert ids == fit_sample(root, files, want).column("pair_id").to_pylist()     # deterministic
+        assert ids == fit_sample(files, want).column("pair_id").to_pylist()     # deterministic
         per_pair = {i: sum(r["pair_id"] == i for r in rows) for i in set(ids)}
         whole = sum(ids.count(i) == n for i, n in per_pair.items())
         assert whole >= len(per_pair) - 1                  # only the last pair may be cut by the cap

@@ -63,3 +63,33 @@ def toy_sts(n: int, seed: int = 0) -> list[tuple[float, str, str]]:
         gold = 5 * sum(x == y for x, y in zip(a, b)) / 3
         out.append((gold, _english(rng, *a), _english(rng, *b)))
     return out
+
+
+def paraphrase_rows(pairs, **extra) -> list[dict]:
+    """Contract rows (schema.PARAPHRASES) for (reference, paraphrase) PAIRS, one pair id each."""
+    from paracorpus.schema import paraphrase_row
+
+    base = dict(src_lang="cs", tgt_lang="en", source="x", rank=1, cluster_id=1, cluster_size=1, forward_nll=1.0,
+                combined_score=1.0, constraint_set=[], constraint_set_id=-1, num_sampled=1, num_surviving=1,
+                mode="beam", config_hash="test", input_shard="toy.tsv")
+    return [paraphrase_row(**{**base, "pair_id": f"p{i:04d}", "reference": a, "paraphrase": b, "input_index": i,
+                              **extra}) for i, (a, b) in enumerate(pairs)]
+
+
+def write_generation_run(root, rows: list[dict], shards: int = 2, reconciled: bool = True,
+                         config_hash: str = "toy") -> str:
+    """A committed generation run in ROOT (a path or URL) holding ROWS, spread over SHARDS files
+    the way the job writes them (paracorpus.units, paracorpus.commit)."""
+    from paracorpus import commit
+    from paracorpus.schema import PARAPHRASES
+    from paracorpus.units import _write_table
+
+    root = str(root)
+    files = []
+    for shard in range(shards):
+        files += _write_table(root, PARAPHRASES, [dict(r) for r in rows[shard::shards]], "cs-en", shard, shard,
+                              commit.attempt_id())
+    manifest = {"run_id": commit.new_run_id(), "config_hash": config_hash, "counts": {"reconciled": reconciled},
+                "files": {"paraphrases": files, "rejects": []}}
+    commit.publish(root, "_manifest.json", manifest, ("paraphrases", "rejects"))
+    return root
