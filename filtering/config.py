@@ -119,13 +119,15 @@ def parse_config(raw: dict, source: str = "<config>", overrides: dict | None = N
 
 
 def load_config(path_or_preset: str, overrides: dict | None = None) -> FilterConfig:
+    """The config in the file PATH_OR_PRESET (a local path or a URL) or the preset of that name."""
+    from paracorpus import storage
+
     path = path_or_preset
-    if not os.path.exists(path):
+    if not storage.isfile(path):
         path = os.path.join(PRESET_DIR, f"{path_or_preset}.yaml")
         if not os.path.exists(path):
             raise ValueError(f"no config file or preset {path_or_preset!r}; presets: {', '.join(presets())}")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = storage.read_bytes(path).decode("utf-8")
     try:
         raw = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as e:

@@ -161,6 +161,8 @@ def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, 
     """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME, then remove
     what it does not list under OUTPUT/<table> and all of OUTPUT/_work. Returns the removed files."""
     storage.write_json(storage.join(output, manifest_name), manifest)
+    for table in manifest.get("files", {}):
+        storage.makedirs(storage.join(output, table))       # a table with no rows is still there, empty
     keep = {f["path"] for files in manifest.get("files", {}).values() for f in files}
     removed = []
     for table in tables:

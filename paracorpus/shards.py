@@ -50,13 +50,13 @@ def open_binary(path: str, digest=None):
     """PATH (a local path or a URL) opened for reading bytes, decompressed by its suffix (.gz,
     .bz2, .xz, .zst). With DIGEST (a hashlib object), the stored bytes are hashed as they are read."""
     raw = storage.open_input(path)
-    return _decompressed(_Hashing(raw, digest) if digest is not None else raw, path)
+    return _decompressed(io.BufferedReader(_Tap(raw, digest), 1 << 20) if digest is not None else raw, path)
 
 
-class _Hashing(io.RawIOBase):
-    """A read-only stream that feeds every byte read from RAW into DIGEST."""
+class _Tap(io.RawIOBase):
+    """A read-only stream over RAW that counts the bytes read and feeds them to DIGEST (if any)."""
 
-    def __init__(self, raw, digest):
+    def __init__(self, raw, digest=None):
         self.raw, self.digest, self.bytes = raw, digest, 0
 
     def readable(self):
@@ -65,7 +65,8 @@ class _Hashing(io.RawIOBase):
     def readinto(self, buffer) -> int:
         data = self.raw.read(len(buffer))
         buffer[:len(data)] = data
-        self.digest.update(data)
+        if self.digest is not None:
+            self.digest.update(data)
         self.bytes += len(data)
         return len(data)
 
@@ -108,7 +109,8 @@ def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20, max
             continue
         data, broken = b"", False
         with storage.open_input(path) as raw:
-            stream = _decompressed(raw, path)
+            tap = _Tap(raw)
+            stream = _decompressed(io.BufferedReader(tap, 1 << 20), path)
             try:
                 while len(data) < sample_bytes:
                     chunk = stream.read(min(1 << 16, sample_bytes - len(data)))
@@ -117,7 +119,7 @@ def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20, max
                     data += chunk
             except Exception:  # noqa: BLE001: a corrupt shard is the readers' business; this is an estimate
                 broken = True
-            read = raw.tell()
+            read = tap.bytes
         n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         if len(data) < sample_bytes:          # read whole (or up to where it breaks)
             total += n

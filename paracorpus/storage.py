@@ -59,11 +59,15 @@ def _s3() -> pafs.FileSystem:
 
 
 def _gcs() -> pafs.FileSystem:
-    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    # pyarrow's GCS client ignores STORAGE_EMULATOR_HOST (the variable Google's Python client and
+    # emulators use), so it is read here; CLOUD_STORAGE_EMULATOR_ENDPOINT is what its C++ client reads.
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST") or os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT")
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT")
     if emulator:
         parsed = urlparse(emulator if "://" in emulator else "http://" + emulator)
-        return pafs.GcsFileSystem(anonymous=True, endpoint_override=parsed.netloc, scheme=parsed.scheme)
-    return pafs.GcsFileSystem()
+        return pafs.GcsFileSystem(anonymous=True, endpoint_override=parsed.netloc, scheme=parsed.scheme,
+                                  project_id=project)
+    return pafs.GcsFileSystem(project_id=project)
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -165,20 +169,24 @@ def list_files(path: str, recursive: bool = True) -> list[str]:
     Hidden names (a part starting with '.' or '_') are included; callers filter."""
     fs, inner = resolve(path)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=recursive))
+        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
     except FileNotFoundError:
         return []
     return sorted(_url_of(path, inner, i.path) for i in infos if i.type == pafs.FileType.File)
 
 
 def listdir(path: str) -> list[str]:
-    """Names directly under PATH (files and directories), sorted."""
+    """Names directly under PATH (files and directories), sorted. On object stores from a
+    recursive listing: GCS lists no 'directory' that is only a prefix of objects."""
     fs, inner = resolve(path)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=False))
+        if fs.type_name == "local":
+            return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(inner, recursive=False, allow_not_found=True)))
+        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
     except FileNotFoundError:
         return []
-    return sorted(i.base_name for i in infos)
+    base = inner.rstrip("/") + "/"
+    return sorted({i.path[len(base):].split("/", 1)[0] for i in infos if i.path.startswith(base)} - {""})
 
 
 def has_wildcards(path: str) -> bool:
@@ -274,7 +282,10 @@ def delete_tree(path: str) -> None:
     if info.type == pafs.FileType.File:
         fs.delete_file(inner)
     elif info.type == pafs.FileType.Directory:
-        fs.delete_dir(inner)
+        try:
+            fs.delete_dir(inner)
+        except FileNotFoundError:
+            pass        # GCS: the objects went, then the never-created "dir/" marker was not found
 
 
 def makedirs(path: str) -> None:

@@ -1,0 +1,109 @@
+"""paracorpus/storage.py against a local directory and real S3 (moto) and GCS (fake-gcs-server)
+servers on loopback: the same calls, the same answers."""
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from paracorpus import storage
+from tests.object_stores import gcs_store, s3_store  # noqa: F401  (fixtures)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(params=["local", "s3", "gcs"])
+def root(request, tmp_path, monkeypatch):
+    """A fresh directory or bucket, with the environment a worker would have to reach it."""
+    monkeypatch.setenv("PARAGEN_CACHE", str(tmp_path / "cache"))
+    if request.param == "local":
+        return str(tmp_path / "root")
+    store = request.getfixturevalue(f"{request.param}_store")
+    for k, v in store.env.items():
+        monkeypatch.setenv(k, v)
+    return f"{'s3' if request.param == 's3' else 'gs'}://{store.make_bucket()}/run"
+
+
+def test_write_read_list_delete(root):
+    storage.write_bytes(storage.join(root, "a", "x.txt"), b"one")
+    storage.write_json(storage.join(root, "a", "b", "y.json"), {"k": 1})
+    storage.write_bytes(storage.join(root, "_z.txt"), b"zz")
+    assert storage.read_bytes(storage.join(root, "a", "x.txt")) == b"one"
+    assert storage.read_json(storage.join(root, "a", "b", "y.json")) == {"k": 1}
+    assert storage.isdir(storage.join(root, "a")) and storage.isfile(storage.join(root, "a", "x.txt"))
+    assert not storage.exists(storage.join(root, "nope"))
+    assert storage.listdir(root) == ["_z.txt", "a"]                 # prefixes count as directories
+    assert storage.listdir(storage.join(root, "a")) == ["b", "x.txt"]
+    assert sorted(storage.basename(p) for p in storage.list_files(root)) == ["_z.txt", "x.txt", "y.json"]
+    assert storage.glob(storage.join(root, "a", "*.txt")) == [storage.join(root, "a", "x.txt")]
+    assert storage.size(storage.join(root, "_z.txt")) == 2
+    storage.write_bytes(storage.join(root, "a", "x.txt"), b"two")   # overwrite: whole
+    assert storage.read_bytes(storage.join(root, "a", "x.txt")) == b"two"
+    storage.delete(storage.join(root, "a", "x.txt"))
+    storage.delete(storage.join(root, "a", "x.txt"))                 # already gone: no error
+    storage.delete_tree(storage.join(root, "a"))
+    storage.delete_tree(storage.join(root, "a"))
+    assert [storage.basename(p) for p in storage.list_files(root)] == ["_z.txt"]
+
+
+def test_a_failed_write_leaves_the_old_file(root):
+    path = storage.join(root, "f.bin")
+    storage.write_bytes(path, b"old")
+    with pytest.raises(RuntimeError):
+        with storage.open_output(path) as f:
+            f.write(b"half of the new")
+            raise RuntimeError("the writer dies")
+    assert storage.read_bytes(path) == b"old"
+    assert [storage.basename(p) for p in storage.list_files(root)] == ["f.bin"]
+
+
+def test_parquet_and_local_copies(root):
+    paths = []
+    for i in range(3):
+        path = storage.join(root, "t", f"part-{i}.parquet")
+        with storage.open_output(path) as f:
+            pq.write_table(pa.table({"x": [i, i + 10]}), f)
+        paths.append(path)
+    assert sorted(storage.parquet_dataset(paths).to_table().column("x").to_pylist()) == [0, 1, 2, 10, 11, 12]
+    assert storage.parquet_file(paths[1]).metadata.num_rows == 2
+    copy = storage.local_copy(storage.join(root, "t"))
+    names = ["part-0.parquet", "part-1.parquet", "part-2.parquet"]
+    if storage.is_url(root):                        # a URL is copied once into the cache
+        assert sorted(os.listdir(copy)) == [".complete", *names]
+        assert storage.local_copy(storage.join(root, "t")) == copy
+        one = storage.local_copy(paths[0])
+        assert open(one, "rb").read() == storage.read_bytes(paths[0])
+    else:                                           # a local path is used where it is
+        assert copy == storage.join(root, "t") and sorted(os.listdir(copy)) == names
+
+
+def test_a_worker_process_reaches_the_store_through_its_environment(root):
+    storage.write_bytes(storage.join(root, "hello.txt"), b"hi")
+    code = ("import sys; from paracorpus import storage; "
+            "storage.write_bytes(sys.argv[1] + '/back.txt', storage.read_bytes(sys.argv[1] + '/hello.txt') * 2)")
+    done = subprocess.run([sys.executable, "-c", code, root], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert storage.read_bytes(storage.join(root, "back.txt")) == b"hihi"
+
+
+def test_shards_and_compressed_input_from_a_bucket(root):
+    import gzip
+
+    import zstandard
+
+    from paracorpus.shards import discover_shards, estimate_records, read_shard
+
+    lines = "".join(f"Muž {i} .\tA man {i} .\n" for i in range(50)).encode()
+    storage.write_bytes(storage.join(root, "in", "a.tsv.gz"), gzip.compress(lines))
+    storage.write_bytes(storage.join(root, "in", "b.tsv.zst"), zstandard.ZstdCompressor().compress(lines))
+    storage.write_bytes(storage.join(root, "in", "c.cs"), b"jedna\ndva\n")
+    storage.write_bytes(storage.join(root, "in", "c.en"), b"one\ntwo\n")
+    shards = discover_shards([storage.join(root, "in")], "cs", "en")
+    assert [(s.kind, s.name) for s in shards] == [("tsv", "a.tsv.gz"), ("tsv", "b.tsv.zst"), ("moses", "c")]
+    assert [sum(1 for _ in read_shard(s)) for s in shards] == [50, 50, 2]
+    assert estimate_records(shards) == (102, True)
+    assert [s.name for s in discover_shards([storage.join(root, "in", "*.tsv.*")], "cs", "en")] == \
+        ["a.tsv.gz", "b.tsv.zst"]
