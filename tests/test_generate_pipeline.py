@@ -216,3 +216,16 @@ def test_worker_processes_split_the_cores():
     assert worker_threads(3, "DaskRunner", None, None, 16) == 3
     with pytest.raises(ValueError, match="torch_threads"):
         worker_threads(-1, "DirectRunner", "in_memory", 1, 2)
+
+
+def test_dask_workers_share_the_decoding_of_one_output_shard(bitext, tiny_nmt_models, tmp_path, dask_cluster):
+    """Decoding parallelism does not depend on the number of output files: with one output shard,
+    both Dask worker processes decode work units (the manifest says which decoded how many)."""
+    args = _args(bitext, tmp_path / "one", tiny_nmt_models, "--runner", "DaskRunner",
+                 "--dask_client_address", dask_cluster, "--dask_npartitions", "4", "--unit_pairs", "4")
+    args[args.index("--num_output_shards") + 1] = "1"
+    manifest = run(args)
+    per_worker = manifest["units"]["per_worker"]
+    assert manifest["units"]["planned"] == 12 and sum(per_worker.values()) == manifest["units"]["written"]
+    assert len(per_worker) == 2 and min(per_worker.values()) >= 2, per_worker
+    assert {e["path"].split("/")[2] for e in manifest["files"]["paraphrases"]} == {"shard=00000"}

@@ -13,7 +13,7 @@ import apache_beam as beam
 
 from paracorpus import storage
 from paracorpus.cleaning import pair_id
-from paracorpus.schema import reject_row
+from paracorpus.schema import READ_RECORD_KEYS, check_manifest, reject_row
 from paracorpus.shards import ShardSpec, read_shard, shard_size
 from transforms.progress import Progress
 
@@ -80,6 +80,7 @@ class ReadShard(beam.DoFn):
         sha = [d.hexdigest() for d in digests] if digests else [storage.sha256(p) for p in spec.paths]
         record = {"input_shard": spec.name, "kind": spec.kind, "paths": list(spec.paths), "records_read": n,
                   "sha256": sha, "bytes": shard_size(spec), "finished_at": time.time()}
+        check_manifest(record, READ_RECORD_KEYS, "read record")
         storage.write_json(read_record_path(self.work, spec.name), record, indent=None)
         self.progress.flush()
         yield (COUNTS_TAG, record)
