@@ -168,7 +168,7 @@ class Plan:
     """What a run will do, fixed before the pipeline starts (and kept for --resume)."""
     run_id: str
     output: str
-    num_units: int
+    layout: dict                 # input shard -> (first unit, number of units): paracorpus.units.plan_units
     lang_pair: str
     config_hash: str
 
@@ -176,27 +176,31 @@ class Plan:
     def work(self) -> str:
         return work_dir(self.output, self.run_id)
 
+    @property
+    def num_units(self) -> int:
+        return sum(n for _first, n in self.layout.values())
+
 
 def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning: CleaningConfig,
           handler: UnitTranslatorHandler, max_line_chars: int, src_column: str, tgt_column: str,
           finished: frozenset = frozenset(), use_run_inference: bool = True) -> None:
     """The pipeline: read -> clean -> dedup -> key every record by work unit -> decode and write each
     unit not in FINISHED -> one summary of the run (WORK/summary.json) for the driver to commit."""
-    chash, num_units = plan.config_hash, plan.num_units
+    chash, layout = plan.config_hash, plan.layout
     read = (p | "ShardList" >> beam.Create(shards)
             | "ReadShards" >> beam.ParDo(ReadShard(max_line_chars, src_column, tgt_column, chash, plan.work))
             | "SplitRead" >> SplitTagged((MAIN_TAG, REJECTS_TAG, COUNTS_TAG)))
     cleaned = (read[MAIN_TAG] | "Clean" >> beam.ParDo(CleanPairs(cleaning, chash))
                | "SplitClean" >> SplitTagged())
     dedup = cleaned[MAIN_TAG] | "Deduplicate" >> Deduplicate(chash) | "SplitDedup" >> SplitTagged()
-    pairs = dedup[MAIN_TAG] | "KeyPairsByUnit" >> beam.Map(key_by_unit(PAIR, num_units))
+    pairs = dedup[MAIN_TAG] | "KeyPairsByUnit" >> beam.Map(key_by_unit(PAIR, layout))
     rejects = ((read[REJECTS_TAG], cleaned[REJECTS_TAG], dedup[REJECTS_TAG]) | "EarlyRejects" >> beam.Flatten()
-               | "KeyRejectsByUnit" >> beam.Map(key_by_unit(REJECT, num_units)))
+               | "KeyRejectsByUnit" >> beam.Map(key_by_unit(REJECT, layout)))
     units = ((pairs, rejects) | "AllRecords" >> beam.Flatten()
              | "SkipFinishedUnits" >> beam.Filter(lambda kv: kv[0] not in finished)
              | "GroupByUnit" >> beam.GroupByKey())
     written = units | "Units" >> DecodeUnits(handler, plan.output, plan.work, plan.lang_pair,
-                                             cfg.num_output_shards, use_run_inference)
+                                             cfg.num_output_shards, layout, use_run_inference)
     reused = (p | "FinishedUnits" >> beam.Create(sorted(finished))
               | "ReuseUnits" >> beam.Map(reuse_unit, plan.work))
     # One sink that depends on everything: the DaskRunner computes only the graph behind the last
@@ -295,10 +299,10 @@ def _plan_key(chash: str, shards, unit_pairs: int) -> str:
     return hashlib.sha256(json.dumps([chash, inputs, unit_pairs]).encode()).hexdigest()[:16]
 
 
-def start_run(output: str, plan_key: str, expected: int, unit_pairs: int, num_output_shards: int,
-              resume: bool, overwrite: bool) -> tuple[str, int, bool]:
-    """(run id, number of units, resumed?) for a run into OUTPUT. An unfinished run with the same
-    plan is continued with --resume; a committed run in OUTPUT is only replaced with --overwrite."""
+def start_run(output: str, plan_key: str, expected: dict, unit_pairs: int, resume: bool,
+              overwrite: bool) -> tuple[str, dict, bool]:
+    """(run id, unit layout, resumed?) for a run into OUTPUT. An unfinished run with the same plan
+    is continued with --resume; a committed run in OUTPUT is only replaced with --overwrite."""
     committed = read_manifest(output, MANIFEST)
     if committed is not None and not (overwrite or resume):
         raise UsageError(f"{output} already holds a committed run ({committed.get('run_id')}); pass --overwrite "
@@ -307,9 +311,9 @@ def start_run(output: str, plan_key: str, expected: int, unit_pairs: int, num_ou
         run_id = resumable_run(output, plan_key)
         if run_id is not None:
             plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
-            return run_id, int(plan["num_units"]), True
+            return run_id, {k: tuple(v) for k, v in plan["layout"].items()}, True
         log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
-    return new_run_id(), plan_units(expected, unit_pairs, num_output_shards), False
+    return new_run_id(), plan_units(expected, unit_pairs), False
 
 
 def run(argv=None) -> dict:
@@ -353,11 +357,12 @@ def run(argv=None) -> dict:
     chash = config_hash(cfg, {"models": {k: v["fingerprint"] for k, v in models.items()},
                               "cleaning": cleaning_dict, "preset": opts.preset,
                               "precision": opts.precision})
-    expected, exact = estimate_records(shards)
+    per_shard, exact = estimate_records(shards)
+    expected = sum(per_shard.values())
     plan_key = _plan_key(chash, shards, opts.unit_pairs)
-    run_id, num_units, resumed = start_run(output, plan_key, expected, opts.unit_pairs, cfg.num_output_shards,
-                                           opts.resume, opts.overwrite)
-    plan = Plan(run_id, output, num_units, f"{src_lang}-{tgt_lang}", chash)
+    run_id, layout, resumed = start_run(output, plan_key, per_shard, opts.unit_pairs, opts.resume, opts.overwrite)
+    plan = Plan(run_id, output, layout, f"{src_lang}-{tgt_lang}", chash)
+    num_units = plan.num_units
     workers = direct_workers(beam_args)
     handler = UnitTranslatorHandler(
         storage.absolute(opts.forward_model), storage.absolute(opts.backward_model) if opts.backward_model else None,
@@ -367,7 +372,7 @@ def run(argv=None) -> dict:
     with Claim(output, run_id):
         finished = frozenset(finished_units(plan.work)) if resumed else frozenset()
         storage.write_json(storage.join(plan.work, "plan.json"),
-                           {"run_id": run_id, "plan_key": plan_key, "num_units": num_units,
+                           {"run_id": run_id, "plan_key": plan_key, "layout": layout,
                             "unit_pairs": opts.unit_pairs, "config_hash": chash, "command": command_line(argv)})
         log.info("generation run %s%s: %d shard(s), %s%s records, %d work units%s, preset %s, mode %s, %s->%s, "
                  "runner %s, config %s", run_id, " (resumed)" if resumed else "", len(shards), "" if exact else "~",

@@ -162,7 +162,7 @@ FILTER_MANIFEST_KEYS = ("contract_version", "run_id", "input", "input_run_id", "
 # The run's bookkeeping records (OUT/_work/<run id>/): one per input shard read (the left-hand
 # side of the reconciliation) and one per finished work unit (its files and counts; --resume).
 READ_RECORD_KEYS = ("input_shard", "kind", "paths", "records_read", "sha256", "bytes")
-UNIT_RECORD_KEYS = ("unit", "shard", "attempt", "files", "counts", "counters", "worker", "seconds")
+UNIT_RECORD_KEYS = ("unit", "input_shard", "shard", "attempt", "files", "counts", "counters", "worker", "seconds")
 UNIT_COUNT_KEYS = ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected", "rejected_by_reason")
 
 

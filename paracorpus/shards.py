@@ -90,22 +90,23 @@ def _decompressed(raw, name: str):
     return raw
 
 
-def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20, max_sampled: int = 16) -> tuple[int, bool]:
-    """(records in SHARDS, exact?) without reading them through, for progress lines. Parquet: row
-    counts from the footers. Text: the newlines in the first SAMPLE_BYTES (decompressed) of up to
-    MAX_SAMPLED shards, per compressed byte read, times the shards' total size."""
-    total, exact = 0, True
+def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20,
+                     max_sampled: int = 16) -> tuple[dict[str, int], bool]:
+    """({shard name: records}, exact?) without reading the shards through (for planning work
+    units and for progress lines). Parquet: row counts from the footers. Text: the newlines in
+    the first SAMPLE_BYTES (decompressed) of up to MAX_SAMPLED shards; a shard read whole is
+    exact, the others are estimated at the sampled records per stored byte, times their size."""
+    counts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    exact = True
     lines = consumed = 0
-    text_bytes = 0
     for i, spec in enumerate(shards):
         if spec.kind == "parquet":
-            total += _parquet_file(spec.paths[0]).metadata.num_rows
+            counts[spec.name] = _parquet_file(spec.paths[0]).metadata.num_rows
             continue
         path = spec.paths[0]
-        size = storage.size(path)
         if i >= max_sampled:
-            text_bytes += size
-            exact = False
+            sizes[spec.name] = storage.size(path)
             continue
         data, broken = b"", False
         with storage.open_input(path) as raw:
@@ -122,14 +123,17 @@ def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20, max
             read = tap.bytes
         n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         if len(data) < sample_bytes:          # read whole (or up to where it breaks)
-            total += n
+            counts[spec.name] = n
             exact = exact and not broken
             continue
-        lines, consumed, text_bytes = lines + n, consumed + read, text_bytes + size
+        lines, consumed = lines + n, consumed + read
+        sizes[spec.name] = storage.size(path)
+    per_byte = lines / consumed if consumed else (
+        sum(counts.values()) / max(1, sum(shard_size(s) for s in shards if s.name in counts)))
+    for name, size in sizes.items():
+        counts[name] = int(size * per_byte)
         exact = False
-    if text_bytes:
-        total += int(lines * text_bytes / max(consumed, 1)) if consumed else 0
-    return total, exact
+    return counts, exact
 
 
 def bounded_lines(stream, max_bytes: int) -> Iterator[tuple[bytes, bool]]:

@@ -1,9 +1,11 @@
 """Work units: the generation job's pieces of decoding work, and what one unit does.
 
-Every input record belongs to one unit, chosen by a hash of its pair id (``unit_of``); a run has
-about ``expected records / unit_pairs`` units (``plan_units``), so decoding spreads over many keys
-whatever the number of output files, a retry or a resume redoes one unit, and a unit's rows fit
-in one worker's memory. Unit ``u`` writes into output shard ``u % num_output_shards``.
+Every input shard gets about ``records / unit_pairs`` units (``plan_units``), and each of its
+records belongs to one of them, chosen by a hash of its pair id (``unit_of``). So decoding
+spreads over many keys whatever the number of output files, a retry or a resume redoes one unit,
+a unit's rows fit in one worker's memory, and every unit (and file) comes from one input shard,
+which is what lets a later run reuse the output of a shard that did not change. Unit ``u``
+writes into output shard ``u % num_output_shards``.
 
 :func:`generate_unit` is the whole per-unit algorithm as a plain function (decode in batches,
 with a failing batch retried pair by pair so one bad pair becomes a reject, not a failed unit);
@@ -12,6 +14,7 @@ completion record. The Beam DoFns in transforms/units.py only call these.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import socket
@@ -30,14 +33,29 @@ MAX_FILE_ROWS = 1_000_000     # a unit's table rolls over to a new file past thi
 PAIR, REJECT = "pair", "reject"
 
 
-def plan_units(expected_records: int, unit_pairs: int, num_output_shards: int) -> int:
-    """How many units a run of about EXPECTED_RECORDS records gets (at least one per shard)."""
-    return max(num_output_shards, math.ceil(max(expected_records, 1) / max(unit_pairs, 1)))
+def plan_units(expected: dict[str, int], unit_pairs: int) -> dict[str, tuple[int, int]]:
+    """{input shard: (first unit, number of units)}: about EXPECTED records / UNIT_PAIRS units
+    per input shard (at least one), numbered shard after shard in name order."""
+    layout, first = {}, 0
+    for name in sorted(expected):
+        n = max(1, math.ceil(expected[name] / max(unit_pairs, 1)))
+        layout[name] = (first, n)
+        first += n
+    return layout
 
 
-def unit_of(pair_id: str, num_units: int) -> int:
-    """The unit a record belongs to: a hash of its pair id (independent of the output shard)."""
-    return int(pair_id[8:16] or pair_id, 16) % num_units
+def unit_of(input_shard: str, pair_id: str, layout: dict) -> int:
+    """The unit a record belongs to: one of its input shard's units, by a hash of its pair id
+    (independent of the output shard)."""
+    first, n = layout[input_shard]
+    return first + int(pair_id[8:16] or pair_id, 16) % n
+
+
+def input_shard_of(unit: int, layout: dict) -> str:
+    """The input shard unit UNIT belongs to."""
+    names = sorted(layout, key=lambda name: layout[name][0])
+    at = bisect.bisect_right([layout[name][0] for name in names], unit) - 1
+    return names[at]
 
 
 def shard_of_unit(unit: int, num_output_shards: int) -> int:
@@ -134,7 +152,7 @@ def _write_table(output: str, contract, rows: list, lang_pair: str, shard: int, 
 
 
 def write_unit(output: str, work: str, unit: int, shard: int, lang_pair: str, result: UnitResult,
-               seconds: float) -> dict:
+               seconds: float, input_shard: str) -> dict:
     """Write a unit's paraphrases and rejects (sorted, so reruns write the same bytes) and then its
     completion record WORK/units/<unit>.json; returns that record."""
     attempt = attempt_id()
@@ -143,7 +161,7 @@ def write_unit(output: str, work: str, unit: int, shard: int, lang_pair: str, re
     files = {"paraphrases": _write_table(output, PARAPHRASES, rows, lang_pair, shard, unit, attempt),
              "rejects": _write_table(output, REJECTS, rejects, lang_pair, shard, unit, attempt)}
     reasons = Counter(r["reason"] for r in rejects)
-    record = {"unit": unit, "shard": shard, "attempt": attempt, "files": files,
+    record = {"unit": unit, "input_shard": input_shard, "shard": shard, "attempt": attempt, "files": files,
               "counts": {"records": len({r["pair_id"] for r in rows}) + len(rejects),
                          "pairs_with_paraphrases": len({r["pair_id"] for r in rows}),
                          "paraphrase_rows": len(rows), "rejected": len(rejects),

@@ -104,6 +104,6 @@ def test_shards_and_compressed_input_from_a_bucket(root):
     shards = discover_shards([storage.join(root, "in")], "cs", "en")
     assert [(s.kind, s.name) for s in shards] == [("tsv", "a.tsv.gz"), ("tsv", "b.tsv.zst"), ("moses", "c")]
     assert [sum(1 for _ in read_shard(s)) for s in shards] == [50, 50, 2]
-    assert estimate_records(shards) == (102, True)
+    assert estimate_records(shards) == ({"a.tsv.gz": 50, "b.tsv.zst": 50, "c": 2}, True)
     assert [s.name for s in discover_shards([storage.join(root, "in", "*.tsv.*")], "cs", "en")] == \
         ["a.tsv.gz", "b.tsv.zst"]

@@ -13,7 +13,8 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInf
 from paracorpus import storage
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
-from paracorpus.units import PAIR, REJECT, generate_unit, shard_of_unit, unit_of, unit_record_path, write_unit
+from paracorpus.units import (PAIR, REJECT, generate_unit, input_shard_of, shard_of_unit, unit_of, unit_record_path,
+                              write_unit)
 from transforms.progress import Progress
 
 
@@ -77,7 +78,7 @@ class UnitTranslatorHandler(ModelHandler):
             for r in result.rejects:
                 if r["stage"] in ("segment", "dual_xent", "generate"):
                     self._progress.inc(f"rejected_{r['reason']}")
-            yield PredictionResult((unit, len(elements)), (result, time.time() - start))
+            yield PredictionResult(unit, (result, time.time() - start))
         self._progress.flush()
 
 
@@ -98,13 +99,14 @@ class WriteUnit(beam.DoFn):
     """PredictionResult of a unit -> its files and completion record (paracorpus.units.write_unit)
     -> the record, for the run's summary."""
 
-    def __init__(self, output: str, work: str, lang_pair: str, num_output_shards: int):
+    def __init__(self, output: str, work: str, lang_pair: str, num_output_shards: int, layout: dict):
         self.output, self.work, self.lang_pair, self.num_output_shards = output, work, lang_pair, num_output_shards
+        self.layout = layout
 
     def process(self, prediction: PredictionResult):
-        (unit, _n), (result, seconds) = prediction.example, prediction.inference
+        unit, (result, seconds) = prediction.example, prediction.inference
         yield write_unit(self.output, self.work, unit, shard_of_unit(unit, self.num_output_shards),
-                         self.lang_pair, result, seconds)
+                         self.lang_pair, result, seconds, input_shard_of(unit, self.layout))
 
 
 def reuse_unit(unit: int, work: str) -> dict:
@@ -114,10 +116,11 @@ def reuse_unit(unit: int, work: str) -> dict:
     return record
 
 
-def key_by_unit(kind: str, num_units: int):
-    """A function tagging a record (or reject row) and keying it by its unit."""
+def key_by_unit(kind: str, layout: dict):
+    """A function tagging a record (or reject row) and keying it by its unit (see
+    paracorpus.units.plan_units for LAYOUT)."""
     def key(rec):
-        return unit_of(rec["pair_id"], num_units), (kind, rec)
+        return unit_of(rec["input_shard"], rec["pair_id"], layout), (kind, rec)
     return key
 
 
@@ -126,17 +129,17 @@ class DecodeUnits(beam.PTransform):
     where USE_RUN_INFERENCE is False) and written."""
 
     def __init__(self, handler: UnitTranslatorHandler, output: str, work: str, lang_pair: str,
-                 num_output_shards: int, use_run_inference: bool = True):
+                 num_output_shards: int, layout: dict, use_run_inference: bool = True):
         super().__init__()
         self.handler, self.output, self.work, self.lang_pair = handler, output, work, lang_pair
-        self.num_output_shards, self.use_run_inference = num_output_shards, use_run_inference
+        self.num_output_shards, self.layout, self.use_run_inference = num_output_shards, layout, use_run_inference
 
     def expand(self, units):
         batches = units | "OneUnitPerBatch" >> beam.Map(lambda u: [u])
         decoded = (batches | "RunInference" >> RunInference(self.handler) if self.use_run_inference
                    else batches | "Decode" >> beam.ParDo(_PlainInference(self.handler)))
         return decoded | "WriteUnit" >> beam.ParDo(WriteUnit(self.output, self.work, self.lang_pair,
-                                                              self.num_output_shards))
+                                                              self.num_output_shards, self.layout))
 
 
 __all__ = ["UnitTranslatorHandler", "DecodeUnits", "key_by_unit", "reuse_unit", "PAIR", "REJECT"]
