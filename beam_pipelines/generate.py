@@ -39,7 +39,7 @@ from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, check_shard, discover_shar
 from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, summarize_run
 from transforms.cleaning import CleanPairs, Deduplicate
 from transforms.io import COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged
-from transforms.units import PAIR, REJECT, DecodeUnits, UnitTranslatorHandler, key_by_unit, reuse_unit
+from transforms.units import PAIR, REJECT, UNIT, DecodeUnits, UnitTranslatorHandler, key_by_unit, reuse_unit
 
 TABLES = ("paraphrases", "rejects", "_counts")      # what publish() cleans (_counts: contract v1 runs)
 
@@ -196,7 +196,11 @@ def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning:
     pairs = dedup[MAIN_TAG] | "KeyPairsByUnit" >> beam.Map(key_by_unit(PAIR, layout))
     rejects = ((read[REJECTS_TAG], cleaned[REJECTS_TAG], dedup[REJECTS_TAG]) | "EarlyRejects" >> beam.Flatten()
                | "KeyRejectsByUnit" >> beam.Map(key_by_unit(REJECT, layout)))
-    units = ((pairs, rejects) | "AllRecords" >> beam.Flatten()
+    # One marker element per unit, from a Create: on the DaskRunner a GroupByKey keeps the partition
+    # count of its inputs and only a Create's is set (--dask_npartitions), so the markers are what
+    # spreads the units over the workers there.
+    markers = p | "UnitMarkers" >> beam.Create([(u, (UNIT, None)) for u in range(plan.num_units) if u not in finished])
+    units = ((pairs, rejects, markers) | "AllRecords" >> beam.Flatten()
              | "SkipFinishedUnits" >> beam.Filter(lambda kv: kv[0] not in finished)
              | "GroupByUnit" >> beam.GroupByKey())
     written = units | "Units" >> DecodeUnits(handler, plan.output, plan.work, plan.lang_pair,
@@ -378,6 +382,9 @@ def run(argv=None) -> dict:
                  "runner %s, config %s", run_id, " (resumed)" if resumed else "", len(shards), "" if exact else "~",
                  f"{expected:,}", num_units, f" ({len(finished)} finished earlier)" if finished else "", opts.preset,
                  cfg.mode, src_lang, tgt_lang, runner.rsplit(".", 1)[-1], chash)
+        if "dask" in runner.lower() and not any(a.startswith(("--dask_npartitions", "--dask_partition_size"))
+                                                for a in beam_args):
+            beam_args = [*beam_args, "--dask_npartitions", str(min(max(plan.num_units, 2), 512))]
         counters = run_pipeline(lambda p: build(
             p, plan, shards, cfg, cleaning, handler, opts.max_line_chars, src_column, tgt_column, finished,
             use_run_inference="dask" not in runner.lower()), beam_args)

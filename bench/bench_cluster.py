@@ -132,8 +132,7 @@ class DaskCluster:
 
 
 def dask_args(cluster: DaskCluster) -> list[str]:
-    return ["--runner", "DaskRunner", "--dask_client_address", cluster.address,
-            "--dask_npartitions", str(2 * cluster.workers), "--torch_threads", "1"]
+    return ["--runner", "DaskRunner", "--dask_client_address", cluster.address, "--torch_threads", "1"]
 
 
 def bench_scale_out(pairs, models, tmp) -> dict:

@@ -4,8 +4,8 @@ Every input shard gets about ``records / unit_pairs`` units (``plan_units``), an
 records belongs to one of them, chosen by a hash of its pair id (``unit_of``). So decoding
 spreads over many keys whatever the number of output files, a retry or a resume redoes one unit,
 a unit's rows fit in one worker's memory, and every unit (and file) comes from one input shard,
-which is what lets a later run reuse the output of a shard that did not change. Unit ``u``
-writes into output shard ``u % num_output_shards``.
+which is what lets a later run reuse the output of a shard that did not change. A unit writes
+into the output shard its input shard's name and its index there hash to (``shard_of_unit``).
 
 :func:`generate_unit` is the whole per-unit algorithm as a plain function (decode in batches,
 with a failing batch retried pair by pair so one bad pair becomes a reject, not a failed unit);
@@ -15,6 +15,7 @@ completion record. The Beam DoFns in transforms/units.py only call these.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
 import os
 import socket
@@ -30,7 +31,7 @@ from paracorpus.schema import PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNIT_RECORD
 
 DEFAULT_UNIT_PAIRS = 500
 MAX_FILE_ROWS = 1_000_000     # a unit's table rolls over to a new file past this many rows
-PAIR, REJECT = "pair", "reject"
+PAIR, REJECT, UNIT = "pair", "reject", "unit"     # element kinds; UNIT marks a unit (no record)
 
 
 def plan_units(expected: dict[str, int], unit_pairs: int) -> dict[str, tuple[int, int]]:
@@ -58,8 +59,12 @@ def input_shard_of(unit: int, layout: dict) -> str:
     return names[at]
 
 
-def shard_of_unit(unit: int, num_output_shards: int) -> int:
-    return unit % num_output_shards
+def shard_of_unit(unit: int, layout: dict, num_output_shards: int) -> int:
+    """The output shard unit UNIT writes into: a hash of its input shard and its index there, so
+    a shard's rows land in the same output shards whatever other shards a run has."""
+    name = input_shard_of(unit, layout)
+    local = unit - layout[name][0]
+    return int(hashlib.sha1(f"{name}\0{local}".encode()).hexdigest()[:8], 16) % num_output_shards
 
 
 def unit_name(unit: int) -> str:

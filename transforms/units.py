@@ -13,7 +13,7 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInf
 from paracorpus import storage
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
-from paracorpus.units import (PAIR, REJECT, generate_unit, input_shard_of, shard_of_unit, unit_of, unit_record_path,
+from paracorpus.units import (PAIR, REJECT, UNIT, generate_unit, input_shard_of, shard_of_unit, unit_of, unit_record_path,
                               write_unit)
 from transforms.progress import Progress
 
@@ -105,8 +105,16 @@ class WriteUnit(beam.DoFn):
 
     def process(self, prediction: PredictionResult):
         unit, (result, seconds) = prediction.example, prediction.inference
-        yield write_unit(self.output, self.work, unit, shard_of_unit(unit, self.num_output_shards),
+        yield write_unit(self.output, self.work, unit, shard_of_unit(unit, self.layout, self.num_output_shards),
                          self.lang_pair, result, seconds, input_shard_of(unit, self.layout))
+
+
+def _unit_batch(unit_elements):
+    """(unit, elements) -> [[(unit, records)]] without the unit's marker; nothing for a unit that
+    got no records."""
+    unit, elements = unit_elements
+    records = [e for e in elements if e[0] != UNIT]
+    return [[(unit, records)]] if records else []
 
 
 def reuse_unit(unit: int, work: str) -> dict:
@@ -135,11 +143,11 @@ class DecodeUnits(beam.PTransform):
         self.num_output_shards, self.layout, self.use_run_inference = num_output_shards, layout, use_run_inference
 
     def expand(self, units):
-        batches = units | "OneUnitPerBatch" >> beam.Map(lambda u: [u])
+        batches = units | "OneUnitPerBatch" >> beam.FlatMap(_unit_batch)
         decoded = (batches | "RunInference" >> RunInference(self.handler) if self.use_run_inference
                    else batches | "Decode" >> beam.ParDo(_PlainInference(self.handler)))
         return decoded | "WriteUnit" >> beam.ParDo(WriteUnit(self.output, self.work, self.lang_pair,
                                                               self.num_output_shards, self.layout))
 
 
-__all__ = ["UnitTranslatorHandler", "DecodeUnits", "key_by_unit", "reuse_unit", "PAIR", "REJECT"]
+__all__ = ["UnitTranslatorHandler", "DecodeUnits", "key_by_unit", "reuse_unit", "PAIR", "REJECT", "UNIT"]
