@@ -196,6 +196,7 @@ def summarize_run(unit_records: list[dict], read_records: list[dict]) -> tuple[d
     reasons: Counter = Counter()
     files: dict[str, list] = {"paraphrases": [], "rejects": []}
     per_worker: Counter = Counter()
+    busy: Counter = Counter()
     with_paraphrases = rows = rejected = reused = 0
     for rec in sorted(unit_records, key=lambda r: r["unit"]):
         c = rec["counts"]
@@ -206,6 +207,8 @@ def summarize_run(unit_records: list[dict], read_records: list[dict]) -> tuple[d
         for table in files:
             files[table] += rec["files"].get(table, [])
         per_worker[rec["worker"]] += 1
+        if not rec.get("reused"):
+            busy[rec["worker"]] += rec["seconds"]
         reused += bool(rec.get("reused"))
     read = {r["input_shard"]: r["records_read"] for r in read_records}
     total = sum(read.values())
@@ -214,5 +217,6 @@ def summarize_run(unit_records: list[dict], read_records: list[dict]) -> tuple[d
               "rejected_by_reason": dict(sorted(reasons.items())),
               "reconciled": total == with_paraphrases + rejected}
     units = {"written": len(unit_records), "reused_from_earlier_attempt": reused,
-             "per_worker": dict(sorted(per_worker.items()))}
+             "per_worker": dict(sorted(per_worker.items())),
+             "decoding_seconds_per_worker": {w: round(s, 1) for w, s in sorted(busy.items())}}
     return counts, files, units

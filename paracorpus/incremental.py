@@ -1,0 +1,93 @@
+"""Incremental generation: what a run can take from the previous committed run.
+
+A refresh runs the generation job with ``--previous RUN``. Every input shard whose content (sha256)
+and whose effective config (the config hash: models, preset, every setting that changes output,
+decoding limits included) are those of the previous run keeps that run's output: its files are
+referenced by the new manifest (with the ``root`` of the run that holds them), never decoded
+again. New and changed shards are decoded; their pairs are deduplicated against the dedup keys the
+previous run kept for the reused shards (a table in the run, ``dedup/``, not recomputed from
+text), so a pair already published keeps its place and a new copy of it is a ``duplicate``
+reject. Shards that are gone drop out. The manifest says, per input shard, which run decoded it.
+
+Content hashes are taken without reading a shard again when its paths, sizes and modification
+times are those the previous run recorded (the quick check of rsync and make); anything else is
+hashed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paracorpus import storage
+from paracorpus.schema import MANIFEST
+from paracorpus.shards import ShardSpec
+
+TABLES = ("paraphrases", "rejects", "dedup")
+
+
+def shard_versions(spec: ShardSpec) -> list:
+    """[(path, size, mtime ns)] of SPEC's files: what the quick check compares."""
+    return [[p, *storage.stat(p)] for p in spec.paths]
+
+
+def fingerprint(spec: ShardSpec, previous: dict | None) -> dict:
+    """{"versions", "sha256"} of SPEC: the previous run's sha256 when the quick check passes (same
+    paths, sizes and times as PREVIOUS recorded), else hashed now."""
+    versions = shard_versions(spec)
+    if previous and previous.get("versions") == versions and previous.get("sha256"):
+        return {"versions": versions, "sha256": previous["sha256"]}
+    return {"versions": versions, "sha256": [storage.sha256(p) for p in spec.paths]}
+
+
+@dataclass
+class Reuse:
+    """What a run takes from the previous one (all empty when there is none to take from)."""
+    previous: str | None = None                  # the previous run's directory or URL
+    previous_run_id: str | None = None
+    why_not: str | None = None                   # why nothing is reused, when nothing is
+    reused: dict = field(default_factory=dict)   # shard name -> previous manifest's inputs entry
+    decode: list = field(default_factory=list)   # ShardSpecs to read and decode
+    removed: list = field(default_factory=list)  # shard names the previous run had, this one has not
+    fingerprints: dict = field(default_factory=dict)   # shard name -> {"versions", "sha256"}
+
+    @property
+    def nothing_to_do(self) -> bool:
+        """True when every shard is reused and none was removed: the run would be the previous one."""
+        return self.previous is not None and not self.decode and not self.removed
+
+    def files(self, table: str) -> list[dict]:
+        """Manifest entries of the reused shards' files of TABLE, each with the root of its run."""
+        out = []
+        for entry in self.reused.values():
+            for f in entry.get("files", {}).get(table, []):
+                out.append(f)
+        return out
+
+
+def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str) -> Reuse:
+    """Which SHARDS the run can take from the committed run PREVIOUS (see the module doc)."""
+    previous_manifest = storage.read_json(storage.join(previous, MANIFEST)) \
+        if previous and storage.isfile(storage.join(previous, MANIFEST)) else None
+    before = {e["input_shard"]: e for e in (previous_manifest or {}).get("inputs", [])}
+    reuse = Reuse(previous=storage.absolute(previous) if previous_manifest else None,
+                  previous_run_id=(previous_manifest or {}).get("run_id"))
+    reuse.fingerprints = {s.name: fingerprint(s, before.get(s.name)) for s in shards}
+    if previous and previous_manifest is None:
+        reuse.why_not = f"{previous} holds no committed run"
+    elif previous_manifest and previous_manifest.get("config_hash") != config_hash:
+        reuse.why_not = (f"the config changed since run {previous_manifest.get('run_id')} "
+                         f"({previous_manifest.get('config_hash')} -> {config_hash})")
+    elif previous_manifest and "files_by_shard" not in previous_manifest:
+        reuse.why_not = f"run {previous_manifest.get('run_id')} has no per-shard file list (an older contract)"
+    if reuse.why_not or previous_manifest is None:
+        reuse.previous, reuse.decode = None, list(shards)
+        return reuse
+    by_shard = previous_manifest["files_by_shard"]
+    for spec in shards:
+        entry = before.get(spec.name)
+        if entry and entry.get("sha256") == reuse.fingerprints[spec.name]["sha256"] and spec.name in by_shard:
+            reuse.reused[spec.name] = {**entry, "files": by_shard[spec.name]}
+        else:
+            reuse.decode.append(spec)
+    names = {s.name for s in shards}
+    reuse.removed = sorted(n for n in before if n not in names)
+    return reuse
