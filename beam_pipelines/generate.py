@@ -31,17 +31,18 @@ from beam_pipelines.options import (check_beam_args, direct_workers, is_local, r
 from paracorpus import storage
 from paracorpus.cleaning import CleaningConfig
 from paracorpus.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
-from paracorpus.commit import Claim, new_run_id, publish, read_manifest, resumable_run, work_dir
+from paracorpus.commit import Claim, file_location, new_run_id, publish, read_manifest, resumable_run, root_for, work_dir
+from paracorpus.incremental import Reuse, plan_reuse
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
 from paracorpus.names import check_lang_code
 from paracorpus.schema import CONTRACT_VERSION, MANIFEST, check_manifest
 from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, check_shard, discover_shards, estimate_records, shard_size
-from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, summarize_run
+from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, summarize_run, totals
 from transforms.cleaning import CleanPairs, Deduplicate
 from transforms.io import COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged
 from transforms.units import PAIR, REJECT, UNIT, DecodeUnits, UnitTranslatorHandler, key_by_unit, reuse_unit
 
-TABLES = ("paraphrases", "rejects", "_counts")      # what publish() cleans (_counts: contract v1 runs)
+TABLES = ("paraphrases", "rejects", "dedup", "_counts")      # what publish() cleans (_counts: contract v1 runs)
 
 log = logging.getLogger("paragen")
 
@@ -88,6 +89,10 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action="store_true",
                    help="continue the unfinished run in --output with the same inputs, models and settings, "
                         "skipping its finished work units (default: start a new run)")
+    g.add_argument("--previous", metavar="RUN", default=None,
+                   help="a committed run to build on: input shards whose content, models and settings are "
+                        "unchanged keep its output (not decoded again), new pairs are deduplicated against its "
+                        "pairs, shards it had and this run has not drop out (default: none, decode everything)")
     g.add_argument("--unit_pairs", type=int, default=DEFAULT_UNIT_PAIRS,
                    help=f"records per work unit: the piece of decoding work one worker does, retries and resumes "
                         f"(default {DEFAULT_UNIT_PAIRS})")
@@ -183,7 +188,8 @@ class Plan:
 
 def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning: CleaningConfig,
           handler: UnitTranslatorHandler, max_line_chars: int, src_column: str, tgt_column: str,
-          finished: frozenset = frozenset(), use_run_inference: bool = True) -> None:
+          finished: frozenset = frozenset(), use_run_inference: bool = True,
+          previous_dedup: list[str] | None = None) -> None:
     """The pipeline: read -> clean -> dedup -> key every record by work unit -> decode and write each
     unit not in FINISHED -> one summary of the run (WORK/summary.json) for the driver to commit."""
     chash, layout = plan.config_hash, plan.layout
@@ -192,7 +198,8 @@ def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning:
             | "SplitRead" >> SplitTagged((MAIN_TAG, REJECTS_TAG, COUNTS_TAG)))
     cleaned = (read[MAIN_TAG] | "Clean" >> beam.ParDo(CleanPairs(cleaning, chash))
                | "SplitClean" >> SplitTagged())
-    dedup = cleaned[MAIN_TAG] | "Deduplicate" >> Deduplicate(chash) | "SplitDedup" >> SplitTagged()
+    dedup = (cleaned[MAIN_TAG] | "Deduplicate" >> Deduplicate(chash, previous_dedup)
+             | "SplitDedup" >> SplitTagged())
     pairs = dedup[MAIN_TAG] | "KeyPairsByUnit" >> beam.Map(key_by_unit(PAIR, layout))
     rejects = ((read[REJECTS_TAG], cleaned[REJECTS_TAG], dedup[REJECTS_TAG]) | "EarlyRejects" >> beam.Flatten()
                | "KeyRejectsByUnit" >> beam.Map(key_by_unit(REJECT, layout)))
@@ -296,11 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _plan_key(chash: str, shards, unit_pairs: int) -> str:
-    """What must be the same for --resume to continue a run: config, inputs (names and sizes) and
-    how records are cut into units."""
+def _plan_key(chash: str, shards, unit_pairs: int, previous_run: str | None = None) -> str:
+    """What must be the same for --resume to continue a run: config, inputs to decode (names and
+    sizes), how records are cut into units, and the run it builds on."""
     inputs = [(s.name, shard_size(s)) for s in shards]
-    return hashlib.sha256(json.dumps([chash, inputs, unit_pairs]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([chash, inputs, unit_pairs, previous_run]).encode()).hexdigest()[:16]
 
 
 def start_run(output: str, plan_key: str, expected: dict, unit_pairs: int, resume: bool,
@@ -361,9 +368,17 @@ def run(argv=None) -> dict:
     chash = config_hash(cfg, {"models": {k: v["fingerprint"] for k, v in models.items()},
                               "cleaning": cleaning_dict, "preset": opts.preset,
                               "precision": opts.precision})
-    per_shard, exact = estimate_records(shards)
+    reuse = plan_reuse(opts.previous, shards, chash) if opts.previous else Reuse(decode=list(shards))
+    if reuse.why_not:
+        log.warning("--previous %s: nothing reused: %s", opts.previous, reuse.why_not)
+    if reuse.nothing_to_do:
+        print(f"nothing changed since run {reuse.previous_run_id} ({reuse.previous}): same input shards, same "
+              "models and settings; nothing decoded, nothing published", flush=True)
+        return {"noop": True, "run_id": reuse.previous_run_id, "previous": reuse.previous}
+    decode = reuse.decode
+    per_shard, exact = estimate_records(decode)
     expected = sum(per_shard.values())
-    plan_key = _plan_key(chash, shards, opts.unit_pairs)
+    plan_key = _plan_key(chash, decode, opts.unit_pairs, reuse.previous_run_id)
     run_id, layout, resumed = start_run(output, plan_key, per_shard, opts.unit_pairs, opts.resume, opts.overwrite)
     plan = Plan(run_id, output, layout, f"{src_lang}-{tgt_lang}", chash)
     num_units = plan.num_units
@@ -372,26 +387,34 @@ def run(argv=None) -> dict:
         storage.absolute(opts.forward_model), storage.absolute(opts.backward_model) if opts.backward_model else None,
         device, precision, threads, {k: v["sha256"] for k, v in models.items()}, cfg, chash,
         expected // workers if workers and expected else None)
+    previous_dedup = [file_location(reuse.previous, f) for f in reuse.files("dedup")] if reuse.previous else []
     start = time.time()
     with Claim(output, run_id):
         finished = frozenset(finished_units(plan.work)) if resumed else frozenset()
         storage.write_json(storage.join(plan.work, "plan.json"),
                            {"run_id": run_id, "plan_key": plan_key, "layout": layout,
                             "unit_pairs": opts.unit_pairs, "config_hash": chash, "command": command_line(argv)})
-        log.info("generation run %s%s: %d shard(s), %s%s records, %d work units%s, preset %s, mode %s, %s->%s, "
-                 "runner %s, config %s", run_id, " (resumed)" if resumed else "", len(shards), "" if exact else "~",
-                 f"{expected:,}", num_units, f" ({len(finished)} finished earlier)" if finished else "", opts.preset,
-                 cfg.mode, src_lang, tgt_lang, runner.rsplit(".", 1)[-1], chash)
+        log.info("generation run %s%s: %d shard(s) to decode (%s%s records, %d work units%s)%s, preset %s, mode %s, "
+                 "%s->%s, runner %s, config %s", run_id, " (resumed)" if resumed else "", len(decode),
+                 "" if exact else "~", f"{expected:,}", num_units,
+                 f", {len(finished)} finished earlier" if finished else "",
+                 f", {len(reuse.reused)} reused from run {reuse.previous_run_id}, {len(reuse.removed)} removed"
+                 if reuse.previous else "", opts.preset, cfg.mode, src_lang, tgt_lang, runner.rsplit(".", 1)[-1], chash)
         if "dask" in runner.lower() and not any(a.startswith(("--dask_npartitions", "--dask_partition_size"))
                                                 for a in beam_args):
             beam_args = [*beam_args, "--dask_npartitions", str(min(max(plan.num_units, 2), 512))]
         counters = run_pipeline(lambda p: build(
-            p, plan, shards, cfg, cleaning, handler, opts.max_line_chars, src_column, tgt_column, finished,
-            use_run_inference="dask" not in runner.lower()), beam_args)
+            p, plan, decode, cfg, cleaning, handler, opts.max_line_chars, src_column, tgt_column, finished,
+            use_run_inference="dask" not in runner.lower(), previous_dedup=previous_dedup), beam_args)
         elapsed = time.time() - start
-        summary = storage.read_json(storage.join(plan.work, "summary.json"))
-        counts, files, units = summarize_run(summary["units"], summary["reads"])
+        summary_path = storage.join(plan.work, "summary.json")
+        summary = storage.read_json(summary_path) if storage.isfile(summary_path) else {"units": [], "reads": []}
+        _counts, _files, units, decoded = summarize_run(summary["units"], summary["reads"])
         units["planned"] = num_units
+        inputs, shard_files = _inputs(run_id, output, summary["reads"], decoded, reuse)
+        counts = totals(inputs)
+        files = {t: [f for name in sorted(shard_files) for f in shard_files[name][t]]
+                 for t in ("paraphrases", "rejects", "dedup")}
         manifest = check_manifest({
             "contract_version": CONTRACT_VERSION, "run_id": run_id, "config_hash": chash, "preset": opts.preset,
             "config": cfg.to_dict(), "cleaning": cleaning_dict, "models": models,
@@ -399,8 +422,10 @@ def run(argv=None) -> dict:
             "precision": {"requested": opts.precision, "resolved": precision if precision != "auto" else None,
                           "workers": {k[len("workers_"):]: v for k, v in counters.items() if k.startswith("workers_")}},
             "device": device, "torch_threads_per_worker": threads,
-            "inputs": [{k: r[k] for k in ("input_shard", "kind", "paths", "sha256", "bytes", "records_read")}
-                       for r in sorted(summary["reads"], key=lambda r: r["input_shard"])],
+            "inputs": [inputs[name] for name in sorted(inputs)],
+            "previous": {"run_id": reuse.previous_run_id, "path": reuse.previous, "why_nothing_reused": reuse.why_not,
+                         "reused_shards": sorted(reuse.reused), "removed_shards": reuse.removed}
+            if opts.previous else None,
             "counts": counts, "files": files, "units": units, "counters": counters,
             "versions": versions(), "command": command_line(argv), "resumed": resumed,
             "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
@@ -414,6 +439,32 @@ def run(argv=None) -> dict:
                  run_id, sum(len(v) for v in files.values()), len(removed))
     _print_summary(counts, counters, elapsed, output)
     return manifest
+
+
+def _inputs(run_id: str, output: str, reads: list[dict], decoded: dict, reuse: Reuse) -> tuple[dict, dict]:
+    """({shard: its manifest entry}, {shard: {table: file entries}}) of a run: the shards it
+    decoded (read records and unit summaries) and those it reuses from REUSE.previous (entries and
+    files taken over, each file with the root of the run that holds it)."""
+    inputs, files = {}, {}
+    for read in reads:
+        name = read["input_shard"]
+        inputs[name] = {**{k: read[k] for k in ("input_shard", "kind", "paths", "sha256", "bytes")},
+                        "versions": reuse.fingerprints.get(name, {}).get("versions"),
+                        "records_read": decoded[name]["records_read"], "counts": decoded[name]["counts"],
+                        "decoded_in": run_id}
+        files[name] = decoded[name]["files"]
+    for name, entry in reuse.reused.items():
+        inputs[name] = {**{k: v for k, v in entry.items() if k != "files"},
+                        "versions": reuse.fingerprints[name]["versions"]}
+        files[name] = {t: [{**f, "root": root_for(output, _holding_run(reuse.previous, f))} for f in entries]
+                       for t, entries in entry["files"].items()}
+    return inputs, files
+
+
+def _holding_run(previous: str, entry: dict) -> str:
+    """The run directory that holds the file of manifest ENTRY of the run PREVIOUS."""
+    location = file_location(previous, entry)
+    return location[:-len(entry["path"]) - 1]
 
 
 def _fingerprint(sha256: dict) -> str:

@@ -66,11 +66,12 @@ def _owner_alive(owner: dict) -> tuple[bool, str]:
 
 
 class Claim:
-    """This run's claim on OUT: the owner record, renewed by a heartbeat thread until released."""
+    """This run's claim on OUT: the owner record (OUT/NAME), renewed by a heartbeat thread until
+    released; a lease others respect while its holder is alive and its heartbeat fresh."""
 
-    def __init__(self, output: str, run_id: str):
+    def __init__(self, output: str, run_id: str, name: str = OWNER):
         self.output, self.run_id = output, run_id
-        self.path = storage.join(output, OWNER)
+        self.path = storage.join(output, name)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -148,13 +149,31 @@ def read_manifest(output: str, name: str) -> dict | None:
     return storage.read_json(path) if storage.isfile(path) else None
 
 
+def file_location(output: str, entry: dict) -> str:
+    """Where a manifest ENTRY's file is: under OUTPUT, or under the run its "root" names (a
+    sibling directory of OUTPUT, or a full path or URL), for a file an earlier run wrote."""
+    root = entry.get("root")
+    if not root:
+        return storage.join(output, entry["path"])
+    if storage.is_url(root) or os.path.isabs(root):
+        return storage.join(root, entry["path"])
+    return storage.join(storage.parent(output), root, entry["path"])
+
+
+def root_for(output: str, other: str) -> str:
+    """How OUTPUT's manifest names the run OTHER: its directory name when it is a sibling (runs
+    of one refresh root move together), else its full path or URL."""
+    other = storage.absolute(other.rstrip("/"))
+    return storage.basename(other) if storage.parent(other) == storage.parent(output) else other
+
+
 def committed_files(output: str, table: str, manifest_name: str = "_manifest.json") -> list[str]:
     """The files of TABLE that OUTPUT's manifest lists, as full paths or URLs. FileNotFoundError
     when OUTPUT holds no committed run."""
     manifest = read_manifest(output, manifest_name)
     if manifest is None:
         raise FileNotFoundError(f"{output}: no {manifest_name}, so no committed run (unfinished, or not a run)")
-    return [storage.join(output, f["path"]) for f in manifest.get("files", {}).get(table, [])]
+    return [file_location(output, f) for f in manifest.get("files", {}).get(table, [])]
 
 
 def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...]) -> list[str]:
@@ -163,7 +182,7 @@ def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, 
     storage.write_json(storage.join(output, manifest_name), manifest)
     for table in manifest.get("files", {}):
         storage.makedirs(storage.join(output, table))       # a table with no rows is still there, empty
-    keep = {f["path"] for files in manifest.get("files", {}).values() for f in files}
+    keep = {f["path"] for files in manifest.get("files", {}).values() for f in files if not f.get("root")}
     removed = []
     for table in tables:
         root = storage.join(output, table)

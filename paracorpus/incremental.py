@@ -76,16 +76,19 @@ def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str) 
     elif previous_manifest and previous_manifest.get("config_hash") != config_hash:
         reuse.why_not = (f"the config changed since run {previous_manifest.get('run_id')} "
                          f"({previous_manifest.get('config_hash')} -> {config_hash})")
-    elif previous_manifest and "files_by_shard" not in previous_manifest:
-        reuse.why_not = f"run {previous_manifest.get('run_id')} has no per-shard file list (an older contract)"
+    elif previous_manifest and not all("counts" in e for e in before.values()):
+        reuse.why_not = f"run {previous_manifest.get('run_id')} has no per-shard counts (an older contract)"
     if reuse.why_not or previous_manifest is None:
         reuse.previous, reuse.decode = None, list(shards)
         return reuse
-    by_shard = previous_manifest["files_by_shard"]
+    by_shard: dict = {}
+    for table in TABLES:
+        for f in previous_manifest.get("files", {}).get(table, []):
+            by_shard.setdefault(f.get("input_shard"), {t: [] for t in TABLES})[table].append(f)
     for spec in shards:
         entry = before.get(spec.name)
-        if entry and entry.get("sha256") == reuse.fingerprints[spec.name]["sha256"] and spec.name in by_shard:
-            reuse.reused[spec.name] = {**entry, "files": by_shard[spec.name]}
+        if entry and entry.get("sha256") == reuse.fingerprints[spec.name]["sha256"]:
+            reuse.reused[spec.name] = {**entry, "files": by_shard.get(spec.name, {t: [] for t in TABLES})}
         else:
             reuse.decode.append(spec)
     names = {s.name for s in shards}

@@ -89,6 +89,15 @@ REJECT_REASONS = {
 }
 
 
+DEDUP_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("dedup_key", pa.string(), "key of the cleaned pair (case- and whitespace-insensitive hash of both sides)"),
+    ("pair_id", pa.string(), "the pair kept for this key (its first occurrence)"),
+    ("input_shard", pa.string(), "file name of the input shard it came from"),
+    ("input_index", pa.int64(), "0-based record index inside that shard"),
+    ("lang_pair", pa.string(), "partition: <src_lang>-<tgt_lang> (also the directory name)"),
+    ("shard", pa.int32(), "partition: output shard number (also the directory name)"),
+]
+
 PARTITION_COLUMNS = ("lang_pair", "shard")
 
 
@@ -138,6 +147,9 @@ class Table:
 
 PARAPHRASES = Table("paraphrases", PARAPHRASE_COLUMNS, frozenset({"backward_nll"}))
 REJECTS = Table("rejects", REJECT_COLUMNS, frozenset({"detail", "source", "reference"}))
+# The dedup keys of the pairs a run kept: what a later incremental run deduplicates new pairs
+# against without reading the old text again (paracorpus/incremental.py).
+DEDUP = Table("dedup", DEDUP_COLUMNS)
 PARAPHRASE_SCHEMA = PARAPHRASES.schema
 REJECT_SCHEMA = REJECTS.schema
 paraphrase_row = PARAPHRASES.row
@@ -152,7 +164,9 @@ SCORED_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 # The manifests: keys every one has. A manifest's 'files' maps a table to a list of
-# {"path": <relative to the run>, "rows": n, "bytes": n}; only those files belong to the run.
+# {"path": <relative to the run>, "rows": n, "bytes": n, "input_shard": name}; only those files
+# belong to the run. An entry with "root" is a file an earlier run wrote and this one reuses:
+# "root" is that run's directory, a sibling's name or a URL (paracorpus.commit.file_location).
 MANIFEST_KEYS = ("contract_version", "run_id", "config_hash", "config", "models", "inputs", "counts",
                  "files", "units", "versions", "command", "finished_at")
 FILTER_MANIFEST_KEYS = ("contract_version", "run_id", "input", "input_run_id", "config", "rows_in", "rows_out",

@@ -27,7 +27,8 @@ from paracorpus import storage
 from paracorpus.commit import attempt_id
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import CleanPair, dual_xent_scores, paraphrase_batch, reject, split_by_pieces
-from paracorpus.schema import PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNIT_RECORD_KEYS, check_manifest
+from paracorpus.cleaning import dedup_key
+from paracorpus.schema import DEDUP, PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNIT_RECORD_KEYS, check_manifest
 
 DEFAULT_UNIT_PAIRS = 500
 MAX_FILE_ROWS = 1_000_000     # a unit's table rolls over to a new file past this many rows
@@ -75,6 +76,7 @@ def unit_name(unit: int) -> str:
 class UnitResult:
     rows: list = field(default_factory=list)          # paraphrase rows (schema.PARAPHRASES)
     rejects: list = field(default_factory=list)       # reject rows (schema.REJECTS)
+    kept: list = field(default_factory=list)          # dedup rows of the pairs the unit decoded (schema.DEDUP)
     counters: Counter = field(default_factory=Counter)
 
 
@@ -117,6 +119,8 @@ def generate_unit(elements: list, forward, backward, cfg: GenerationConfig, conf
     out = UnitResult()
     out.rejects += [row for kind, row in elements if kind == REJECT]
     pairs = sorted((_clean_pair(rec) for kind, rec in elements if kind == PAIR), key=lambda p: p.pair_id)
+    out.kept = [DEDUP.row(dedup_key=dedup_key(p.source, p.reference), pair_id=p.pair_id, input_shard=p.input_shard,
+                          input_index=p.input_index) for p in pairs]
     for start in range(0, len(pairs), cfg.batch_pairs):
         batch = pairs[start:start + cfg.batch_pairs]
         try:
@@ -163,8 +167,13 @@ def write_unit(output: str, work: str, unit: int, shard: int, lang_pair: str, re
     attempt = attempt_id()
     rows = sorted(result.rows, key=lambda r: (r["pair_id"], r["rank"]))
     rejects = sorted(result.rejects, key=lambda r: (r["input_shard"], r["input_index"]))
+    kept = sorted(result.kept, key=lambda r: r["dedup_key"])
     files = {"paraphrases": _write_table(output, PARAPHRASES, rows, lang_pair, shard, unit, attempt),
-             "rejects": _write_table(output, REJECTS, rejects, lang_pair, shard, unit, attempt)}
+             "rejects": _write_table(output, REJECTS, rejects, lang_pair, shard, unit, attempt),
+             "dedup": _write_table(output, DEDUP, kept, lang_pair, shard, unit, attempt)}
+    for entries in files.values():
+        for e in entries:
+            e["input_shard"] = input_shard
     reasons = Counter(r["reason"] for r in rejects)
     record = {"unit": unit, "input_shard": input_shard, "shard": shard, "attempt": attempt, "files": files,
               "counts": {"records": len({r["pair_id"] for r in rows}) + len(rejects),
@@ -189,34 +198,56 @@ def finished_units(work: str) -> set[int]:
             if name.startswith("u") and name.endswith(".json")}
 
 
-def summarize_run(unit_records: list[dict], read_records: list[dict]) -> tuple[dict, dict, dict]:
-    """(counts, files, units) of a run from its units' completion records and its shards' read
-    records: the reconciliation (records read = pairs with paraphrases + rejected), the files the
-    manifest lists, and which worker decoded how many units."""
+def _shard_counts(unit_records: list[dict]) -> dict:
     reasons: Counter = Counter()
-    files: dict[str, list] = {"paraphrases": [], "rejects": []}
+    out = {"pairs_with_paraphrases": 0, "paraphrase_rows": 0, "rejected": 0}
+    for rec in unit_records:
+        for key in out:
+            out[key] += rec["counts"][key]
+        reasons.update(rec["counts"]["rejected_by_reason"])
+    out["rejected_by_reason"] = dict(sorted(reasons.items()))
+    return out
+
+
+def summarize_run(unit_records: list[dict], read_records: list[dict]) -> tuple[dict, dict, dict, dict]:
+    """(counts, files, units, per shard) of a run from its units' completion records and its
+    shards' read records: the reconciliation (records read = pairs with paraphrases + rejected),
+    the files the manifest lists, which worker decoded how many units, and per input shard its
+    records read, counts and files (what a later incremental run reuses)."""
     per_worker: Counter = Counter()
     busy: Counter = Counter()
-    with_paraphrases = rows = rejected = reused = 0
+    by_shard: dict[str, list] = {}
+    reused = 0
     for rec in sorted(unit_records, key=lambda r: r["unit"]):
-        c = rec["counts"]
-        with_paraphrases += c["pairs_with_paraphrases"]
-        rows += c["paraphrase_rows"]
-        rejected += c["rejected"]
-        reasons.update(c["rejected_by_reason"])
-        for table in files:
-            files[table] += rec["files"].get(table, [])
+        by_shard.setdefault(rec["input_shard"], []).append(rec)
         per_worker[rec["worker"]] += 1
         if not rec.get("reused"):
             busy[rec["worker"]] += rec["seconds"]
         reused += bool(rec.get("reused"))
-    read = {r["input_shard"]: r["records_read"] for r in read_records}
-    total = sum(read.values())
-    counts = {"records_read": total, "records_read_per_shard": dict(sorted(read.items())),
-              "pairs_with_paraphrases": with_paraphrases, "paraphrase_rows": rows, "rejected": rejected,
-              "rejected_by_reason": dict(sorted(reasons.items())),
-              "reconciled": total == with_paraphrases + rejected}
+    shards = {}
+    for read in read_records:
+        recs = by_shard.get(read["input_shard"], [])
+        files = {t: [e for r in recs for e in r["files"].get(t, [])] for t in ("paraphrases", "rejects", "dedup")}
+        shards[read["input_shard"]] = {"records_read": read["records_read"], "counts": _shard_counts(recs),
+                                       "files": files}
+    counts = totals(shards)
+    files = {t: [e for s in shards.values() for e in s["files"][t]] for t in ("paraphrases", "rejects", "dedup")}
     units = {"written": len(unit_records), "reused_from_earlier_attempt": reused,
              "per_worker": dict(sorted(per_worker.items())),
              "decoding_seconds_per_worker": {w: round(s, 1) for w, s in sorted(busy.items())}}
-    return counts, files, units
+    return counts, files, units, shards
+
+
+def totals(shards: dict) -> dict:
+    """The run's counts from its shards' (SHARDS: name -> {"records_read", "counts"})."""
+    reasons: Counter = Counter()
+    sums = {"pairs_with_paraphrases": 0, "paraphrase_rows": 0, "rejected": 0}
+    for entry in shards.values():
+        for key in sums:
+            sums[key] += entry["counts"][key]
+        reasons.update(entry["counts"]["rejected_by_reason"])
+    read = {name: entry["records_read"] for name, entry in sorted(shards.items())}
+    total = sum(read.values())
+    return {"records_read": total, "records_read_per_shard": read, **sums,
+            "rejected_by_reason": dict(sorted(reasons.items())),
+            "reconciled": total == sums["pairs_with_paraphrases"] + sums["rejected"]}

@@ -34,7 +34,9 @@ class CleanPairs(beam.DoFn):
 
 
 class KeepFirstOfDuplicates(beam.DoFn):
-    """(dedup key, records) -> the first record by input position; the others are rejects."""
+    """(dedup key, records) -> the first record by input position; the others are rejects. When an
+    earlier run already kept a pair with this key ("previous" rows: its dedup table), every new
+    record with it is a duplicate of that one."""
 
     def __init__(self, config_hash: str):
         self.config_hash = config_hash
@@ -43,24 +45,45 @@ class KeepFirstOfDuplicates(beam.DoFn):
         self.progress = Progress("dedup")
 
     def process(self, element):
-        _key, recs = element
-        recs = sorted(recs, key=lambda r: (r["input_shard"], r["input_index"]))
-        yield (MAIN_TAG, recs[0])
-        for dup in recs[1:]:
+        _key, items = element
+        previous = [row for kind, row in items if kind == "previous"]
+        recs = sorted((r for kind, r in items if kind == "new"), key=lambda r: (r["input_shard"], r["input_index"]))
+        if previous:
+            kept = min(previous, key=lambda r: (r["input_shard"], r["input_index"]))
+            why = f"duplicate of pair {kept['pair_id']} ({kept['input_shard']}:{kept['input_index']}, an earlier run)"
+            dups = recs
+        elif recs:
+            why = f"duplicate of pair {recs[0]['pair_id']}"
+            yield (MAIN_TAG, recs[0])
+            dups = recs[1:]
+        else:
+            return
+        for dup in dups:
             self.progress.inc("rejected_duplicate")
-            yield _reject(dup, "dedup", "duplicate", f"duplicate of pair {recs[0]['pair_id']}",
-                          self.config_hash)
+            yield _reject(dup, "dedup", "duplicate", why, self.config_hash)
+
+
+def _previous_rows(path: str):
+    """(dedup key, ("previous", row)) for every row of an earlier run's dedup file."""
+    from paracorpus import storage
+
+    table = storage.parquet_file(path).read(columns=["dedup_key", "pair_id", "input_shard", "input_index"])
+    for row in table.to_pylist():
+        yield row["dedup_key"], ("previous", row)
 
 
 class Deduplicate(beam.PTransform):
-    """Global deduplication of cleaned pairs; emits (kind, value) pairs like the DoFns."""
+    """Global deduplication of cleaned pairs, also against the dedup files (PREVIOUS_FILES) of the
+    shards an incremental run reuses; emits (kind, value) pairs like the DoFns."""
 
-    def __init__(self, config_hash: str):
+    def __init__(self, config_hash: str, previous_files: list[str] | None = None):
         super().__init__()
-        self.config_hash = config_hash
+        self.config_hash, self.previous_files = config_hash, list(previous_files or [])
 
     def expand(self, pairs):
-        return (pairs
-                | "KeyByText" >> beam.Map(lambda r: (dedup_key(r["source"], r["reference"]), r))
+        new = pairs | "KeyByText" >> beam.Map(lambda r: (dedup_key(r["source"], r["reference"]), ("new", r)))
+        previous = (pairs.pipeline | "PreviousDedupFiles" >> beam.Create(self.previous_files)
+                    | "PreviousKeys" >> beam.FlatMap(_previous_rows))
+        return ((new, previous) | "NewAndPrevious" >> beam.Flatten()
                 | "GroupDuplicates" >> beam.GroupByKey()
                 | "KeepFirst" >> beam.ParDo(KeepFirstOfDuplicates(self.config_hash)))
