@@ -48,16 +48,16 @@ class KeepFirstOfDuplicates(beam.DoFn):
         _key, items = element
         previous = [row for kind, row in items if kind == "previous"]
         recs = sorted((r for kind, r in items if kind == "new"), key=lambda r: (r["input_shard"], r["input_index"]))
-        if previous:
+        if previous:                 # kept by an earlier run: published, it keeps its place
             kept = min(previous, key=lambda r: (r["input_shard"], r["input_index"]))
-            why = f"duplicate of pair {kept['pair_id']} ({kept['input_shard']}:{kept['input_index']}, an earlier run)"
             dups = recs
         elif recs:
-            why = f"duplicate of pair {recs[0]['pair_id']}"
-            yield (MAIN_TAG, recs[0])
+            kept = recs[0]
+            yield (MAIN_TAG, kept)
             dups = recs[1:]
         else:
             return
+        why = f"duplicate of pair {kept['pair_id']} ({kept['input_shard']}:{kept['input_index']})"
         for dup in dups:
             self.progress.inc("rejected_duplicate")
             yield _reject(dup, "dedup", "duplicate", why, self.config_hash)

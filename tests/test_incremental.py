@@ -1,0 +1,109 @@
+"""Incremental generation (--previous) on a local disk and on a real S3 bucket: A+B, then A+B+C
+(only C decoded, a duplicate of an A pair inside C rejected as a duplicate of the earlier run's
+pair, rows equal to a full run on A+B+C), then A+B+C again (a no-op), then B changed (only B
+decoded), then B removed."""
+import os
+
+import pytest
+
+from beam_pipelines.generate import run
+from paracorpus import storage
+from paracorpus.commit import committed_files
+from tests.object_stores import s3_store  # noqa: F401  (fixture)
+
+_FLOATS = ("forward_nll", "backward_nll", "combined_score")
+
+
+def _lines(start, n, seed=41):
+    from tests.toydata import toy_bitext
+
+    return [f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=seed)[start:start + n]]
+
+
+def _rows(run_dir, table="paraphrases"):
+    files = committed_files(run_dir, table)
+    rows = storage.parquet_dataset(files).to_table().to_pylist() if files else []
+    return sorted(rows, key=lambda r: (r["input_shard"], r["input_index"], r.get("rank") or 0))
+
+
+def _strip(rows):
+    return [{k: (round(v, 4) if k in _FLOATS and v is not None else v) for k, v in r.items() if k != "config_hash"}
+            for r in rows]
+
+
+@pytest.fixture(params=["local", "s3"])
+def place(request, tmp_path, monkeypatch, tiny_nmt_models):
+    """(input directory, runs directory, models) on a local disk or in a bucket."""
+    monkeypatch.setenv("PARAGEN_CACHE", str(tmp_path / "cache"))
+    if request.param == "local":
+        return str(tmp_path / "in"), str(tmp_path / "runs"), tiny_nmt_models
+    store = request.getfixturevalue("s3_store")
+    for k, v in store.env.items():
+        monkeypatch.setenv(k, v)
+    bucket = f"s3://{store.make_bucket()}"
+    for name in ("cs-en", "en-cs"):
+        for f in os.listdir(os.path.join(tiny_nmt_models, name)):
+            storage.copy_file(os.path.join(tiny_nmt_models, name, f), f"{bucket}/models/{name}/{f}")
+    return f"{bucket}/in", f"{bucket}/runs", f"{bucket}/models"
+
+
+def _args(inp, out, models, *extra):
+    return ["--input", inp, "--output", out, "--forward_model", storage.join(models, "cs-en"),
+            "--backward_model", storage.join(models, "en-cs"), "--num_sets", "1", "--num_samples", "3",
+            "--score_threshold", "20", "--dual_xent_threshold", "20", "--unit_pairs", "4", "--device", "cpu", *extra]
+
+
+def _write(inp, name, lines):
+    storage.write_bytes(storage.join(inp, name), "".join(lines).encode())
+
+
+def _decoded(manifest):
+    return sorted(e["input_shard"] for e in manifest["inputs"] if e["decoded_in"] == manifest["run_id"])
+
+
+@pytest.mark.slow
+def test_refresh_sequence_decodes_only_what_changed(place, tmp_path):
+    inp, runs, models = place
+    a, b, c = _lines(0, 12), _lines(12, 12), _lines(24, 10) + [_lines(0, 12)[3]]    # C repeats a pair of A
+    _write(inp, "a.tsv", a)
+    _write(inp, "b.tsv", b)
+    r1 = run(_args(inp, f"{runs}/r1", models))
+    assert _decoded(r1) == ["a.tsv", "b.tsv"] and r1["previous"] is None
+
+    _write(inp, "c.tsv", c)
+    r2 = run(_args(inp, f"{runs}/r2", models, "--previous", f"{runs}/r1"))
+    assert _decoded(r2) == ["c.tsv"] and r2["previous"]["reused_shards"] == ["a.tsv", "b.tsv"]
+    assert r2["units"]["written"] == 3                                    # C's units only
+    dup = [r for r in _rows(f"{runs}/r2", "rejects") if r["reason"] == "duplicate"]
+    assert [(r["input_shard"], r["input_index"]) for r in dup] == [("c.tsv", 10)]
+    assert dup[0]["detail"].endswith("(a.tsv:3)")
+    # the same rows as a full run on A+B+C (which also keeps A's copy and rejects C's)
+    full = run(_args(inp, str(tmp_path / "full"), models))
+    for table in ("paraphrases", "rejects"):
+        assert _strip(_rows(f"{runs}/r2", table)) == _strip(_rows(str(tmp_path / "full"), table))
+    assert r2["counts"] == full["counts"]
+    # r2 takes A's and B's files from r1, by reference
+    assert {f.get("root") for f in r2["files"]["paraphrases"] if f["input_shard"] != "c.tsv"} == {"r1"}
+
+    noop = run(_args(inp, f"{runs}/r3", models, "--previous", f"{runs}/r2"))
+    assert noop["noop"] and not storage.exists(f"{runs}/r3")
+
+    _write(inp, "b.tsv", b[:6] + _lines(100, 4))                          # B changed
+    r4 = run(_args(inp, f"{runs}/r4", models, "--previous", f"{runs}/r2"))
+    assert _decoded(r4) == ["b.tsv"] and r4["counts"]["records_read_per_shard"]["b.tsv"] == 10
+    assert {f.get("root") for f in r4["files"]["paraphrases"] if f["input_shard"] == "a.tsv"} == {"r1"}
+    assert {f.get("root") for f in r4["files"]["paraphrases"] if f["input_shard"] == "c.tsv"} == {"r2"}
+
+    storage.delete(storage.join(inp, "b.tsv"))                            # B removed
+    r5 = run(_args(inp, f"{runs}/r5", models, "--previous", f"{runs}/r4"))
+    assert _decoded(r5) == [] and r5["previous"]["removed_shards"] == ["b.tsv"]
+    assert {r["input_shard"] for r in _rows(f"{runs}/r5")} == {"a.tsv", "c.tsv"}
+    assert r5["counts"]["reconciled"] and "b.tsv" not in r5["counts"]["records_read_per_shard"]
+
+
+def test_a_changed_config_reuses_nothing(tmp_path, tiny_nmt_models):
+    inp = str(tmp_path / "in")
+    _write(inp, "a.tsv", _lines(0, 6))
+    run(_args(inp, str(tmp_path / "r1"), tiny_nmt_models))
+    r2 = run(_args(inp, str(tmp_path / "r2"), tiny_nmt_models, "--previous", str(tmp_path / "r1"), "--seed", "2"))
+    assert _decoded(r2) == ["a.tsv"] and "the config changed" in r2["previous"]["why_nothing_reused"]
