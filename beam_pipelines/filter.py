@@ -184,12 +184,12 @@ def run(argv=None) -> dict:
                                 for e in _upload_fitted(workdir, remote, fitted)]
         work = work_dir(output, run_id)
         workers = direct_workers(beam_args)
-        rels = [inp.relative(f) for f in files]
+        todo = list(zip(files, inp.relatives))        # (file to read, its path inside the table)
 
         def build(p):
-            _ = (p | "Files" >> beam.Create(rels)
+            _ = (p | "Files" >> beam.Create(todo)
                  | "Reshuffle" >> beam.Reshuffle()
-                 | "Score" >> beam.ParDo(ScoreFile(inp.root, output, raw, overrides, fit_ids, threads,
+                 | "Score" >> beam.ParDo(ScoreFile(output, raw, overrides, fit_ids, threads,
                                                    rows_expected // workers if workers else None))
                  | "Key" >> beam.Map(lambda s: (None, s))
                  | "Group" >> beam.GroupByKey()

@@ -34,7 +34,7 @@ from paracorpus.cli import UsageError, check_output_location, cli_main, command_
 from paracorpus.commit import Claim, file_location, new_run_id, publish, read_manifest, resumable_run, root_for, work_dir
 from paracorpus.incremental import Reuse, plan_reuse
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
-from paracorpus.names import check_lang_code
+from paracorpus.names import check_lang_code, check_run_id
 from paracorpus.schema import CONTRACT_VERSION, MANIFEST, check_manifest
 from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, check_shard, discover_shards, estimate_records, shard_size
 from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, summarize_run, totals
@@ -93,6 +93,9 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                    help="a committed run to build on: input shards whose content, models and settings are "
                         "unchanged keep its output (not decoded again), new pairs are deduplicated against its "
                         "pairs, shards it had and this run has not drop out (default: none, decode everything)")
+    g.add_argument("--run_id", default=None,
+                   help="the new run's id (letters, digits, '.', '_', '-'); a refresh names a run after its "
+                        "directory this way (default: UTC time plus a random part)")
     g.add_argument("--unit_pairs", type=int, default=DEFAULT_UNIT_PAIRS,
                    help=f"records per work unit: the piece of decoding work one worker does, retries and resumes "
                         f"(default {DEFAULT_UNIT_PAIRS})")
@@ -311,7 +314,7 @@ def _plan_key(chash: str, shards, unit_pairs: int, previous_run: str | None = No
 
 
 def start_run(output: str, plan_key: str, expected: dict, unit_pairs: int, resume: bool,
-              overwrite: bool) -> tuple[str, dict, bool]:
+              overwrite: bool, run_id: str | None = None) -> tuple[str, dict, bool]:
     """(run id, unit layout, resumed?) for a run into OUTPUT. An unfinished run with the same plan
     is continued with --resume; a committed run in OUTPUT is only replaced with --overwrite."""
     committed = read_manifest(output, MANIFEST)
@@ -324,7 +327,7 @@ def start_run(output: str, plan_key: str, expected: dict, unit_pairs: int, resum
             plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
             return run_id, {k: tuple(v) for k, v in plan["layout"].items()}, True
         log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
-    return new_run_id(), plan_units(expected, unit_pairs), False
+    return run_id or new_run_id(), plan_units(expected, unit_pairs), False
 
 
 def run(argv=None) -> dict:
@@ -340,6 +343,10 @@ def run(argv=None) -> dict:
     cfg = generation_config(opts)
     if opts.unit_pairs < 1:
         raise UsageError(f"--unit_pairs must be >= 1, not {opts.unit_pairs}")
+    if opts.run_id is not None:
+        check_run_id(opts.run_id)
+        if opts.resume:
+            raise UsageError("--run_id names a new run; --resume continues the unfinished one (give one of them)")
     fwd_meta, bwd_meta, src_lang, tgt_lang = check_models(opts.forward_model, opts.backward_model,
                                                           opts.src_lang, opts.tgt_lang)
     if cfg.dual_xent_threshold is not None and not opts.backward_model:
@@ -379,7 +386,8 @@ def run(argv=None) -> dict:
     per_shard, exact = estimate_records(decode)
     expected = sum(per_shard.values())
     plan_key = _plan_key(chash, decode, opts.unit_pairs, reuse.previous_run_id)
-    run_id, layout, resumed = start_run(output, plan_key, per_shard, opts.unit_pairs, opts.resume, opts.overwrite)
+    run_id, layout, resumed = start_run(output, plan_key, per_shard, opts.unit_pairs, opts.resume, opts.overwrite,
+                                        opts.run_id)
     plan = Plan(run_id, output, layout, f"{src_lang}-{tgt_lang}", chash)
     num_units = plan.num_units
     workers = direct_workers(beam_args)

@@ -2,7 +2,7 @@
 ``latest`` moved and old runs pruned. Local directories and buckets alike.
 
     paragen-refresh --root gs://bucket/paraphrases --keep 4 \\
-        --filter_args "--config paranmt --encoder gs://bucket/models/enc" \\
+        --filter_args="--config paranmt --encoder gs://bucket/models/enc" \\
         -- --input gs://bucket/bitext/ --forward_model gs://bucket/models/cs-en \\
            --backward_model gs://bucket/models/en-cs --preset parabank2
 
@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the refreshes live (a local directory or a bucket URL) (required)")
     ap.add_argument("--keep", type=int, default=4, help="committed runs kept (default 4)")
     ap.add_argument("--filter_args", default="",
-                    help="the filter job's options (without --input/--output), split like a shell would, "
-                         "never run by one; empty: no filter job (default)")
+                    help="the filter job's options (without --input/--output) as one argument, written "
+                         "--filter_args='--config ...' (the = keeps them from reading as this command's "
+                         "options); split like a shell would, never run by one; empty: no filter job (default)")
     ap.add_argument("--job_cmd", default="",
                     help="run the generation job as this command instead of in this process, e.g. "
                          "'deploy/run_dataflow.sh' (default: in this process)")
@@ -97,9 +98,17 @@ def _run_job(module: str, cmd: list[str], args: list[str], log_file) -> int:
     logging.getLogger().addHandler(handler)
     try:
         with contextlib.redirect_stdout(log_file), contextlib.redirect_stderr(log_file):
-            return cli_main(job.run, args)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
+            try:
+                return cli_main(job.run, args)
+            except SystemExit as exc:
+                if exc.code and not isinstance(exc.code, int):
+                    print(exc.code, file=log_file)
+                return exc.code if isinstance(exc.code, int) else 1
+            except Exception:  # noqa: BLE001: a failed job is the refresh's failure, its traceback the log's
+                import traceback
+
+                traceback.print_exc(file=log_file)
+                return 1
     finally:
         logging.getLogger().removeHandler(handler)
 
@@ -130,7 +139,9 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None) -> list[
     removed = [n for n in names if n not in kept]
     for name in removed:
         storage.delete_tree(storage.join(runs_dir, name))
-        storage.delete(storage.join(root, "logs", f"{name}.log"))
+    for log_name in storage.listdir(storage.join(root, "logs")):      # logs of runs gone, of no-op refreshes
+        if log_name.removesuffix(".log") not in kept:
+            storage.delete(storage.join(root, "logs", log_name))
     return removed
 
 
@@ -152,7 +163,7 @@ def run(argv=None) -> dict:
     job_args = [x for x in a.job_args if x != "--"] if a.job_args[:1] == ["--"] else list(a.job_args)
     if a.keep < 1:
         raise UsageError(f"--keep must be >= 1, not {a.keep}")
-    for forbidden in ("--output", "--previous", "--overwrite", "--resume"):
+    for forbidden in ("--output", "--previous", "--overwrite", "--resume", "--run_id"):
         if any(x == forbidden or x.startswith(forbidden + "=") for x in job_args):
             raise UsageError(f"{forbidden} is set by the refresh; leave it out of the job's options")
     filter_args = _words(a.filter_args, "--filter_args")
@@ -171,7 +182,7 @@ def run(argv=None) -> dict:
             os.makedirs(os.path.dirname(local_log), exist_ok=True)
         buffer = open(local_log, "a", encoding="utf-8") if local_log else io.StringIO()
         try:
-            gen_args = [*job_args, "--output", out] + (["--previous", previous] if previous else [])
+            gen_args = [*job_args, "--output", out, "--run_id", run_id] + (["--previous", previous] if previous else [])
             rc = _run_job("beam_pipelines.generate", job_cmd, gen_args, buffer)
             noop = rc == 0 and not storage.isfile(storage.join(out, MANIFEST))
             if rc != 0:

@@ -15,17 +15,41 @@ Environment:
   PROJECT REGION TEMP IMAGE   required
   GPU                 accelerator type, e.g. nvidia-tesla-t4 (default: none, CPU workers with
                       one SDK process per vCPU and --torch_threads 1)
-  MACHINE_TYPE        default n1-standard-8
+  MACHINE_TYPE        default: one the GPU can be attached to (T4, P4, P100, V100: n1-standard-8;
+                      L4: g2-standard-8; A100 40 GB: a2-highgpu-1g; A100 80 GB: a2-ultragpu-1g;
+                      H100: a3-highgpu-1g), n1-standard-8 without a GPU
+  DISK_SIZE_GB        worker boot disk (default 100: the GPU image with torch's CUDA libraries is
+                      about 12 GB, and Dataflow pulls it onto every worker; 50 without a GPU)
   MAX_WORKERS         default 16
+  PYTHON              interpreter (default .venv/bin/python if there, else python3)
 USAGE
 }
 case "${1:-}" in -h|--help) usage; exit 0;; esac
 JOB=${JOB:-generate}
 case "$JOB" in generate|filter) ;; *) echo "JOB must be generate or filter, not $JOB" >&2; exit 2;; esac
 : "${PROJECT:?}" "${REGION:?}" "${TEMP:?}" "${IMAGE:?}"
+# Each GPU type can only be attached to some machine families (Compute Engine's GPU platforms).
+machine_for_gpu() {
+  case "$1" in
+    nvidia-tesla-t4|nvidia-tesla-p4|nvidia-tesla-p100|nvidia-tesla-v100) echo n1-standard-8;;
+    nvidia-l4) echo g2-standard-8;;
+    nvidia-tesla-a100) echo a2-highgpu-1g;;
+    nvidia-a100-80gb) echo a2-ultragpu-1g;;
+    nvidia-h100-80gb) echo a3-highgpu-1g;;
+    *) echo "run_dataflow.sh: unknown GPU type $1 (set MACHINE_TYPE yourself)" >&2; return 2;;
+  esac
+}
+if [ -n "${GPU:-}" ] && [ -z "${MACHINE_TYPE:-}" ]; then
+  MACHINE_TYPE=$(machine_for_gpu "$GPU") || exit 2
+fi
 args=(--runner DataflowRunner --project "$PROJECT" --region "$REGION" --temp_location "$TEMP"
       --sdk_container_image "$IMAGE" --experiments=use_runner_v2
       --machine_type "${MACHINE_TYPE:-n1-standard-8}" --max_num_workers "${MAX_WORKERS:-16}")
+if [ -n "${GPU:-}" ]; then
+  args+=(--disk_size_gb "${DISK_SIZE_GB:-100}")
+else
+  args+=(--disk_size_gb "${DISK_SIZE_GB:-50}")
+fi
 if [ -n "${GPU:-}" ]; then
   # One SDK process per VM, so the models are loaded once onto the GPU.
   args+=(--dataflow_service_options "worker_accelerator=type:${GPU};count:1;install-nvidia-driver"
@@ -49,4 +73,6 @@ for arg in "$@"; do
   prev=$arg
 done
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-.venv/bin/python}" -m "beam_pipelines.$JOB" "${args[@]}" "$@"
+PY=${PYTHON:-python3}
+[ -n "${PYTHON:-}" ] || [ ! -x .venv/bin/python ] || PY=.venv/bin/python
+exec "$PY" -m "beam_pipelines.$JOB" "${args[@]}" "$@"

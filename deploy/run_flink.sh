@@ -17,8 +17,16 @@ Environment:
   IMAGE              SDK harness image built from deploy/Dockerfile (required unless ENV_TYPE=PROCESS)
   FLINK_VERSION      Flink version of the cluster (default 1.19; Beam 2.77 supports 1.19 1.20 2.0 2.1 2.2)
   PARALLELISM        default parallelism (default 8)
-  ENV_TYPE           DOCKER (default), PROCESS or EXTERNAL (see Beam's portability docs)
-  JOB_SERVER_JAR     a local Flink job-server jar; otherwise Beam downloads it at submit time
+  ENV_TYPE           how task managers start the Python SDK worker: DOCKER (default: the IMAGE),
+                     PROCESS (BOOT on every task manager, i.e. the image's /opt/apache/beam/boot
+                     when the task managers run in it) or EXTERNAL (a worker pool at WORKER_POOL,
+                     e.g. a sidecar started with /opt/apache/beam/boot --worker_pool)
+  BOOT               PROCESS: the boot program (default /opt/apache/beam/boot)
+  WORKER_POOL        EXTERNAL: host:port of the worker pool (default localhost:50000)
+  JOB_SERVER_JAR     a local copy of Beam's Flink job-server jar. Without it Beam downloads the jar
+                     (beam-runners-flink-<version>-job-server) from a Java package repository
+                     (Maven Central) at submit time, which a machine without that access cannot do
+  PYTHON             interpreter (default .venv/bin/python if there, else python3)
 USAGE
 }
 case "${1:-}" in -h|--help) usage; exit 0;; esac
@@ -28,10 +36,16 @@ case "$JOB" in generate|filter) ;; *) echo "JOB must be generate or filter, not 
 ENV_TYPE=${ENV_TYPE:-DOCKER}
 args=(--runner FlinkRunner --flink_master "$FLINK_MASTER" --flink_version "${FLINK_VERSION:-1.19}"
       --parallelism "${PARALLELISM:-8}" --environment_type "$ENV_TYPE")
-if [ "$ENV_TYPE" = DOCKER ]; then
-  : "${IMAGE:?set IMAGE to the worker image (deploy/Dockerfile)}"
-  args+=(--environment_config "$IMAGE")
-fi
+case "$ENV_TYPE" in
+  DOCKER)
+    : "${IMAGE:?set IMAGE to the worker image (deploy/Dockerfile)}"
+    args+=(--environment_config "$IMAGE");;
+  PROCESS) args+=(--environment_config "{\"command\": \"${BOOT:-/opt/apache/beam/boot}\"}");;
+  EXTERNAL) args+=(--environment_config "${WORKER_POOL:-localhost:50000}");;
+  *) echo "ENV_TYPE must be DOCKER, PROCESS or EXTERNAL, not $ENV_TYPE" >&2; exit 2;;
+esac
 [ -n "${JOB_SERVER_JAR:-}" ] && args+=(--flink_job_server_jar "$JOB_SERVER_JAR")
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-.venv/bin/python}" -m "beam_pipelines.$JOB" "${args[@]}" "$@"
+PY=${PYTHON:-python3}
+[ -n "${PYTHON:-}" ] || [ ! -x .venv/bin/python ] || PY=.venv/bin/python
+exec "$PY" -m "beam_pipelines.$JOB" "${args[@]}" "$@"

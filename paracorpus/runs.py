@@ -29,11 +29,7 @@ class ParquetInput:
     files: tuple                 # full paths (or URLs) of the Parquet files to read, sorted
     manifest: dict | None        # the run's manifest, or None for plain Parquet
     kind: str                    # "generation", "filter" or "parquet"
-
-    def relative(self, path: str) -> str:
-        """PATH relative to the table's root (what a job mirrors in its own output)."""
-        root = self.root.rstrip("/")
-        return path[len(root) + 1:] if path.startswith(root + "/") else storage.basename(path)
+    relatives: tuple = ()        # each file's path inside its table (what a job mirrors in its output)
 
 
 def _run_dir(path: str) -> tuple[str, str, str] | None:
@@ -55,12 +51,13 @@ def open_input(path: str) -> ParquetInput:
         run, manifest_name, table = found
         manifest = storage.read_json(storage.join(run, manifest_name))
         files = tuple(committed_files(run, table, manifest_name))
+        relatives = tuple(f["path"][len(table) + 1:] for f in manifest.get("files", {}).get(table, []))
         return ParquetInput(path, storage.join(run, table), files, manifest,
-                            "generation" if manifest_name == MANIFEST else "filter")
+                            "generation" if manifest_name == MANIFEST else "filter", relatives)
     if storage.isfile(path):
         if not path.endswith(".parquet"):
             raise UsageError(f"{path}: not a Parquet file (expected a run directory or .parquet)")
-        return ParquetInput(path, storage.parent(path), (path,), None, "parquet")
+        return ParquetInput(path, storage.parent(path), (path,), None, "parquet", (storage.basename(path),))
     if not storage.isdir(path):
         raise FileNotFoundError(f"{path}: no such file or directory")
     names = storage.listdir(path)
@@ -71,4 +68,4 @@ def open_input(path: str) -> ParquetInput:
                   and not any(part.startswith((".", "_")) for part in p[len(path) + 1:].split("/")))
     if not files:
         raise FileNotFoundError(f"{path}: no Parquet files")
-    return ParquetInput(path, path, files, None, "parquet")
+    return ParquetInput(path, path, files, None, "parquet", tuple(f[len(path) + 1:] for f in files))

@@ -7,6 +7,7 @@ VENV=${VENV:-.venv}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# shellcheck source=/dev/null
 . "$VENV/bin/activate"
 pip install -q --disable-pip-version-check "pip==25.3" "setuptools>=70" wheel
 # Build prerequisites of fairseq-fixed's C++/Cython extensions, then the locked set.

@@ -24,7 +24,7 @@ def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tm
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     err = done.stderr
-    assert re.search(r"generation run \S+: 1 shard\(s\), 30 records", err)              # the pre-count
+    assert re.search(r"generation run \S+: 1 shard\(s\) to decode \(30 records, \d+ work units\)", err)              # the pre-count
     assert re.search(r"\[read\] pairs_read=\d+", err)
     line = re.search(r"\[generate\] .*generate_pairs_in=(\d+).*\| ([\d.]+) pairs/s", err)
     assert line and int(line.group(1)) > 0, err[-3000:]

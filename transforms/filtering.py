@@ -10,15 +10,15 @@ from transforms.progress import Progress
 
 
 class ScoreFile(beam.DoFn):
-    """(path relative to the input table's root) -> stats Counter as a dict, with the scored file's
-    manifest entry under 'files'. The scored file mirrors the input's path under OUTPUT/scored,
-    named with an attempt id so a retried attempt never overwrites a committed file. Filters are
-    built and their models loaded once per worker in setup(); RAW_CONFIG is the validated config
-    with fitted parameters filled in."""
+    """(input file, its path inside the input table) -> stats Counter as a dict, with the scored
+    file's manifest entry under 'files'. The scored file mirrors the input's path under
+    OUTPUT/scored, named with an attempt id so a retried attempt never overwrites a committed file.
+    Filters are built and their models loaded once per worker in setup(); RAW_CONFIG is the
+    validated config with fitted parameters filled in."""
 
-    def __init__(self, input_root: str, output: str, raw_config: dict, overrides: dict, fit_ids: list,
+    def __init__(self, output: str, raw_config: dict, overrides: dict, fit_ids: list,
                  torch_threads: int | None = None, expected_rows: int | None = None):
-        self.input_root, self.output = input_root, output
+        self.output = output
         self.raw_config, self.overrides, self.fit_ids = raw_config, overrides, fit_ids
         self.torch_threads, self.expected_rows = torch_threads, expected_rows
         self.rows = Metrics.counter("filter", "rows_scored")
@@ -40,13 +40,14 @@ class ScoreFile(beam.DoFn):
         self.progress = Progress("filter", every_seconds=3600.0, rate_of="rows", unit="rows",
                                  expected=self.expected_rows)
 
-    def process(self, rel_path: str):
+    def process(self, item):
         from filtering.scoring import score_file
 
+        src, rel_path = item
         stem = rel_path[:-len(".parquet")] if rel_path.endswith(".parquet") else rel_path
         rel_out = f"scored/{stem}-{attempt_id()}.parquet"
         dst = storage.join(self.output, rel_out)
-        stats = score_file(storage.join(self.input_root, rel_path), dst, self.cfg, self._fit_ids)
+        stats = score_file(src, dst, self.cfg, self._fit_ids)
         self.rows.inc(stats["rows"])
         self.kept.inc(stats["kept"])
         self.files.inc()

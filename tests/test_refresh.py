@@ -1,0 +1,156 @@
+"""Scheduled refreshes (beam_pipelines/refresh.py through deploy/refresh.sh) with the real jobs:
+incremental runs, latest moved only after every job committed, no-op refreshes, failures in each
+stage, retention, overlapping refreshes, a bucket as the root, and the systemd failure hook."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from beam_pipelines.refresh import LATEST, LOCK, run as refresh
+from paracorpus import storage
+from paracorpus.cli import UsageError
+from paracorpus.commit import committed_files
+from tests.object_stores import s3_store  # noqa: F401  (fixture)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILTER = "filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.9}}\n"
+
+
+def _lines(start, n):
+    from tests.toydata import toy_bitext
+
+    return "".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=51)[start:start + n])
+
+
+def _job(inp, models):
+    return ["--input", inp, "--forward_model", storage.join(models, "cs-en"), "--backward_model",
+            storage.join(models, "en-cs"), "--num_sets", "1", "--num_samples", "3", "--score_threshold", "20",
+            "--dual_xent_threshold", "20", "--unit_pairs", "4", "--device", "cpu"]
+
+
+def _latest(root):
+    return storage.read_json(storage.join(root, LATEST))["run_id"]
+
+
+def _readable(root, run_id):
+    """The run is whole: its manifest's files (its own and the earlier runs' it reuses) all open."""
+    run_dir = storage.join(root, "runs", run_id)
+    files = committed_files(run_dir, "paraphrases") + committed_files(storage.join(run_dir, "filtered"), "scored",
+                                                                       "_filter_manifest.json")
+    return files and all(storage.parquet_file(f).metadata.num_rows >= 0 for f in files)
+
+
+@pytest.mark.slow
+def test_refreshes_on_a_local_disk(tmp_path, tiny_nmt_models):
+    inp, root, cfg = tmp_path / "in", str(tmp_path / "root"), tmp_path / "f.yaml"
+    inp.mkdir()
+    cfg.write_text(FILTER)
+    (inp / "a.tsv").write_text(_lines(0, 10))
+    filt = [f"--filter_args=--config {cfg} --no_report"]
+    r1 = refresh(["--root", root, "--keep", "1", *filt, "--", *_job(str(inp), tiny_nmt_models)])
+    assert _latest(root) == r1["run_id"] and os.readlink(os.path.join(root, "latest")) == f"runs/{r1['run_id']}"
+    assert _readable(root, r1["run_id"])
+
+    (inp / "b.tsv").write_text(_lines(10, 10))
+    r2 = refresh(["--root", root, "--keep", "1", *filt, "--", *_job(str(inp), tiny_nmt_models)])
+    m2 = json.load(open(os.path.join(root, "runs", r2["run_id"], "_manifest.json")))
+    assert [e["input_shard"] for e in m2["inputs"] if e["decoded_in"] == r2["run_id"]] == ["b.tsv"]
+    assert _latest(root) == r2["run_id"] and _readable(root, r2["run_id"])
+    # KEEP=1, but r2 takes a.tsv's files from r1: retention keeps r1
+    assert sorted(os.listdir(os.path.join(root, "runs"))) == sorted([r1["run_id"], r2["run_id"]])
+
+    start = time.time()
+    noop = refresh(["--root", root, *filt, "--", *_job(str(inp), tiny_nmt_models)])
+    assert noop["noop"] and _latest(root) == r2["run_id"] and time.time() - start < 60
+    assert not os.path.exists(os.path.join(root, "runs", noop["run_id"]))
+
+    # a failure in each stage: latest stays on a whole, readable run; the failed run is pruned later
+    (inp / "c.tsv").write_text(_lines(20, 6))
+    with pytest.raises(UsageError, match="filter job failed"):
+        refresh(["--root", root, "--filter_args=--config nope.yaml", "--", *_job(str(inp), tiny_nmt_models)])
+    bad_models = _job(str(inp), tiny_nmt_models)
+    bad_models[bad_models.index("--forward_model") + 1] = str(tmp_path / "no-model")
+    with pytest.raises(UsageError, match="generation job failed"):
+        refresh(["--root", root, *filt, "--", *bad_models])
+    assert _latest(root) == r2["run_id"] and _readable(root, r2["run_id"])
+    logs = os.listdir(os.path.join(root, "logs"))
+    assert any("no-model" in open(os.path.join(root, "logs", f)).read() for f in logs)
+
+    r3 = refresh(["--root", root, "--keep", "1", *filt, "--", *_job(str(inp), tiny_nmt_models)])
+    assert _latest(root) == r3["run_id"] and _readable(root, r3["run_id"])
+    runs = sorted(os.listdir(os.path.join(root, "runs")))
+    assert runs == sorted([r1["run_id"], r2["run_id"], r3["run_id"]])        # failed runs gone, references kept
+    assert sorted(f[:-4] for f in os.listdir(os.path.join(root, "logs"))) == runs
+
+
+def test_overlapping_refreshes_are_refused(tmp_path, tiny_nmt_models):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / LOCK).write_text(json.dumps({"run_id": "20260101T000000Z-other", "host": os.uname().nodename,
+                                         "pid": os.getpid(), "heartbeat": time.time(), "started": time.time()}))
+    with pytest.raises(UsageError, match="is being written by run 20260101T000000Z-other"):
+        refresh(["--root", str(root), "--", *_job(str(tmp_path), tiny_nmt_models)])
+    assert not (root / "runs").exists()
+
+
+def test_refresh_refuses_options_it_sets(tmp_path):
+    for opt in ("--output", "--previous", "--overwrite", "--resume", "--run_id"):
+        with pytest.raises(UsageError, match=f"{opt} is set by the refresh"):
+            refresh(["--root", str(tmp_path), "--", "--input", "x", opt, "y"])
+
+
+@pytest.mark.slow
+def test_refreshes_on_a_bucket(tmp_path, monkeypatch, tiny_nmt_models, s3_store):
+    for k, v in s3_store.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PARAGEN_CACHE", str(tmp_path / "cache"))
+    bucket = f"s3://{s3_store.make_bucket()}"
+    for name in ("cs-en", "en-cs"):
+        for f in os.listdir(os.path.join(tiny_nmt_models, name)):
+            storage.copy_file(os.path.join(tiny_nmt_models, name, f), f"{bucket}/models/{name}/{f}")
+    storage.write_bytes(f"{bucket}/in/a.tsv", _lines(0, 8).encode())
+    root = f"{bucket}/corpus"
+    r1 = refresh(["--root", root, "--", *_job(f"{bucket}/in", f"{bucket}/models")])
+    storage.write_bytes(f"{bucket}/in/b.tsv", _lines(8, 8).encode())
+    r2 = refresh(["--root", root, "--", *_job(f"{bucket}/in", f"{bucket}/models")])
+    assert _latest(root) == r2["run_id"]
+    m2 = storage.read_json(f"{root}/runs/{r2['run_id']}/_manifest.json")
+    assert [e["input_shard"] for e in m2["inputs"] if e["decoded_in"] == r2["run_id"]] == ["b.tsv"]
+    assert {storage.basename(p) for p in committed_files(f"{root}/runs/{r2['run_id']}", "paraphrases")} >= \
+        {storage.basename(p) for p in committed_files(f"{root}/runs/{r1['run_id']}", "paraphrases")}
+    assert storage.isfile(f"{root}/logs/{r2['run_id']}.log") and not storage.exists(f"{root}/{LOCK}")
+    assert refresh(["--root", root, "--", *_job(f"{bucket}/in", f"{bucket}/models")])["noop"]
+
+
+def test_refresh_sh_hands_everything_to_paragen_refresh_without_a_shell(tmp_path):
+    """FILTER_ARGS and the job commands reach paragen-refresh as single arguments (it splits them
+    into words, never runs them through a shell)."""
+    fake = tmp_path / "fakepython"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT_ROOT": "gs://b/corpus", "KEEP": "3", "PYTHON": str(fake),
+           "FILTER_ARGS": "--config x; touch /tmp/pwned", "PARAGEN_JOB_CMD": "deploy/run_dataflow.sh $(id)"}
+    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "refresh.sh"), "--input", "gs://b/in"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["-m", "beam_pipelines.refresh", "--root", "gs://b/corpus", "--keep", "3",
+                                       "--filter_args=--config x; touch /tmp/pwned",
+                                       "--job_cmd=deploy/run_dataflow.sh $(id)", "--", "--input", "gs://b/in"]
+
+
+def test_filter_args_are_words_not_shell_code(tmp_path):
+    """A ';' in --filter_args becomes part of an argument of the filter job, which refuses it."""
+    marker = tmp_path / "pwned"
+    ok_job = ("python3 -c \"import sys,os,json; o=sys.argv[sys.argv.index('--output')+1]; os.makedirs(o); "
+              "json.dump({'files': {}}, open(o+'/_manifest.json','w'))\"")
+    rec_filter = ("python3 -c \"import sys,os,json; a=sys.argv[1:]; o=a[a.index('--output')+1]; os.makedirs(o); "
+                  "json.dump(a, open(o+'/args.json','w')); sys.exit(2 if any(';' in x for x in a) else 0)\"")
+    with pytest.raises(UsageError, match="filter job failed"):
+        refresh(["--root", str(tmp_path / "root"), "--job_cmd", ok_job, "--filter_cmd", rec_filter,
+                 f"--filter_args=--config x; touch {marker}", "--", "--input", "in"])
+    assert not marker.exists() and not (tmp_path / "root" / LATEST).exists()
+    run_dir = next((tmp_path / "root" / "runs").iterdir())
+    assert "x;" in json.load(open(run_dir / "filtered" / "args.json"))
