@@ -29,6 +29,8 @@ setup(
         "PyYAML>=6,<7",                      # filter-job config files
         "apted>=1.0.3,<2",                   # tree edit distance (syntactic diversity filter)
         "matplotlib>=3.9,<4",                # plots of the filter report
+        "faiss-cpu>=1.9,<2",                 # nearest-neighbour search for bitext mining (CSLS, margin)
+        "eflomal>=2.0,<3",                   # word alignments: the divergence detector's bilingual dictionary
     ],
     extras_require={"test": ["pytest>=8,<10",
                              "moto[s3]>=5.2,<6", "flask>=3,<4", "flask-cors>=6,<7",   # S3 server for bucket tests
@@ -40,5 +42,10 @@ setup(
         "paragen-sts=embeddings.sts:main",
         "paragen-lexicon=embeddings.lexicon:main",
         "paragen-filter=beam_pipelines.filter:main",
+        "paragen-refresh=beam_pipelines.refresh:main",
+        "paragen-train-bilingual=models.train_bilingual:main",
+        "paragen-train-pair-classifier=models.train_pair_classifier:main",
+        "paragen-align=models.alignment_recovery:main",
+        "paragen-train-divergence=models.train_divergence:main",
     ]},
 )

@@ -143,6 +143,62 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                         "(default: latin-1 for en/de/fr/es, latin-2 for cs/pl/sk/hu, none otherwise)")
 
 
+def add_bitext_filter_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("bitext filter (before back-translation: drop pairs that are not translations)")
+    g.add_argument("--bitext_encoder", metavar="DIR", default=None,
+                   help="bilingual sentence encoder (paragen-train-bilingual) for the source-reference cosine "
+                        "(default: none, no similarity filter)")
+    g.add_argument("--bitext_mlp", metavar="DIR", default=None,
+                   help="its MLP pair classifier (paragen-train-pair-classifier): the score becomes the "
+                        "probability that the pair is parallel (default: cosine)")
+    g.add_argument("--bitext_min_similarity", type=float, default=None,
+                   help="reject a pair whose cosine (or MLP probability) is below this, reason "
+                        "bitext_similarity (required with --bitext_encoder)")
+    g.add_argument("--divergence_model", metavar="DIR", default=None,
+                   help="semantic-divergence detector (paragen-train-divergence); a pair it finds divergent is "
+                        "rejected, reason divergent (default: none)")
+    g.add_argument("--min_equivalence", type=float, default=None,
+                   help="reject below this P(equivalent) (default: the threshold the detector was tuned with)")
+
+
+def bitext_filter_config(opts):
+    """The bitext filter's settings, checked (UsageError), its model directories absolute."""
+    from filtering.bitext import BitextFilterConfig
+
+    cfg = BitextFilterConfig(
+        encoder=storage.absolute(opts.bitext_encoder) if opts.bitext_encoder else None,
+        mlp=storage.absolute(opts.bitext_mlp) if opts.bitext_mlp else None,
+        min_similarity=opts.bitext_min_similarity,
+        divergence=storage.absolute(opts.divergence_model) if opts.divergence_model else None,
+        min_equivalence=opts.min_equivalence)
+    try:
+        cfg.check()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for option, path in (("--bitext_encoder", cfg.encoder), ("--bitext_mlp", cfg.mlp),
+                         ("--divergence_model", cfg.divergence)):
+        if path and not storage.isfile(storage.join(path, "config.json")):
+            raise UsageError(f"{option} {path}: not a model directory (no config.json)")
+    return cfg
+
+
+def check_bitext_languages(cfg, src_lang: str, tgt_lang: str) -> None:
+    """Refuse bitext models trained on other languages than the job's, before anything runs."""
+    for option, path, langs_of in (("--bitext_encoder", cfg.encoder, lambda c: (c.get("src_lang"), c.get("tgt_lang"))),
+                                   ("--divergence_model", cfg.divergence,
+                                    lambda c: (c.get("model", {}).get("src_lang"), c.get("model", {}).get("tgt_lang")))):
+        if not path:
+            continue
+        langs = langs_of(storage.read_json(storage.join(path, "config.json")))
+        if set(langs) != {src_lang, tgt_lang}:
+            raise UsageError(f"{option} {path} is a {langs[0]}-{langs[1]} model; this job is {src_lang}-{tgt_lang}")
+
+
+def directory_sha256(path: str) -> dict:
+    """{file name: sha256} of the files of a model directory (its fingerprint in the manifest)."""
+    return {storage.basename(f): storage.sha256(f) for f in sorted(storage.list_files(path, recursive=False))}
+
+
 def generation_config(opts) -> GenerationConfig:
     base = PRESETS[opts.preset]
     changes = {name: getattr(opts, name) for name, _, _ in _TUNABLES if getattr(opts, name, None) is not None}
@@ -303,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
                "examples/cs-en.example.tsv --output runs/example-out --forward_model runs/example-models/cs-en "
                "--backward_model runs/example-models/en-cs (models from scripts/quickstart.sh).")
     add_generate_args(parser)
+    add_bitext_filter_args(parser)
     return parser
 
 
@@ -369,12 +426,23 @@ def run(argv=None) -> dict:
     if opts.backward_model:
         models["backward"] = {"path": storage.absolute(opts.backward_model), "sha256": bwd_meta["sha256"],
                               "fingerprint": _fingerprint(bwd_meta["sha256"])}
+    bitext = bitext_filter_config(opts)
+    check_bitext_languages(bitext, src_lang, tgt_lang)
+    for name, path in (("bitext_encoder", bitext.encoder), ("bitext_mlp", bitext.mlp),
+                       ("divergence", bitext.divergence)):
+        if path:
+            sha = directory_sha256(path)
+            models[name] = {"path": path, "sha256": sha, "fingerprint": _fingerprint(sha)}
     cleaning_dict = {"src_lang": cleaning.src_lang, "tgt_lang": cleaning.tgt_lang,
                      "encodings": cleaning.encodings, "max_tokens": cleaning.max_tokens,
                      "max_length_ratio": cleaning.max_length_ratio, "max_line_chars": opts.max_line_chars}
     chash = config_hash(cfg, {"models": {k: v["fingerprint"] for k, v in models.items()},
                               "cleaning": cleaning_dict, "preset": opts.preset,
-                              "precision": opts.precision})
+                              "precision": opts.precision,
+                              # the bitext models' files are in "models"; their paths do not change output
+                              **({"bitext_filter": {"min_similarity": bitext.min_similarity,
+                                                    "min_equivalence": bitext.min_equivalence}}
+                                 if bitext.enabled else {})})
     reuse = plan_reuse(opts.previous, shards, chash) if opts.previous else Reuse(decode=list(shards))
     if reuse.why_not:
         log.warning("--previous %s: nothing reused: %s", opts.previous, reuse.why_not)
@@ -394,7 +462,8 @@ def run(argv=None) -> dict:
     handler = UnitTranslatorHandler(
         storage.absolute(opts.forward_model), storage.absolute(opts.backward_model) if opts.backward_model else None,
         device, precision, threads, {k: v["sha256"] for k, v in models.items()}, cfg, chash,
-        expected // workers if workers and expected else None)
+        expected // workers if workers and expected else None, bitext=bitext if bitext.enabled else None,
+        langs=(src_lang, tgt_lang))
     previous_dedup = [file_location(reuse.previous, f) for f in reuse.files("dedup")] if reuse.previous else []
     start = time.time()
     with Claim(output, run_id):
