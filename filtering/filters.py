@@ -361,9 +361,75 @@ class TreeEditFilter(Filter):
         return {"tree_edit_distance": np.array(out, dtype=np.float64)}
 
 
+class _BitextFilter(Filter):
+    """Base of the filters that score the foreign source against the English reference and the
+    paraphrase with a bitext model (filtering/bitext.py); the rows' src_lang / tgt_lang say
+    which language each side is in."""
+    PREFIX = ""
+
+    @property
+    def scores(self):
+        return {f"{self.PREFIX}_reference": "high", f"{self.PREFIX}_paraphrase": "high"}
+
+    def score(self, batch):
+        table = batch.table
+        for column in ("source", "src_lang", "tgt_lang"):
+            if column not in table.column_names:
+                raise ValueError(f"filter {self.NAME!r} needs the generation rows' {column!r} column")
+        source = [s or "" for s in table.column("source").to_pylist()]
+        pairs = list(zip(table.column("src_lang").to_pylist(), table.column("tgt_lang").to_pylist()))
+        out = {}
+        for side, texts in (("reference", batch.reference), ("paraphrase", batch.paraphrase)):
+            values = np.full(len(batch), np.nan)
+            for src_lang, tgt_lang in set(pairs):    # a file holds one language pair; several work too
+                idx = [i for i, p in enumerate(pairs) if p == (src_lang, tgt_lang)]
+                values[idx] = self._scorer.score([source[i] for i in idx], [texts[i] for i in idx],
+                                                 src_lang, tgt_lang)
+            out[f"{self.PREFIX}_{side}"] = values
+        return out
+
+
+class BitextSimilarityFilter(_BitextFilter):
+    """Cosine of bilingual sentence embeddings (Kim et al. 2019) of source and reference, and of
+    source and paraphrase (is the paraphrase still a translation of the source?); with ``mlp``,
+    the MLP's probability that the pair is parallel instead."""
+    NAME = "bitext_similarity"
+    PREFIX = "bitext_similarity"
+    PARAMS = {"encoder": None, "mlp": None}
+
+    def check_params(self):
+        if not self.params["encoder"]:
+            raise ValueError("filter 'bitext_similarity' needs encoder: a bilingual encoder directory "
+                             "(paragen-train-bilingual)")
+
+    def setup(self):
+        from filtering.bitext import SimilarityScorer
+
+        self._scorer = SimilarityScorer(self.params["encoder"], self.params["mlp"])
+
+
+class DivergenceFilter(_BitextFilter):
+    """P(equivalent) of source and reference, and of source and paraphrase, from the semantic
+    divergence detector (Vyas et al. 2018)."""
+    NAME = "divergence"
+    PREFIX = "equivalence"
+    PARAMS = {"model": None}
+
+    def check_params(self):
+        if not self.params["model"]:
+            raise ValueError("filter 'divergence' needs model: a divergence detector directory "
+                             "(paragen-train-divergence)")
+
+    def setup(self):
+        from filtering.bitext import EquivalenceScorer
+
+        self._scorer = EquivalenceScorer(self.params["model"])
+
+
 FILTERS: dict[str, type[Filter]] = {f.NAME: f for f in (
     LengthFilter, LengthRatioFilter, NgramOverlapFilter, BleuFilter, BagOfPiecesFilter, TranslationCostFilter,
-    LanguageModelFilter, ClassifierFilter, ParaphraseScoreFilter, TreeEditFilter)}
+    LanguageModelFilter, ClassifierFilter, ParaphraseScoreFilter, TreeEditFilter, BitextSimilarityFilter,
+    DivergenceFilter)}
 
 
 def decide(scores: dict[str, np.ndarray], rules: Sequence[tuple[str, str, float | None, float | None]],

@@ -84,10 +84,22 @@ def _clean_pair(rec: dict) -> CleanPair:
     return CleanPair(rec["pair_id"], rec["input_shard"], rec["input_index"], rec["source"], rec["reference"])
 
 
+def _bitext_filter(pairs: list[CleanPair], bitext, langs: tuple[str, str], config_hash: str) -> tuple[list, list]:
+    """(kept pairs, rejects) of the bitext filter (filtering/bitext.py): non-parallel and
+    divergent pairs go before anything is translated."""
+    decisions = bitext.decide([p.source for p in pairs], [p.reference for p in pairs], *langs)
+    kept = [p for p, d in zip(pairs, decisions) if d is None]
+    rejects = [reject(p, "bitext_filter", d[0], d[1], config_hash) for p, d in zip(pairs, decisions) if d is not None]
+    return kept, rejects
+
+
 def _decode_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationConfig, config_hash: str,
-                  limits: tuple[int, int], out: UnitResult) -> None:
+                  limits: tuple[int, int], out: UnitResult, bitext=None, langs: tuple[str, str] = ("", "")) -> None:
+    rejects, counters = [], Counter()
+    if bitext is not None and pairs:
+        pairs, rejects = _bitext_filter(pairs, bitext, langs, config_hash)
     pairs, too_long = split_by_pieces(pairs, forward, limits, config_hash)
-    rejects, counters = list(too_long), Counter()
+    rejects += too_long
     if cfg.dual_xent_threshold is not None and backward is not None and pairs:
         kept = []
         for pair, score in zip(pairs, dual_xent_scores(pairs, forward, backward)):
@@ -110,12 +122,13 @@ def _decode_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationConf
 
 
 def generate_unit(elements: list, forward, backward, cfg: GenerationConfig, config_hash: str,
-                  limits: tuple[int, int], on_batch=None) -> UnitResult:
+                  limits: tuple[int, int], on_batch=None, bitext=None, langs: tuple[str, str] = ("", "")) -> UnitResult:
     """Rows and rejects of one unit. ELEMENTS are (PAIR, cleaned record) and (REJECT, reject row)
     items; pairs are decoded in batches of cfg.batch_pairs in pair-id order, so a unit always
     gives the same rows. A batch that raises (an error in decoding, running out of memory) is
     retried one pair at a time, and a pair that fails alone is rejected as 'decode_error'.
-    ON_BATCH(number of pairs) is called after each batch (progress)."""
+    ON_BATCH(number of pairs) is called after each batch (progress). BITEXT, a loaded
+    filtering.bitext.BitextFilter, drops pairs (in the LANGS (source, reference) languages) first."""
     out = UnitResult()
     out.rejects += [row for kind, row in elements if kind == REJECT]
     pairs = sorted((_clean_pair(rec) for kind, rec in elements if kind == PAIR), key=lambda p: p.pair_id)
@@ -124,12 +137,12 @@ def generate_unit(elements: list, forward, backward, cfg: GenerationConfig, conf
     for start in range(0, len(pairs), cfg.batch_pairs):
         batch = pairs[start:start + cfg.batch_pairs]
         try:
-            _decode_batch(batch, forward, backward, cfg, config_hash, limits, out)
+            _decode_batch(batch, forward, backward, cfg, config_hash, limits, out, bitext, langs)
         except Exception:  # noqa: BLE001: isolate the pair that fails, below
             out.counters["batches_retried_pair_by_pair"] += 1
             for pair in batch:
                 try:
-                    _decode_batch([pair], forward, backward, cfg, config_hash, limits, out)
+                    _decode_batch([pair], forward, backward, cfg, config_hash, limits, out, bitext, langs)
                 except Exception as exc:  # noqa: BLE001: any failure of one pair is that pair's reject
                     detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
                     out.rejects.append(reject(pair, "generate", "decode_error", detail, config_hash))

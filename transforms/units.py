@@ -22,8 +22,8 @@ class _Models:
     """The forward and backward translators of one process (Beam's Shared cache needs an object
     that can be weakly referenced, which a tuple cannot)."""
 
-    def __init__(self, forward, backward):
-        self.forward, self.backward = forward, backward
+    def __init__(self, forward, backward, bitext=None):
+        self.forward, self.backward, self.bitext = forward, backward, bitext
 
 
 class UnitTranslatorHandler(ModelHandler):
@@ -33,8 +33,9 @@ class UnitTranslatorHandler(ModelHandler):
 
     def __init__(self, forward_model: str, backward_model: str | None, device: str | None, precision: str,
                  torch_threads: int | None, model_sha256: dict, cfg: GenerationConfig, config_hash: str,
-                 expected_pairs: int | None = None):
+                 expected_pairs: int | None = None, bitext=None, langs: tuple[str, str] = ("", "")):
         super().__init__()
+        self.bitext, self.langs = bitext, langs      # a filtering.bitext.BitextFilterConfig, or None
         self.forward_model, self.backward_model = forward_model, backward_model
         self.device, self.precision, self.torch_threads = device, precision, torch_threads
         self.model_sha256, self.cfg, self.config_hash = model_sha256, cfg, config_hash
@@ -52,7 +53,12 @@ class UnitTranslatorHandler(ModelHandler):
                                   sha256=self.model_sha256.get("forward"))
         backward = (load_translator(self.backward_model, device=self.device, precision=self.precision,
                                     sha256=self.model_sha256.get("backward")) if self.backward_model else None)
-        return _Models(forward, backward)
+        bitext = None
+        if self.bitext is not None and self.bitext.enabled:
+            from filtering.bitext import BitextFilter
+
+            bitext = BitextFilter(self.bitext, device=self.device)
+        return _Models(forward, backward, bitext)
 
     def should_skip_batching(self) -> bool:
         return True                 # a unit is already a batch of pairs; elements arrive as [unit]
@@ -72,11 +78,12 @@ class UnitTranslatorHandler(ModelHandler):
         for unit, elements in batch:
             start = time.time()
             result = generate_unit(list(elements), model.forward, model.backward, self.cfg, self.config_hash, limits,
-                                   on_batch=lambda n: self._progress.inc("generate_pairs_in", n))
+                                   on_batch=lambda n: self._progress.inc("generate_pairs_in", n),
+                                   bitext=model.bitext, langs=self.langs)
             for name, n in result.counters.items():
                 self._progress.inc(name, n)
             for r in result.rejects:
-                if r["stage"] in ("segment", "dual_xent", "generate"):
+                if r["stage"] in ("bitext_filter", "segment", "dual_xent", "generate"):
                     self._progress.inc(f"rejected_{r['reason']}")
             yield PredictionResult(unit, (result, time.time() - start))
         self._progress.flush()
