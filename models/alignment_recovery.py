@@ -1,0 +1,299 @@
+"""Sentence-alignment recovery: how often a similarity finds a sentence's translation among all
+the sentences of the other side (the evaluation of Kim et al. 2019, §5).
+
+The target side of a line-aligned bitext is shuffled (seeded); every source sentence is matched
+to its most similar target sentence and every target sentence to its most similar source, and the
+error rate is the fraction matched to a wrong sentence, in both directions and their mean. A
+recovered sentence whose text equals the right one's (a duplicate line) counts as correct: no
+similarity can tell two copies apart. Similarities: cosine, euclidean, CSLS and the two LASER
+margins over the encoder's embeddings (models/similarity.py), the MLP pair classifier when given
+(models/pair_classifier.py), and two baselines that need no model: Levenshtein distance between
+the raw strings (rapidfuzz) and the difference of character lengths. Ties are broken by the
+shuffled order, so a baseline that cannot tell sentences apart scores near chance, not zero.
+
+    paragen-align --bitext ../shared/data/bitext/multi30k/val --src_lang cs --tgt_lang en \\
+        --encoder runs/bilingual-cs-en --mlp runs/pair-mlp --json runs/align.json
+    python -m models.alignment_recovery --src test.cs.gz --tgt test.en.gz --encoder runs/bilingual-cs-en
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from models import similarity
+from paracorpus.cli import UsageError
+
+log = logging.getLogger("paragen.alignment_recovery")
+
+METHODS = similarity.METHODS
+BASELINES = ("levenshtein", "length")
+MLP_FULL_LIMIT = 2000          # up to this many sentences the MLP scores every pair (n^2 MLP passes)
+MLP_CANDIDATES = 32            # above it, the MLP reranks this many cosine neighbours per sentence
+EDIT_BLOCK = 1 << 24           # edit distances per rapidfuzz call (int32: 64 MiB)
+MAX_LINE_BYTES = 100_000       # input lines are cut here
+
+
+# ---------------------------------------------------------------------------- baselines
+def nearest_by_edit_distance(queries: Sequence[str], base: Sequence[str], workers: int = -1
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """(for each query the base string at the smallest Levenshtein distance, for each base string
+    the nearest query), from one blocked pass of rapidfuzz.process.cdist (WORKERS threads, -1 =
+    all cores). Ties go to the lower index."""
+    from rapidfuzz import process
+    from rapidfuzz.distance import Levenshtein
+
+    fwd = np.empty(len(queries), dtype=np.int64)
+    col_best = np.full(len(base), np.iinfo(np.int32).max, dtype=np.int64)
+    col_arg = np.zeros(len(base), dtype=np.int64)
+    rows = max(1, EDIT_BLOCK // max(1, len(base)))
+    for start in range(0, len(queries), rows):
+        dist = process.cdist(queries[start:start + rows], base, scorer=Levenshtein.distance, dtype=np.int32,
+                             workers=workers)
+        fwd[start:start + rows] = dist.argmin(1)
+        low, arg = dist.min(0), dist.argmin(0) + start
+        better = low < col_best                         # strict: an earlier query keeps a tie
+        col_best[better], col_arg[better] = low[better], arg[better]
+    return fwd, col_arg
+
+
+def nearest_by_length(queries: Sequence[str], base: Sequence[str]) -> np.ndarray:
+    """For each query the base string whose character length is nearest (a tie between a shorter
+    and a longer one goes to the shorter; among strings of one length, the lowest index)."""
+    q = np.array([len(s) for s in queries], dtype=np.int64)
+    b = np.array([len(s) for s in base], dtype=np.int64)
+    order = np.argsort(b, kind="stable")                # equal lengths keep index order
+    lengths = b[order]
+    pos = np.searchsorted(lengths, q)                   # first base length >= query length
+    hi, lo = np.minimum(pos, len(b) - 1), np.maximum(pos - 1, 0)
+    chosen = np.where(np.abs(q - lengths[lo]) <= np.abs(lengths[hi] - q), lengths[lo], lengths[hi])
+    return order[np.searchsorted(lengths, chosen)]      # the first base string of that length
+
+
+# ---------------------------------------------------------------------------- the evaluation
+def error_rate(predicted: np.ndarray, texts_of_base: np.ndarray, expected_texts: np.ndarray) -> float:
+    """Fraction of queries whose predicted base sentence is not (a copy of) the expected one."""
+    return float(np.mean(texts_of_base[predicted] != expected_texts)) if len(predicted) else float("nan")
+
+
+def _mlp_matches(mlp, e_src, e_tgt, candidates: int | None) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """(best target per source, best source per target, candidates used or None for all pairs)."""
+    if candidates is None and len(e_src) <= MLP_FULL_LIMIT:
+        probs = mlp.score_matrix(e_src, e_tgt)
+        return probs.argmax(1), probs.argmax(0), None
+    c = min(candidates or MLP_CANDIDATES, len(e_tgt), len(e_src))
+    _, fwd_idx = similarity.nearest(e_src, e_tgt, c)
+    _, bwd_idx = similarity.nearest(e_tgt, e_src, c)
+    fwd = fwd_idx[np.arange(len(e_src)), mlp.score_candidates(e_src, e_tgt, fwd_idx).argmax(1)]
+    bwd = bwd_idx[np.arange(len(e_tgt)), mlp.score_candidates(e_tgt, e_src, bwd_idx, queries_are_source=False
+                                                              ).argmax(1)]
+    return fwd, bwd, c
+
+
+def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embeddings=None,
+                      methods: Sequence[str] = METHODS, k: int = 4, mlp=None, seed: int = 0,
+                      baselines: Sequence[str] = BASELINES, src_lang: str | None = None, tgt_lang: str | None = None,
+                      workers: int = -1, mlp_candidates: int | None = None, exact: bool | None = None,
+                      threads: int | None = None) -> dict:
+    """Error rates of recovering the alignment of SRC[i] <-> TGT[i] after shuffling TGT (SEED).
+
+    Embeddings come from ENCODER (``encode(sentences, lang)``, languages from its cfg unless
+    SRC_LANG / TGT_LANG are given) or from EMBEDDINGS, a pair of arrays line-aligned with SRC and
+    TGT (shuffled here with the sentences). K: neighbours of CSLS and the margins. MLP: a
+    PairClassifier; with MLP_CANDIDATES None it scores every pair up to MLP_FULL_LIMIT sentences
+    and reranks the MLP_CANDIDATES nearest by cosine above; an integer always reranks that many.
+    Returns {"n", "seed", "k", "methods": {name: {"src2tgt", "tgt2src", "mean", "seconds"}}, ...};
+    errors are fractions."""
+    n = len(src)
+    if len(tgt) != n:
+        raise UsageError(f"the two sides differ in length: {n} source and {len(tgt)} target sentences")
+    if n < 2:
+        raise UsageError(f"alignment recovery needs at least 2 sentence pairs, got {n}")
+    unknown = [m for m in methods if m not in METHODS] + [b for b in baselines if b not in BASELINES]
+    if unknown:
+        raise UsageError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS + BASELINES)}")
+    if encoder is not None and embeddings is not None:
+        raise ValueError("give either an encoder or precomputed embeddings, not both")
+    if (methods or mlp is not None) and encoder is None and embeddings is None:
+        raise ValueError("the embedding similarities need an encoder or precomputed embeddings")
+
+    perm = np.random.default_rng(seed).permutation(n)   # shuffled target j is original target perm[j]
+    inverse = np.argsort(perm)                          # original target i sits at inverse[i]
+    src_text = np.array(src, dtype=object)
+    tgt_text = np.array(tgt, dtype=object)
+    tgt_shuffled = tgt_text[perm]
+    expected_fwd, expected_bwd = tgt_text, src_text[perm]   # the right answers' texts
+    results = {"n": n, "seed": seed, "k": k, "methods": {}}
+
+    def record(name: str, fwd: np.ndarray, bwd: np.ndarray, seconds: float, **extra) -> None:
+        e_f, e_b = error_rate(fwd, tgt_shuffled, expected_fwd), error_rate(bwd, src_text, expected_bwd)
+        results["methods"][name] = {"src2tgt": e_f, "tgt2src": e_b, "mean": (e_f + e_b) / 2,
+                                    "seconds": round(seconds, 3), **extra}
+        log.info("%s: error %.2f%% src->tgt, %.2f%% tgt->src (%.1fs)", name, 100 * e_f, 100 * e_b, seconds)
+
+    if methods or mlp is not None:
+        e_src, e_tgt = _embeddings(src, tgt_shuffled, perm, encoder, embeddings, src_lang, tgt_lang, results)
+        for method in methods:
+            t0 = time.perf_counter()
+            fwd, bwd = similarity.mine_both(e_src, e_tgt, method, k, exact=exact, threads=threads)
+            record(method, fwd.index, bwd.index, time.perf_counter() - t0, exact=fwd.exact and bwd.exact)
+        if mlp is not None:
+            if mlp.dim != e_src.shape[1]:
+                raise UsageError(f"the MLP reads {mlp.dim}-dimensional embeddings, the encoder gives {e_src.shape[1]}")
+            t0 = time.perf_counter()
+            fwd, bwd, used = _mlp_matches(mlp, e_src, e_tgt, mlp_candidates)
+            record("mlp", fwd, bwd, time.perf_counter() - t0, candidates=used)
+    if "levenshtein" in baselines:
+        t0 = time.perf_counter()
+        fwd, bwd = nearest_by_edit_distance(list(src_text), list(tgt_shuffled), workers)
+        record("levenshtein", fwd, bwd, time.perf_counter() - t0)
+    if "length" in baselines:
+        t0 = time.perf_counter()
+        fwd, bwd = nearest_by_length(src_text, tgt_shuffled), nearest_by_length(tgt_shuffled, src_text)
+        record("length", fwd, bwd, time.perf_counter() - t0)
+    return results
+
+
+def _embeddings(src, tgt_shuffled, perm, encoder, embeddings, src_lang, tgt_lang, results: dict):
+    """(source embeddings, shuffled target embeddings) as float32 arrays."""
+    if embeddings is not None:
+        e_src, e_tgt = (similarity.as_float32(x) for x in embeddings)
+        if len(e_src) != len(src) or len(e_tgt) != len(src) or e_src.shape[1] != e_tgt.shape[1]:
+            raise ValueError(f"embeddings of shapes {e_src.shape} and {e_tgt.shape} do not match "
+                             f"{len(src)} sentence pairs")
+        return e_src, e_tgt[perm]
+    src_lang = src_lang or encoder.cfg.src_lang
+    tgt_lang = tgt_lang or encoder.cfg.tgt_lang
+    results.update(src_lang=src_lang, tgt_lang=tgt_lang)
+    t0 = time.perf_counter()
+    e_src = similarity.as_float32(encoder.encode(list(src), src_lang))
+    e_tgt = similarity.as_float32(encoder.encode(list(tgt_shuffled), tgt_lang))
+    results["encode_seconds"] = round(time.perf_counter() - t0, 3)
+    log.info("encoded %d + %d sentences in %.1fs", len(e_src), len(e_tgt), results["encode_seconds"])
+    return e_src, e_tgt
+
+
+def markdown(results: dict, title: str = "") -> str:
+    head = title or (f"Alignment recovery: {results['n']:,} sentence pairs"
+                     + (f" {results['src_lang']}-{results['tgt_lang']}" if results.get("src_lang") else "")
+                     + f", target side shuffled with seed {results['seed']}, k={results['k']}")
+    lines = [f"### {head}", "", "| method | src->tgt error % | tgt->src error % | mean error % | s |",
+             "|---|---:|---:|---:|---:|"]
+    for name, r in results["methods"].items():
+        label = name + (" (baseline)" if name in BASELINES else "")
+        if name == "mlp" and r.get("candidates"):
+            label += f" (reranks {r['candidates']} cosine neighbours)"
+        lines.append(f"| {label} | {100 * r['src2tgt']:.2f} | {100 * r['tgt2src']:.2f} | {100 * r['mean']:.2f} | "
+                     f"{r['seconds']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- command line
+def read_lines(path: str, limit: int | None = None) -> list[str]:
+    """Lines of a one-sentence-per-line file (plain or compressed by suffix, local or URL), without
+    their line ends; at most LIMIT. Every line is kept (blank ones too) so both sides stay aligned;
+    a line over MAX_LINE_BYTES is cut there (no sentence is that long; the file may be hostile)."""
+    from paracorpus.shards import bounded_lines, open_binary
+
+    out, cut = [], 0
+    with open_binary(path) as f:
+        for number, (raw, overlong) in enumerate(bounded_lines(f, MAX_LINE_BYTES), 1):
+            if limit is not None and len(out) >= limit:
+                break
+            cut += overlong
+            try:
+                # a cut line may end inside a character: only then are broken bytes dropped
+                out.append(raw.decode("utf-8", errors="ignore" if overlong else "strict"))
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{path}: line {number} is not UTF-8 (byte {exc.start})") from None
+    if cut:
+        log.warning("%s: %d line(s) longer than %d bytes were cut", path, cut, MAX_LINE_BYTES)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="paragen-align", description=__doc__, allow_abbrev=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--src", metavar="FILE", help="source sentences, one per line (plain or .gz)")
+    ap.add_argument("--tgt", metavar="FILE", help="their translations, line by line (plain or .gz)")
+    ap.add_argument("--bitext", metavar="PREFIX", help="instead of --src/--tgt: PREFIX.<src_lang>.gz and "
+                    "PREFIX.<tgt_lang>.gz (needs --src_lang and --tgt_lang)")
+    ap.add_argument("--src_lang", help="source language (default: the encoder's)")
+    ap.add_argument("--tgt_lang", help="target language (default: the encoder's)")
+    ap.add_argument("--encoder", required=True, metavar="DIR", help="bilingual encoder directory (required)")
+    ap.add_argument("--mlp", metavar="DIR", help="also score with this MLP pair classifier")
+    ap.add_argument("--max_sentences", type=int, metavar="N", help="use the first N pairs only")
+    ap.add_argument("--k", type=int, default=4, help="neighbours of CSLS and the margins (default 4)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the shuffle (default 0)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"comma-separated similarities (default: all of {','.join(METHODS)})")
+    ap.add_argument("--no_baselines", action="store_true", help="skip the Levenshtein and length baselines")
+    ap.add_argument("--workers", type=int, default=-1, help="threads of the Levenshtein baseline (-1: all cores)")
+    ap.add_argument("--threads", type=int, help="faiss threads (default: faiss's, i.e. all cores)")
+    ap.add_argument("--device", help="device of the encoder and the MLP (default: cuda if available)")
+    ap.add_argument("--json", metavar="FILE", help="also write the results here as JSON")
+    return ap
+
+
+def _input_paths(a) -> tuple[str, str]:
+    if a.bitext and (a.src or a.tgt):
+        raise UsageError("give either --bitext or --src and --tgt, not both")
+    if a.bitext:
+        if not (a.src_lang and a.tgt_lang):
+            raise UsageError("--bitext needs --src_lang and --tgt_lang")
+        return f"{a.bitext}.{a.src_lang}.gz", f"{a.bitext}.{a.tgt_lang}.gz"
+    if not (a.src and a.tgt):
+        raise UsageError("give --src and --tgt, or --bitext with --src_lang and --tgt_lang")
+    return a.src, a.tgt
+
+
+def run(argv=None) -> dict:
+    a = _parser().parse_args(argv)
+    if a.k < 1:
+        raise UsageError(f"--k must be >= 1, got {a.k}")
+    if a.max_sentences is not None and a.max_sentences < 2:
+        raise UsageError(f"--max_sentences must be >= 2, got {a.max_sentences}")
+    methods = [m for m in a.methods.split(",") if m]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise UsageError(f"--methods: unknown {', '.join(bad)}; choose from {', '.join(METHODS)}")
+    src_path, tgt_path = _input_paths(a)
+    src, tgt = read_lines(src_path, a.max_sentences), read_lines(tgt_path, a.max_sentences)
+    if len(src) != len(tgt):                           # fails before any model loads
+        raise UsageError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: not a line-aligned bitext")
+    if len(src) < 2:
+        raise UsageError(f"{src_path}: alignment recovery needs at least 2 sentence pairs, found {len(src)}")
+
+    from models.bilingual_encoder import load_bilingual_encoder
+
+    encoder = load_bilingual_encoder(a.encoder, device=a.device)
+    mlp = None
+    if a.mlp:
+        from models.pair_classifier import load_pair_classifier
+
+        mlp = load_pair_classifier(a.mlp, device=a.device)
+    results = recover_alignment(src, tgt, encoder=encoder, methods=methods, k=a.k, mlp=mlp, seed=a.seed,
+                                baselines=() if a.no_baselines else BASELINES, src_lang=a.src_lang,
+                                tgt_lang=a.tgt_lang, workers=a.workers, threads=a.threads)
+    results.update(src=src_path, tgt=tgt_path, encoder=a.encoder, mlp=a.mlp)
+    if a.json:
+        from paracorpus.atomic import write_json
+
+        write_json(a.json, results)
+    print(markdown(results), flush=True)
+    return results
+
+
+def main(argv=None) -> int:
+    from paracorpus.cli import cli_main, configure_logging
+
+    configure_logging()
+    return cli_main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The bitext filter (filtering/bitext.py) with real tiny models (a bilingual encoder, its MLP, a
+divergence detector) trained on the synthetic bitext: its decisions, the generation job's stage
+on the DirectRunner and on a Dask cluster, the filter job's filters, and the mistakes refused."""
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from tests.toydata import toy_bitext
+
+pytestmark = pytest.mark.slow
+
+
+def misaligned(pairs, seed=0):
+    """Each Czech sentence with the English side of a pair that means something else."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, (cs, en) in enumerate(pairs):
+        j = int(rng.integers(len(pairs)))
+        while pairs[j][0] == cs or j == i:
+            j = int(rng.integers(len(pairs)))
+        out.append((cs, pairs[j][1]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def bitext_models(tmp_path_factory):
+    """{"encoder", "mlp", "divergence"}: directories of three tiny models, and a cosine threshold
+    below the cosine of 95% of held-out aligned pairs. (A bilingual encoder this small, trained for
+    seconds, barely tells aligned from misaligned pairs; the divergence detector does. How well the
+    encoder filters is measured in bench/bench_bitext.py on real data.)"""
+    import torch
+
+    from models.bilingual_encoder import BilingualConfig, load_bilingual_encoder, train_bilingual
+    from models.divergence import DivergenceConfig, tokenize, train_divergence
+    from models.similarity import cosine_pairs
+    from models.train_pair_classifier import run as train_mlp
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("bitext-models")
+    train = toy_bitext(600, seed=11)
+    train_bilingual(train, str(root / "enc"), BilingualConfig("cs", "en", vocab_size=100, emb_dim=24, hidden=24,
+                                                              max_pieces=30, dropout=0.0),
+                    epochs=4, batch_size=16, lr=5e-3, device="cpu", seed=3, log=lambda *a: None, progress=False)
+    clean = root / "clean.tsv"
+    clean.write_text("".join(f"{cs}\t{en}\n" for cs, en in train[:300]), encoding="utf-8")
+    train_mlp(["--encoder", str(root / "enc"), "--input", str(clean), "--src_lang", "cs", "--tgt_lang", "en",
+               "--output", str(root / "mlp"), "--epochs", "20"])
+    trained = train_divergence([tokenize(cs) for cs, _ in train], [tokenize(en) for _, en in train],
+                               DivergenceConfig(src_lang="cs", tgt_lang="en", dim=16, hidden=12, channels=(8, 8),
+                                                dense=16, dropout=0.0, epochs=3, batch_size=16, lr=3e-3,
+                                                device="cpu", progress=False, max_tries=400),
+                               log=lambda m: None)
+    trained.detector.save(str(root / "div"))
+
+    enc = load_bilingual_encoder(str(root / "enc"))
+    held = toy_bitext(200, seed=12)
+    good = cosine_pairs(enc.encode([c for c, _ in held], "cs"), enc.encode([e for _, e in held], "en"))
+    return {"encoder": str(root / "enc"), "mlp": str(root / "mlp"), "divergence": str(root / "div"),
+            "threshold": float(np.percentile(good, 5))}
+
+
+def test_the_filter_rejects_most_misaligned_pairs_and_keeps_most_aligned_ones(bitext_models):
+    from filtering.bitext import BitextFilter, BitextFilterConfig
+
+    flt = BitextFilter(BitextFilterConfig(encoder=bitext_models["encoder"], min_similarity=bitext_models["threshold"],
+                                          divergence=bitext_models["divergence"]))
+    aligned = toy_bitext(100, seed=21)
+    bad = misaligned(aligned, seed=2)
+    pairs = aligned + bad
+    decisions = flt.decide([c for c, _ in pairs], [e for _, e in pairs], "cs", "en")
+    kept_aligned = sum(d is None for d in decisions[:100]) / 100
+    rejected_bad = sum(d is not None for d in decisions[100:]) / 100
+    assert kept_aligned >= 0.7 and rejected_bad >= 0.7, (kept_aligned, rejected_bad)
+    for d in decisions:
+        if d is not None:
+            reason, detail = d
+            assert reason in ("bitext_similarity", "divergent")
+            assert re.fullmatch(r"(cosine [-\d.]+ < [-\d.e]+|P\(equivalent\) [\d.]+ < [\d.]+)", detail), detail
+    # the sides in the other order (English first) give the same decisions; a third language is refused
+    swapped = flt.decide([e for _, e in pairs], [c for c, _ in pairs], "en", "cs")
+    assert swapped == decisions
+    with pytest.raises(ValueError, match="is for cs-en, not cs-de"):
+        flt.decide(["a"], ["b"], "cs", "de")
+    # a similarity threshold above every cosine rejects every pair there, before the detector runs
+    strict = BitextFilter(BitextFilterConfig(encoder=bitext_models["encoder"], min_similarity=1.01,
+                                             divergence=bitext_models["divergence"]))
+    assert {d[0] for d in strict.decide([c for c, _ in pairs], [e for _, e in pairs], "cs", "en")} == \
+        {"bitext_similarity"}
+
+
+def test_the_mlp_gives_probabilities_of_the_encoders_embeddings(bitext_models):
+    from filtering.bitext import SimilarityScorer
+
+    mlp = SimilarityScorer(bitext_models["encoder"], bitext_models["mlp"])
+    cosine = SimilarityScorer(bitext_models["encoder"])
+    pairs = toy_bitext(50, seed=31)
+    p = mlp.score([c for c, _ in pairs], [e for _, e in pairs], "cs", "en")
+    c = cosine.score([c for c, _ in pairs], [e for _, e in pairs], "cs", "en")
+    assert mlp.method == "mlp" and cosine.method == "cosine"
+    assert p.shape == c.shape == (50,) and ((0 <= p) & (p <= 1)).all() and not np.allclose(p, c)
+
+
+def _job_input(tmp_path):
+    aligned = toy_bitext(24, seed=41)
+    bad = misaligned(toy_bitext(8, seed=42), seed=4)
+    path = tmp_path / "in.tsv"
+    path.write_text("".join(f"{cs}\t{en}\n" for cs, en in aligned + bad), encoding="utf-8")
+    return path, len(aligned), len(bad)
+
+
+@pytest.mark.parametrize("runner", ["direct", "dask"])
+def test_generation_job_rejects_before_back_translation_with_reasons(runner, tmp_path, bitext_models,
+                                                                    tiny_nmt_models, request):
+    from beam_pipelines.generate import run
+
+    inp, n_good, n_bad = _job_input(tmp_path)
+    extra = []
+    if runner == "dask":
+        extra = ["--runner", "DaskRunner", "--dask_client_address", request.getfixturevalue("dask_cluster")]
+    out = tmp_path / "out"
+    manifest = run(["--input", str(inp), "--output", str(out),
+                    "--forward_model", os.path.join(tiny_nmt_models, "cs-en"),
+                    "--backward_model", os.path.join(tiny_nmt_models, "en-cs"), "--num_sets", "1",
+                    "--num_samples", "2", "--dual_xent_threshold", "-1", "--score_threshold", "-1",
+                    "--bitext_encoder", bitext_models["encoder"],
+                    "--bitext_min_similarity", str(bitext_models["threshold"]),
+                    "--divergence_model", bitext_models["divergence"], *extra])
+    assert manifest["counts"]["reconciled"] and manifest["counts"]["records_read"] == n_good + n_bad
+    assert {"bitext_encoder", "divergence"} <= set(manifest["models"])
+    assert set(manifest["models"]["bitext_encoder"]["sha256"]) >= {"config.json", "weights.pt", "spm.model"}
+    import pyarrow.parquet as pq
+
+    rejects = [r for f in (out / "rejects").rglob("*.parquet") for r in pq.read_table(f).to_pylist()]
+    at_filter = [r for r in rejects if r["stage"] == "bitext_filter"]
+    assert at_filter and {r["reason"] for r in at_filter} <= {"bitext_similarity", "divergent"}
+    assert all(re.search(r"\d", r["detail"]) for r in at_filter)         # the score is in the detail
+    bad_rejected = sum(r["input_index"] >= n_good for r in at_filter)
+    assert bad_rejected >= 0.6 * n_bad, (bad_rejected, at_filter)
+    by_reason = manifest["counts"]["rejected_by_reason"]
+    assert sum(by_reason.get(r, 0) for r in ("bitext_similarity", "divergent")) == len(at_filter)
+    if runner == "direct":      # Beam's counters (the DaskRunner reports none)
+        counters = manifest["counters"]
+        assert sum(counters.get(f"rejected_{r}", 0) for r in ("bitext_similarity", "divergent")) == len(at_filter)
+
+
+def test_filter_job_scores_source_against_reference_and_paraphrase(tmp_path, bitext_models):
+    from beam_pipelines.filter import run as filter_run
+    from tests.toydata import paraphrase_rows, write_generation_run
+
+    aligned = toy_bitext(30, seed=51)
+    bad = misaligned(toy_bitext(10, seed=52), seed=5)
+    rows = paraphrase_rows([(en, en) for _, en in aligned + bad])
+    for row, (cs, _) in zip(rows, aligned + bad):
+        row["source"] = cs
+    write_generation_run(tmp_path / "gen", rows)
+    (tmp_path / "cfg.yaml").write_text(
+        "filters:\n"
+        f"  - name: bitext_similarity\n    encoder: {bitext_models['encoder']}\n"
+        f"    thresholds: {{bitext_similarity_reference: {{min: {bitext_models['threshold']}}}}}\n"
+        f"  - name: divergence\n    model: {bitext_models['divergence']}\n"
+        "    thresholds: {equivalence_reference: {min: 0.5}}\n", encoding="utf-8")
+    filter_run(["--input", str(tmp_path / "gen"), "--output", str(tmp_path / "out"),
+                "--config", str(tmp_path / "cfg.yaml"), "--no_report"])
+    manifest = json.load(open(tmp_path / "out" / "_filter_manifest.json"))
+    assert manifest["reconciled"] and manifest["rows_in"] == 40
+    import pyarrow.parquet as pq
+
+    scored = [r for f in (tmp_path / "out").rglob("*.parquet") for r in pq.read_table(f).to_pylist()]
+    assert len(scored) == 40
+    for r in scored:
+        for col in ("bitext_similarity_reference", "bitext_similarity_paraphrase", "equivalence_reference",
+                    "equivalence_paraphrase"):
+            assert r[col] is not None
+    by_source = {r["source"]: r for r in scored}
+    rejected_bad = sum("equivalence_reference<min" in by_source[cs]["reasons"] for cs, _ in bad)
+    kept_good = sum(by_source[cs]["keep"] for cs, _ in aligned)
+    assert rejected_bad >= 7 and kept_good >= 20, (rejected_bad, kept_good)
+    assert {x for r in scored for x in r["reasons"]} <= {"equivalence_reference<min", "bitext_similarity_reference<min"}
+
+
+def test_mistakes_are_refused_before_anything_runs(tmp_path, bitext_models, tiny_nmt_models):
+    import shutil
+
+    from beam_pipelines.generate import run
+    from paracorpus.cli import UsageError
+
+    inp, _, _ = _job_input(tmp_path)
+    base = ["--input", str(inp), "--forward_model", os.path.join(tiny_nmt_models, "cs-en"),
+            "--backward_model", os.path.join(tiny_nmt_models, "en-cs")]
+    with pytest.raises(UsageError, match="needs --bitext_min_similarity"):
+        run([*base, "--output", str(tmp_path / "o1"), "--bitext_encoder", bitext_models["encoder"]])
+    with pytest.raises(UsageError, match="not a model directory"):
+        run([*base, "--output", str(tmp_path / "o2"), "--divergence_model", str(tmp_path)])
+    other = tmp_path / "de-en"
+    shutil.copytree(bitext_models["encoder"], other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "src_lang": "de"}))
+    with pytest.raises(UsageError, match="is a de-en model; this job is cs-en"):
+        run([*base, "--output", str(tmp_path / "o3"), "--bitext_encoder", str(other),
+             "--bitext_min_similarity", "0.5"])
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
