@@ -1,0 +1,309 @@
+"""Semantic-divergence detection (models/divergence.py, models/train_divergence.py) on tiny
+synthetic bitext: a word-for-word substitution "language" whose correct alignment is known."""
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from models.checkpoint import UnsafeModelError
+from models.divergence import (Dictionary, DivergenceConfig, InteractionModel, bilingual_dictionary, coverage,
+                               dictionary_from_counts, embedding_cosine_scores, greedy_matching, length_ratio,
+                               length_ratio_scores, link_counts, load_divergence_detector, macro_f1,
+                               synthetic_examples, tokenize, train_divergence, tune_threshold, word_alignments)
+from paracorpus.cli import UsageError
+
+WORDS = [f"w{i}" for i in range(30)]
+TRANSLATION = {w: f"x{w[1:]}e" for w in WORDS}          # w7 -> x7e: no string is shared by the sides
+
+
+def substitution_corpus(n: int, seed: int = 0, swap: float = 0.5, vocab: int = len(WORDS)
+                        ) -> tuple[list[list[str]], list[list[str]]]:
+    """N pairs: random source sentences of 4-9 of the first VOCAB words, the target word-for-word translated, the
+    first two target words swapped in about half of the pairs (so the alignment is not just the
+    diagonal)."""
+    rng = random.Random(seed)
+    src = [[rng.choice(WORDS[:vocab]) for _ in range(rng.randint(4, 9))] for _ in range(n)]
+    tgt = [[TRANSLATION[w] for w in s] for s in src]
+    for t in tgt:
+        if rng.random() < swap:
+            t[0], t[1] = t[1], t[0]
+    return src, tgt
+
+
+def true_dictionary() -> Dictionary:
+    return Dictionary({w: {t} for w, t in TRANSLATION.items()}, {t: {w} for w, t in TRANSLATION.items()})
+
+
+def test_tokenize_matches_moses_escapes_and_raw_text():
+    assert tokenize("L&apos; an 2000 , c ’ est") == tokenize("l'an 2000, c'est") == \
+        ["l", "'", "an", "2000", ",", "c", "'", "est"]
+    assert tokenize("Austria &apos;s") == tokenize("austria's") == ["austria", "'", "s"]
+    assert tokenize("a\x00b " * 10, max_tokens=3) == ["a", "b", "a"]
+    assert tokenize("") == []
+
+
+def test_dictionary_from_eflomal_alignments_has_the_known_translations():
+    src, tgt = substitution_corpus(300)
+    fwd, rev = word_alignments(src, tgt, seed=1)
+    assert len(fwd) == len(rev) == 300
+    assert all(0 <= i < len(s) and 0 <= j < len(t) for links in (fwd, rev)
+               for s, t, row in zip(src, tgt, links) for i, j in row)
+    counts = link_counts(src, tgt, (fwd, rev))
+    d = dictionary_from_counts(counts)
+    for w, t in TRANSLATION.items():
+        assert t in d.src_to_tgt[w] and w in d.tgt_to_src[t]
+        # the right translation is by far the most frequent link of each word
+        best = max((c, b) for (a, b), c in counts.items() if a == w)[1]
+        assert best == t
+    strict = dictionary_from_counts(counts, min_count=10)
+    assert strict.src_to_tgt == {w: {t} for w, t in TRANSLATION.items()}
+    # bilingual_dictionary = align + count + keep, in one call (alignments passed: no second run)
+    assert bilingual_dictionary(src, tgt, min_count=10, alignments=(fwd, rev)) == strict
+
+
+def test_coverage_and_length_ratio():
+    d = {"a": {"A"}, "b": {"B", "BB"}}
+    assert coverage(["a", "b", "c", "a"], ["A", "BB"], d) == 0.75
+    assert coverage(["a", "b"], {"X"}, d) == 0.0
+    assert coverage([], ["A"], d) == 0.0
+    assert length_ratio([1, 2, 3, 4], [1, 2]) == 2.0 and length_ratio([], [1]) == float("inf")
+
+
+def _noisy_corpus(n: int, seed: int):
+    """Pairs whose targets have some words replaced by untranslatable junk and random lengths, so
+    that many cross pairs fail the length or the coverage rule (and a small vocabulary, so that
+    many pass); one pair is duplicated."""
+    rng = random.Random(seed)
+    src, tgt = substitution_corpus(n, seed, vocab=6)
+    for k, t in enumerate(tgt):
+        for pos in range(len(t)):
+            if rng.random() < 0.3:
+                t[pos] = f"junk{rng.randrange(50)}"
+        if k % 7 == 0:
+            t.extend(f"junk{rng.randrange(50)}" for _ in range(rng.randint(1, 8)))
+    pairs = list(zip(src, tgt))
+    pairs.append(pairs[3])                                  # a duplicated pair
+    pairs += [(["w5"], ["x5e"]), (["w0", "w1"], ["x0e", "x1e"])]     # few or no partners of a fitting length
+    return pairs
+
+
+def test_every_synthetic_negative_follows_the_rules():
+    pairs = _noisy_corpus(60, seed=4)
+    d = true_dictionary()
+    ex = synthetic_examples(pairs, d, negatives_per_positive=5, seed=1, max_tries=3000)
+    true_pairs = {(tuple(s), tuple(t)) for s, t in pairs}
+    # positives: every corpus pair, in order, each followed by its negatives
+    assert [(s, t) for s, t, y in ex if y == 1] == [(list(s), list(t)) for s, t in pairs]
+    groups, negs = [], None
+    for s, t, y in ex:
+        if y == 1:
+            negs = []
+            groups.append((s, negs))
+        else:
+            assert s == groups[-1][0]                        # a negative keeps its positive's source
+            negs.append(t)
+    n_negatives = 0
+    for i, (s, negatives) in enumerate(groups):
+        for t in negatives:
+            n_negatives += 1
+            assert (tuple(s), tuple(t)) not in true_pairs
+            assert length_ratio(s, t) <= 2.0
+            assert coverage(s, t, d.src_to_tgt) >= 0.5 and coverage(t, s, d.tgt_to_src) >= 0.5
+        # 1:5 where possible: every eligible target sentence was found when there are fewer than 5
+        eligible = {j for j, (_, t) in enumerate(pairs) if j != i and (tuple(s), tuple(t)) not in true_pairs
+                    and length_ratio(s, t) <= 2 and coverage(s, t, d.src_to_tgt) >= 0.5
+                    and coverage(t, s, d.tgt_to_src) >= 0.5}
+        assert len(negatives) == min(5, len(eligible))
+    assert n_negatives > 2 * len(pairs)                      # the rules leave plenty of negatives
+    assert ex.stats["negatives"] == n_negatives and ex.stats["positives"] == len(pairs)
+    assert ex.stats["short_positives"] == sum(len(n) < 5 for _, n in groups) > 0
+    assert sum(len(n) == 5 for _, n in groups) > len(pairs) / 2
+    # seeded: the same seed gives the same data, another seed other negatives
+    assert synthetic_examples(pairs, d, seed=1, max_tries=3000) == ex
+    assert synthetic_examples(pairs, d, seed=2, max_tries=3000) != ex
+
+
+def test_synthetic_sampling_stops_after_max_tries():
+    pairs = [(["w1", "w2"], ["x1e", "x2e"]), (["w3"] * 9, ["x3e"])]       # the only cross pairs fail
+    ex = synthetic_examples(pairs, true_dictionary(), max_tries=7)
+    assert [y for *_, y in ex] == [1, 1] and ex.stats == {"positives": 2, "negatives": 0, "short_positives": 2,
+                                                          "tries": 14, "negatives_per_positive": 5}
+
+
+def greedy_reference(sim: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """One pair at a time: the best remaining pair, then drop its row and column."""
+    out = np.zeros_like(valid)
+    s = np.where(valid, sim, -np.inf)
+    while np.isfinite(s).any():
+        i, j = np.unravel_index(np.argmax(s), s.shape)
+        out[i, j] = True
+        s[i, :] = s[:, j] = -np.inf
+    return out
+
+
+def test_greedy_matching_equals_one_at_a_time_greedy():
+    g = torch.Generator().manual_seed(0)
+    sim = torch.rand(6, 7, 5, generator=g)
+    lens1, lens2 = [7, 3, 5, 1, 7, 6], [5, 5, 2, 4, 1, 3]
+    valid = torch.zeros(6, 7, 5, dtype=torch.bool)
+    for b, (a, c) in enumerate(zip(lens1, lens2)):
+        valid[b, :a, :c] = True
+    got = greedy_matching(sim, valid)
+    for b in range(6):
+        assert np.array_equal(got[b].numpy(), greedy_reference(sim[b].numpy(), valid[b].numpy()))
+        assert int(got[b].sum()) == min(lens1[b], lens2[b])
+
+
+def test_interaction_model_shape_and_padding_does_not_change_outputs():
+    torch.manual_seed(0)
+    model = InteractionModel(20, 25, dim=8, hidden=6, channels=(4, 5, 6), dense=7).eval()
+    lens_s, lens_t = torch.tensor([3, 9, 1, 6]), torch.tensor([5, 2, 4, 11])
+    s_ids = torch.randint(2, 20, (4, 9))
+    t_ids = torch.randint(2, 25, (4, 11))
+    same = (torch.rand(4, 9, 11) < 0.2).float()
+    with torch.no_grad():
+        batched = model(s_ids, lens_s, t_ids, lens_t, same)
+        assert batched.shape == (4, 2)
+        # garbage in the padding (ids, same-string flags) changes nothing
+        s2, t2, same2 = s_ids.clone(), t_ids.clone(), same.clone()
+        for b in range(4):
+            s2[b, lens_s[b]:] = 7
+            t2[b, lens_t[b]:] = 3
+            same2[b, lens_s[b]:, :] = 1
+            same2[b, :, lens_t[b]:] = 1
+        assert torch.allclose(model(s2, lens_s, t2, lens_t, same2), batched, atol=1e-5)
+        # each pair alone (no padding at all) gives what it got in the padded batch
+        for b in range(4):
+            ls, lt = int(lens_s[b]), int(lens_t[b])
+            alone = model(s_ids[b:b + 1, :ls], lens_s[b:b + 1], t_ids[b:b + 1, :lt], lens_t[b:b + 1],
+                          same[b:b + 1, :ls, :lt])
+            assert torch.allclose(alone, batched[b:b + 1], atol=1e-5)
+    # initial vectors are copied into the tables
+    vec = np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32)
+    m2 = InteractionModel(20, 25, dim=8, hidden=6, channels=(4,), src_vectors=vec, freeze_embeddings=True)
+    assert np.allclose(m2.src_embed.weight.detach().numpy(), vec) and not m2.src_embed.weight.requires_grad
+
+
+def test_macro_f1_and_tune_threshold_by_hand():
+    # class 1: tp 2, 3 predicted, 3 true -> 2/3; class 0: tp 1, 2 predicted, 2 true -> 1/2
+    assert macro_f1([1, 0, 0, 1, 1], [1, 1, 0, 0, 1]) == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert macro_f1([1, 1], [1, 1]) == 1.0
+    assert macro_f1([1, 1, 1], [1, 0, 0]) == pytest.approx((2 * 1 / 4 + 0) / 2)
+    assert tune_threshold([0.9, 0.8, 0.3, 0.2], [1, 1, 0, 0]) == (pytest.approx(0.55), 1.0)
+    # not separable: 0.225 -> preds 0,1,1,1: F1 (0.8 + 2/3) / 2; 0.6 ties with it, the lower wins
+    th, f = tune_threshold([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
+    assert th == pytest.approx(0.225) and f == pytest.approx((0.8 + 2 / 3) / 2)
+    with pytest.raises(ValueError):
+        tune_threshold([0.1], [1, 0])
+
+
+def test_baselines():
+    assert np.allclose(length_ratio_scores([["a"] * 4, ["a"], []], [["b"] * 2, ["b"], ["c"]]), [0.5, 1.0, 0.0])
+    from embeddings.text import Vocabulary
+    from models.divergence import BilingualEmbeddings
+
+    sv, tv = Vocabulary(["<pad>", "<unk>", "a", "b"]), Vocabulary(["<pad>", "<unk>", "A", "B"])
+    e = BilingualEmbeddings(sv, tv, np.array([[0, 0], [0, 0], [1, 0], [0, 1]], np.float32),
+                            np.array([[0, 0], [0, 0], [1, 0], [0, 1]], np.float32))
+    got = embedding_cosine_scores([["a"], ["a", "b"], ["zz"]], [["A"], ["B"], ["A"]], e)
+    assert np.allclose(got, [1.0, np.sqrt(0.5), 0.0])
+
+
+class Payload:
+    """Stands for any pickled object: unpickling it would run code (here, os.getcwd)."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+TINY = dict(dim=16, hidden=12, channels=(8, 8), dense=16, dropout=0.0, epochs=4, batch_size=16, lr=3e-3,
+            device="cpu", progress=False, max_tries=400)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    torch.set_num_threads(1)
+    src, tgt = substitution_corpus(250, seed=1, vocab=12)    # small vocabulary: many overlapping cross pairs
+    src.insert(7, [])                                          # an empty side: dropped before aligning
+    tgt.insert(7, ["x1e"])
+    return train_divergence(src, tgt, DivergenceConfig(**TINY), log=lambda m: None)
+
+
+@pytest.mark.slow
+def test_training_separates_translations_from_synthetic_negatives(trained):
+    det = trained.detector
+    assert trained.report["pairs"] == 250
+    assert trained.report["synthetic"]["negatives"] >= 4 * trained.report["synthetic"]["positives"]
+    # unseen pairs of the same language and negatives made from them the same way
+    src, tgt = substitution_corpus(60, seed=99, vocab=12)
+    ex = synthetic_examples(list(zip(src, tgt)), trained.dictionary, negatives_per_positive=1, seed=3)
+    labels = np.array([y for *_, y in ex])
+    scores = det.score_tokens([s for s, _, _ in ex], [t for _, t, _ in ex])
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    auc = (pos[:, None] > neg[None, :]).mean()
+    balanced = ((pos >= 0.5).mean() + (neg < 0.5).mean()) / 2
+    assert auc > 0.9 and balanced > 0.75, (auc, balanced)
+
+
+@pytest.mark.slow
+def test_save_load_round_trip_and_refusals(trained, tmp_path):
+    det = trained.detector
+    det.threshold = 0.37
+    out = str(tmp_path / "div")
+    det.save(out)
+    assert sorted(os.listdir(out)) == ["config.json", "src_words.json", "tgt_words.json", "weights.pt"]
+    back = load_divergence_detector(out, device="cpu")
+    src, tgt = substitution_corpus(20, seed=5)
+    s_txt, t_txt = [" ".join(s) for s in src], [" ".join(t) for t in tgt[::-1]]
+    assert np.array_equal(back.score(s_txt, t_txt), det.score(s_txt, t_txt))
+    assert back.threshold == 0.37
+    assert np.array_equal(back.divergent(s_txt, t_txt), det.score(s_txt, t_txt) < 0.37)
+    odd = back.score(["", "w1 w2", "W1 , w2 !"], ["x1e", "", "x1e , x2e !"])          # empty sides, punctuation
+    assert odd.shape == (3,) and np.all((odd >= 0) & (odd <= 1)) and back.score([], []).shape == (0,)
+
+    # a pickled object instead of tensors is refused, never unpickled
+    torch.save({"weights": Payload()}, os.path.join(out, "weights.pt"))
+    with pytest.raises(UnsafeModelError):
+        load_divergence_detector(out)
+    torch.save({"not_a_tensor": [1, 2]}, os.path.join(out, "weights.pt"))
+    with pytest.raises(UnsafeModelError):
+        load_divergence_detector(out)
+    # a config with wrong types is refused before any model is built
+    det.save(out)
+    import json
+    cfg_path = os.path.join(out, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["model"]["hidden"] = "12; import os"
+    json.dump(cfg, open(cfg_path, "w"))
+    with pytest.raises(UsageError):
+        load_divergence_detector(out)
+    os.remove(cfg_path)
+    with pytest.raises(FileNotFoundError):
+        load_divergence_detector(out)
+
+
+@pytest.mark.slow
+def test_command_line_trains_tunes_and_refuses_to_overwrite(tmp_path, capsys):
+    from models.train_divergence import main, run
+
+    src, tgt = substitution_corpus(120, seed=2)
+    (tmp_path / "c.en").write_text("".join(" ".join(s) + "\n" for s in src))
+    (tmp_path / "c.fr").write_text("".join(" ".join(t) + "\n" for t in tgt))
+    dev_src, dev_tgt = substitution_corpus(20, seed=3)
+    rows = [f"{' '.join(s)}\t{' '.join(t)}\t1\t1.0\n" for s, t in zip(dev_src, dev_tgt)]
+    rows += [f"{' '.join(s)}\t{' '.join(t)}\t0\t1.0\n" for s, t in zip(dev_src, dev_tgt[1:] + dev_tgt[:1])]
+    (tmp_path / "dev.tsv").write_text("english\tfrench\tlabel\tagreement\n" + "".join(rows))
+    out = str(tmp_path / "model")
+    args = ["--src", str(tmp_path / "c.en"), "--tgt", str(tmp_path / "c.fr"), "--src_lang", "en", "--tgt_lang", "fr",
+            "--output", out, "--dev", str(tmp_path / "dev.tsv"), "--epochs", "1", "--dim", "8", "--hidden", "8",
+            "--channels", "4,4", "--batch_size", "16", "--device", "cpu", "--no_progress"]
+    report = run(args)
+    assert report["dev"]["pairs"] == 40 and 0 <= report["dev"]["macro_f1"] <= 1
+    det = load_divergence_detector(out)
+    assert det.threshold == report["dev"]["threshold"] and det.cfg.src_lang == "en"
+    assert main(args) == 2                                          # exists: refused without --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    missing = [str(tmp_path / "missing.en") if a == str(tmp_path / "c.en") else a for a in args]
+    assert main(missing + ["--overwrite"]) == 2 and "missing.en" in capsys.readouterr().err
