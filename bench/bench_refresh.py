@@ -1,7 +1,7 @@
 """Benchmark of scheduled refreshes: an incremental refresh vs a full run, and a no-op refresh.
 
     python bench/bench_refresh.py --bitext ../shared/data/bitext/multi30k/train [--models DIR]
-        [--shards 20] [--pairs_per_shard 100]
+        [--shards 20] [--pairs_per_shard 1000]
 
 The figures are ratios of runs made in the same invocation (the machine is shared and noisy).
 Models: as bench/bench_cluster.py (trained once into runs/bench-cluster-models without --models).
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--bitext", required=True, help="prefix of PREFIX.cs.gz / PREFIX.en.gz")
     ap.add_argument("--models", help="a directory with cs-en/ and en-cs/ (default: train small ones)")
     ap.add_argument("--shards", type=int, default=20, help="input shards of the first refresh (default 20)")
-    ap.add_argument("--pairs_per_shard", type=int, default=100, help="pairs per shard (default 100)")
+    ap.add_argument("--pairs_per_shard", type=int, default=1000, help="pairs per shard (default 1000)")
     ap.add_argument("--workdir", help="keep the runs here (default: a temporary directory)")
     a = ap.parse_args()
     models = ensure_models(a.models, a.bitext)
