@@ -184,12 +184,17 @@ def bitext_filter_config(opts):
 
 def check_bitext_languages(cfg, src_lang: str, tgt_lang: str) -> None:
     """Refuse bitext models trained on other languages than the job's, before anything runs."""
-    for option, path, langs_of in (("--bitext_encoder", cfg.encoder, lambda c: (c.get("src_lang"), c.get("tgt_lang"))),
-                                   ("--divergence_model", cfg.divergence,
-                                    lambda c: (c.get("model", {}).get("src_lang"), c.get("model", {}).get("tgt_lang")))):
+    def langs_of(cfg_json, nested: bool):
+        block = cfg_json.get("model") if nested and isinstance(cfg_json, dict) else cfg_json
+        return (block.get("src_lang"), block.get("tgt_lang")) if isinstance(block, dict) else (None, None)
+
+    for option, path, nested in (("--bitext_encoder", cfg.encoder, False), ("--divergence_model", cfg.divergence, True)):
         if not path:
             continue
-        langs = langs_of(storage.read_json(storage.join(path, "config.json")))
+        try:
+            langs = langs_of(storage.read_json(storage.join(path, "config.json")), nested)
+        except ValueError as exc:           # not JSON (json.JSONDecodeError is a ValueError)
+            raise UsageError(f"{option} {path}: config.json is not valid JSON ({exc})") from None
         if set(langs) != {src_lang, tgt_lang}:
             raise UsageError(f"{option} {path} is a {langs[0]}-{langs[1]} model; this job is {src_lang}-{tgt_lang}")
 
