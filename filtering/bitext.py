@@ -112,12 +112,20 @@ class BitextFilterConfig:
 
 class BitextFilter:
     """Loaded models of a BitextFilterConfig; ``decide`` gives each pair's reject reason and detail
-    (None for a kept pair)."""
+    (None for a kept pair). SHA256 ({"bitext_encoder" | "bitext_mlp" | "divergence": {file:
+    sha256}}, what the driver recorded in the run's manifest) makes every file be checked before
+    it is loaded, as the NMT models are."""
 
-    def __init__(self, cfg: BitextFilterConfig, device: str | None = None):
+    def __init__(self, cfg: BitextFilterConfig, device: str | None = None, sha256: dict | None = None):
+        from models.model_dir import verified_model_dir
+
+        def local(path, name):
+            return verified_model_dir(path, sha256[name]) if path and sha256 and name in sha256 else path
+
         self.cfg = cfg
-        self.similarity = SimilarityScorer(cfg.encoder, cfg.mlp, device) if cfg.encoder else None
-        self.equivalence = EquivalenceScorer(cfg.divergence, device) if cfg.divergence else None
+        encoder, mlp = local(cfg.encoder, "bitext_encoder"), local(cfg.mlp, "bitext_mlp")
+        self.similarity = SimilarityScorer(encoder, mlp, device) if cfg.encoder else None
+        self.equivalence = EquivalenceScorer(local(cfg.divergence, "divergence"), device) if cfg.divergence else None
         self.min_equivalence = (cfg.min_equivalence if cfg.min_equivalence is not None
                                 else self.equivalence.threshold if self.equivalence else None)
 

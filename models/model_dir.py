@@ -78,6 +78,20 @@ def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
     return target
 
 
+def verified_model_dir(model_dir: str, expected: dict) -> str:
+    """A local directory holding the files EXPECTED names ({file name: sha256}, recorded by the
+    driver) of MODEL_DIR, local or a URL (copied to the cache), each checked: a model changed
+    since the job started is refused with UnsafeModelError, never mixed into a run. For model
+    directories of any kind (the bitext models); NMT directories use local_model_dir."""
+    target = storage.local_copy(model_dir, sorted(expected))
+    for name, sha in sorted(expected.items()):
+        got = _sha256_local(os.path.join(target, name))
+        if got != sha:
+            raise UnsafeModelError(f"{model_dir}/{name} changed since the job started (sha256 {got[:12]}..., "
+                                   f"the manifest recorded {sha[:12]}...)")
+    return target
+
+
 def check_model_dir(model_dir: str) -> dict:
     """Everything about MODEL_DIR that can be checked without building the model: its files, its
     languages, its checkpoint (see models.checkpoint.check_checkpoint). Returns model.json plus

@@ -202,3 +202,21 @@ def test_mistakes_are_refused_before_anything_runs(tmp_path, bitext_models, tiny
         run([*base, "--output", str(tmp_path / "o3"), "--bitext_encoder", str(other),
              "--bitext_min_similarity", "0.5"])
     assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
+
+
+def test_a_bitext_model_changed_since_the_job_started_is_refused(tmp_path, bitext_models):
+    """Workers check every file against the sha256 the driver recorded, as for the NMT models."""
+    import shutil
+
+    from beam_pipelines.generate import directory_sha256
+    from filtering.bitext import BitextFilter, BitextFilterConfig
+    from models.checkpoint import UnsafeModelError
+
+    enc = tmp_path / "enc"
+    shutil.copytree(bitext_models["encoder"], enc)
+    cfg = BitextFilterConfig(encoder=str(enc), min_similarity=0.5)
+    recorded = {"bitext_encoder": directory_sha256(str(enc))}
+    assert BitextFilter(cfg, sha256=recorded).similarity is not None           # unchanged: loads
+    (enc / "spm.model").write_bytes((enc / "spm.model").read_bytes() + b"\0")
+    with pytest.raises(UnsafeModelError, match="spm.model changed since the job started"):
+        BitextFilter(cfg, sha256=recorded)

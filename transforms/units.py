@@ -57,7 +57,7 @@ class UnitTranslatorHandler(ModelHandler):
         if self.bitext is not None and self.bitext.enabled:
             from filtering.bitext import BitextFilter
 
-            bitext = BitextFilter(self.bitext, device=self.device)
+            bitext = BitextFilter(self.bitext, device=self.device, sha256=self.model_sha256)
         return _Models(forward, backward, bitext)
 
     def should_skip_batching(self) -> bool:
