@@ -26,7 +26,6 @@ not needed to load.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import sys
@@ -262,20 +261,10 @@ def load_bilingual_encoder(path: str, device: str | None = None) -> BilingualEnc
     the config's shapes exactly."""
     import sentencepiece as spm
 
-    from paracorpus import storage
+    from models.model_dir import open_model_dir
 
-    if storage.is_url(path):
-        path = storage.local_copy(path, names=list(FILES))
-    missing = [f for f in FILES if not os.path.isfile(os.path.join(path, f))]
-    if missing:
-        raise FileNotFoundError(f"{path} is not a bilingual encoder directory: missing {', '.join(missing)}")
-    config_path = os.path.join(path, "config.json")
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UnsafeModelError(f"{config_path}: not valid JSON ({exc})") from None
-    cfg = BilingualConfig.from_dict(data, config_path)
+    path, data = open_model_dir(path, FILES, "bilingual encoder")
+    cfg = BilingualConfig.from_dict(data, os.path.join(path, "config.json"))
     weights = load_tensor_file(os.path.join(path, "weights.pt"))
     try:
         sp = spm.SentencePieceProcessor(model_file=os.path.join(path, "spm.model"))

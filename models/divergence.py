@@ -47,7 +47,6 @@ a whole model.
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 import random
@@ -626,18 +625,9 @@ def _validated_config(cfg, path: str) -> tuple[DivergenceConfig, float, dict]:
 def load_divergence_detector(path: str, device: str | None = None) -> DivergenceDetector:
     """Load a directory written by DivergenceDetector.save (or python -m models.train_divergence);
     a bucket URL is copied to the local cache first (paracorpus.storage.local_copy)."""
-    from paracorpus import storage
+    from models.model_dir import open_model_dir
 
-    if storage.is_url(path):
-        path = storage.local_copy(path)
-    missing = [f for f in FILES if not os.path.isfile(os.path.join(path, f))]
-    if missing:
-        raise FileNotFoundError(f"{path} is not a divergence model directory: missing {', '.join(missing)}")
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            raw = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}/config.json: not JSON ({exc})") from None
+    path, raw = open_model_dir(path, FILES, "divergence model")
     cfg, threshold, extra = _validated_config(raw, path)
     cfg.device = device
     vocabs = []

@@ -78,6 +78,24 @@ def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
     return target
 
 
+def open_model_dir(path: str, files, what: str) -> tuple[str, dict]:
+    """(local directory, parsed config.json) of a model directory of any kind that must hold
+    FILES: PATH itself, or for a bucket URL a copy of FILES in the cache. A missing file is
+    FileNotFoundError naming WHAT the directory should be; a config.json that is not JSON is
+    UnsafeModelError. The caller validates the config's fields."""
+    if storage.is_url(path):
+        path = storage.local_copy(path, names=list(files))
+    missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise FileNotFoundError(f"{path} is not a {what} directory: missing {', '.join(missing)}")
+    config_path = os.path.join(path, "config.json")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            return path, json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:     # json.JSONDecodeError is a ValueError
+        raise UnsafeModelError(f"{config_path}: not valid JSON ({exc})") from None
+
+
 def verified_model_dir(model_dir: str, expected: dict) -> str:
     """A local directory holding the files EXPECTED names ({file name: sha256}, recorded by the
     driver) of MODEL_DIR, local or a URL (copied to the cache), each checked: a model changed

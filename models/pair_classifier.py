@@ -23,7 +23,6 @@ weights-only through models.checkpoint.load_tensor_file: nothing else is ever un
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 
@@ -244,18 +243,9 @@ def validate_config(cfg, path: str = "config.json") -> dict:
 def load_pair_classifier(path: str, device: str | None = None) -> PairClassifier:
     """Load a directory written by PairClassifier.save; a bucket URL is copied to the local cache
     first. The weights must be exactly the tensors the config describes."""
-    from paracorpus import storage
+    from models.model_dir import open_model_dir
 
-    if storage.is_url(path):
-        path = storage.local_copy(path)
-    missing = [f for f in FILES if not os.path.isfile(os.path.join(path, f))]
-    if missing:
-        raise FileNotFoundError(f"{path} is not a pair classifier directory: missing {', '.join(missing)}")
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: config.json is not valid JSON ({exc})") from None
+    path, cfg = open_model_dir(path, FILES, "pair classifier")
     known = validate_config(cfg, path)
     clf = PairClassifier(**known, device=device,
                          extra={k: v for k, v in cfg.items() if k not in {*known, "format_version", "kind"}})
