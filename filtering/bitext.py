@@ -105,9 +105,8 @@ class BitextFilterConfig:
             raise ValueError("--bitext_min_similarity needs --bitext_encoder")
         if self.min_equivalence is not None and not self.divergence:
             raise ValueError("--min_equivalence needs --divergence_model")
-        for name, value in (("--min_equivalence", self.min_equivalence),):
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} is a probability: between 0 and 1, not {value}")
+        if self.min_equivalence is not None and not 0.0 <= self.min_equivalence <= 1.0:
+            raise ValueError(f"--min_equivalence is a probability: between 0 and 1, not {self.min_equivalence}")
 
 
 class BitextFilter:
