@@ -35,6 +35,36 @@ def toy_bitext(n: int, seed: int = 0) -> list[tuple[str, str]]:
     return pairs
 
 
+def toy_alignments(pairs: list[tuple[str, str]], tokenize) -> tuple[list, list]:
+    """The known word alignment of toy_bitext PAIRS as word_alignments (models/divergence.py)
+    gives it, both directions alike: every word of a Czech slot (subject, verb, place) linked to
+    every word of that slot's English phrase, and the final marks to each other. Tests pass it to
+    train_divergence instead of running eflomal, which takes no seed."""
+    links = []
+    for cs, en in pairs:
+        cs_tok, en_tok = tokenize(cs), tokenize(en)
+        row = []
+        for table in (SUBJECTS, VERBS, PLACES):
+            for cs_phrase, en_phrases in table:
+                c = _find(cs_tok, tokenize(cs_phrase))
+                e = next((p for p in (_find(en_tok, tokenize(x)) for x in en_phrases) if p), None)
+                if c and e:
+                    row += [(i, j) for i in c for j in e]
+                    break
+        if cs_tok and en_tok and cs_tok[-1] == en_tok[-1] == ".":
+            row.append((len(cs_tok) - 1, len(en_tok) - 1))
+        links.append(sorted(row))
+    return links, links
+
+
+def _find(tokens: list[str], phrase: list[str]) -> list[int]:
+    """Positions of the first occurrence of PHRASE in TOKENS (empty when absent)."""
+    for start in range(len(tokens) - len(phrase) + 1):
+        if tokens[start:start + len(phrase)] == phrase:
+            return list(range(start, start + len(phrase)))
+    return []
+
+
 def _english(rng, s, v, p) -> str:
     subj, verb, place = rng.choice(SUBJECTS[s][1]), rng.choice(VERBS[v][1]), rng.choice(PLACES[p][1])
     if rng.random() < 0.25:
