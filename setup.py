@@ -11,7 +11,7 @@ setup(
     description="Distributed paraphrase-corpus generation, filtering and embedding training",
     python_requires=">=3.11",
     package_data={"filtering": ["presets/*.yaml"]},
-    packages=find_packages(include=["beam_pipelines*", "models*", "transforms*", "paracorpus*", "embeddings*", "filtering*"]),
+    packages=find_packages(include=["common*", "beam_pipelines*", "models*", "transforms*", "paracorpus*", "embeddings*", "filtering*"]),
     install_requires=[
         "apache-beam[dask]>=2.77,<2.78",   # the pipelines; [dask] for the DaskRunner
         "torch>=2.6,<2.14",                  # NMT decoding and encoders (safe weights_only loading)

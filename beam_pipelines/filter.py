@@ -29,8 +29,8 @@ import time
 import apache_beam as beam
 
 from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, torch_threads_for
-from paracorpus import storage
-from paracorpus.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
+from common import storage
+from common.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
 from paracorpus.commit import Claim, new_run_id, publish, read_manifest, work_dir
 from paracorpus.runs import ParquetInput, open_input
 from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled

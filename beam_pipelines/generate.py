@@ -3,7 +3,7 @@
     paragen-generate --input examples/cs-en.example.tsv --output runs/example-out \\
         --forward_model runs/example-models/cs-en --backward_model runs/example-models/en-cs
 
-One pair's path: ReadShard (transforms/io.py, paracorpus/shards.py) -> CleanPairs
+One pair's path: ReadShard (transforms/io.py, common/shards.py) -> CleanPairs
 (paracorpus/cleaning.py) -> Deduplicate -> GroupByKey on the pair's work unit -> RunInference with
 UnitTranslatorHandler (transforms/units.py -> paracorpus/units.py -> paracorpus/paraphrasing.py ->
 models/nmt.py, paracorpus/clustering.py) -> WriteUnit (paracorpus/units.py; columns in
@@ -28,15 +28,15 @@ import apache_beam as beam
 
 from beam_pipelines.options import (check_beam_args, direct_workers, is_local, run_pipeline, runner_name,
                                     torch_threads_for)
-from paracorpus import storage
+from common import storage
 from paracorpus.cleaning import CleaningConfig
-from paracorpus.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
+from common.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
 from paracorpus.commit import Claim, file_location, new_run_id, publish, read_manifest, resumable_run, root_for, work_dir
 from paracorpus.incremental import Reuse, plan_reuse
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
-from paracorpus.names import check_lang_code, check_run_id
+from common.names import check_lang_code, check_run_id
 from paracorpus.schema import CONTRACT_VERSION, MANIFEST, check_manifest
-from paracorpus.shards import DEFAULT_MAX_LINE_CHARS, check_shard, discover_shards, estimate_records, shard_size
+from common.shards import DEFAULT_MAX_LINE_CHARS, check_shard, discover_shards, estimate_records, shard_size
 from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, summarize_run, totals
 from transforms.cleaning import CleanPairs, Deduplicate
 from transforms.io import COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged

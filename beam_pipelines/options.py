@@ -11,7 +11,7 @@ import argparse
 import difflib
 import os
 
-from paracorpus.cli import UsageError
+from common.cli import UsageError
 
 RUNNER_ALIASES = {"daskrunner": "apache_beam.runners.dask.dask_runner.DaskRunner",
                   "dask": "apache_beam.runners.dask.dask_runner.DaskRunner"}

@@ -39,8 +39,8 @@ import subprocess
 import sys
 import time
 
-from paracorpus import storage
-from paracorpus.cli import UsageError, cli_main, configure_logging
+from common import storage
+from common.cli import UsageError, cli_main, configure_logging
 from paracorpus.commit import Claim, new_run_id
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 

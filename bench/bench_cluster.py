@@ -150,7 +150,7 @@ def bench_scale_out(pairs, models, tmp) -> dict:
 
 
 def bench_bucket(pairs, models, tmp) -> dict:
-    from paracorpus import storage
+    from common import storage
     from tests.object_stores import s3_server
 
     inp = write_tsv(pairs, os.path.join(tmp, "bucket.tsv"))

@@ -72,9 +72,15 @@ def roc_auc(scores, labels) -> float:
 
 
 def read_parallel(prefix: str, limit: int | None) -> tuple[list[str], list[str]]:
+    """PREFIX.en and PREFIX.fr (or PREFIX.en.gz and PREFIX.fr.gz), line-aligned."""
+    import gzip
+
     out = []
     for lang in ("en", "fr"):
-        with open(f"{prefix}.{lang}", encoding="utf-8") as f:
+        path = f"{prefix}.{lang}"
+        if not os.path.exists(path):
+            path += ".gz"
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
             out.append([line.rstrip("\n") for line in f][:limit])
     if len(out[0]) != len(out[1]):
         raise SystemExit(f"{prefix}.en and {prefix}.fr differ in length")
@@ -92,6 +98,9 @@ def main() -> None:
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "divergence"),
                     help="folder with opensubs-parallel.{en,fr} and {commoncrawl,opensubs}.dev.tsv")
     ap.add_argument("--max_pairs", type=int, help="train on the first N parallel pairs (default: all)")
+    ap.add_argument("--extra", action="append", default=[], metavar="PREFIX",
+                    help="more en-fr training pairs: PREFIX.en and PREFIX.fr (.gz ok), e.g. "
+                         "../shared/data/bitext/multi30k/train (default: none)")
     ap.add_argument("--epochs", type=int, default=d.epochs, help=f"training epochs (default {d.epochs})")
     ap.add_argument("--dim", type=int, default=d.dim, help=f"word-vector size (default {d.dim})")
     ap.add_argument("--hidden", type=int, default=d.hidden, help=f"BiLSTM size per direction (default {d.hidden})")
@@ -113,8 +122,12 @@ def main() -> None:
                            embeddings=a.embeddings,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, progress=False)
     src, tgt = read_parallel(os.path.join(a.data, "opensubs-parallel"), a.max_pairs)
+    for prefix in a.extra:
+        more_src, more_tgt = read_parallel(prefix, None)
+        src, tgt = src + more_src, tgt + more_tgt
     devs = {name: read_dev_tsv(os.path.join(a.data, f"{name}.dev.tsv")) for name in ("commoncrawl", "opensubs")}
-    print(f"# bench_divergence: {len(src):,} en-fr training pairs, dev sets "
+    print(f"# bench_divergence: {len(src):,} en-fr training pairs"
+          f"{' (with ' + ', '.join(a.extra) + ')' if a.extra else ''}, dev sets "
           f"{', '.join(f'{k} ({len(v)})' for k, v in devs.items())}, {os.cpu_count()} CPUs, {a.threads} torch "
           f"thread(s)\n", flush=True)
     log = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731

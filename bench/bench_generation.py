@@ -216,7 +216,7 @@ def bench_overhead(pairs, models: str, workdir: str, preset_args: list[str]) -> 
     from paracorpus.config import PRESETS
     from paracorpus.paraphrasing import CleanPair, paraphrase_batch
     from paracorpus.schema import PARAPHRASE_SCHEMA
-    from paracorpus.shards import ShardSpec, read_shard
+    from common.shards import ShardSpec, read_shard
     import dataclasses
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -59,7 +59,7 @@ def latest_manifest(root: str) -> dict:
 def listing_seconds(inp: str) -> float:
     """What a no-op refresh cannot avoid: list the input and look at every shard's size and time."""
     code = ("import sys, time; t = time.perf_counter(); from paracorpus.incremental import shard_versions; "
-            "from paracorpus.shards import discover_shards; "
+            "from common.shards import discover_shards; "
             "[shard_versions(s) for s in discover_shards([sys.argv[1]], 'cs', 'en')]; "
             "print(time.perf_counter() - t)")
     return float(subprocess.run([PY, "-c", code, inp], cwd=ROOT, capture_output=True, text=True,

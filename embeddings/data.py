@@ -10,9 +10,9 @@ import random
 from collections import Counter
 from typing import Iterator
 
-from paracorpus import storage
+from common import storage
 from paracorpus.runs import open_input
-from paracorpus.shards import bounded_lines, open_binary
+from common.shards import bounded_lines, open_binary
 from paracorpus.where import parse_where
 
 MAX_LINE_BYTES = 100_000    # a TSV line longer than this is not a sentence pair: skipped, counted

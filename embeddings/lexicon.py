@@ -22,7 +22,7 @@ import sys
 from collections import Counter
 from typing import Iterable
 
-from embeddings.text import tokenize
+from common.text import tokenize
 
 
 def _usable_pairs(pairs: Iterable[tuple[str, str]], max_tokens: int, encoder, min_score: float | None,
@@ -111,7 +111,7 @@ def adjusted_pmi(pairs, max_tokens: int = 30, min_count: int = 3, encoder=None, 
 
 def write_tsv(rows: list[dict], path: str) -> None:
     """ROWS as a TSV at PATH (a local path or a URL), written whole."""
-    from paracorpus import storage
+    from common import storage
 
     lines = ["word1\tword2\tadjusted_pmi\tcross_pmi\tordinary_pmi\tcross_count\n"]
     lines += [f"{r['word1']}\t{r['word2']}\t{r['adjusted_pmi']:.4f}\t{r['cross_pmi']:.4f}\t"
@@ -121,8 +121,8 @@ def write_tsv(rows: list[dict], path: str) -> None:
 
 def run(argv=None) -> int:
     from embeddings.data import PairSource
-    from paracorpus import storage
-    from paracorpus.cli import UsageError, check_output_location
+    from common import storage
+    from common.cli import UsageError, check_output_location
 
     ap = argparse.ArgumentParser(prog="paragen-lexicon", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,7 +168,7 @@ def run(argv=None) -> int:
 
 
 def main(argv=None) -> int:
-    from paracorpus.cli import cli_main
+    from common.cli import cli_main
 
     return cli_main(run, argv)
 

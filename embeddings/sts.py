@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from paracorpus.atomic import write_json
+from common.atomic import write_json
 
 Similarity = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 
@@ -55,7 +55,7 @@ def read_sts_dir(root: str) -> dict[str, list[StsSubset]]:
     """{year: [subsets]} for every ``<root>/<year>/<subset>.tsv``, sorted by name. ROOT may also be
     one year's directory (``<subset>.tsv`` files) or a single .tsv file (e.g. STS Benchmark dev).
     A bucket URL is copied to the local cache first."""
-    from paracorpus import storage
+    from common import storage
 
     if storage.is_url(root):
         if not storage.exists(root):
@@ -140,7 +140,7 @@ def sentence_bleu_similarity(s1: Sequence[str], s2: Sequence[str]) -> np.ndarray
 
 
 def run(argv=None) -> dict:
-    from paracorpus.cli import UsageError
+    from common.cli import UsageError
 
     ap = argparse.ArgumentParser(prog="paragen-sts", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,7 +169,7 @@ def run(argv=None) -> dict:
 
 
 def main(argv=None) -> int:
-    from paracorpus.cli import cli_main
+    from common.cli import cli_main
 
     return cli_main(run, argv)
 

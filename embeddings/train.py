@@ -27,9 +27,9 @@ from embeddings.data import PairSource, scramble, shuffled
 from embeddings.mining import hardest_negatives, margin_loss
 from models.encoders import is_order_sensitive, parse_spec
 from models.sentence_encoder import SentenceEncoder
-from paracorpus import storage
-from paracorpus.atomic import copy_file, write_json
-from paracorpus.cli import UsageError
+from common import storage
+from common.atomic import copy_file, write_json
+from common.cli import UsageError
 from paracorpus.schema import manifest_reconciled
 
 
@@ -193,14 +193,6 @@ def train(source, out: str, cfg: TrainConfig, dev_sts: str | None = None, log=pr
     return report
 
 
-def upload_dir(local: str, remote: str, last: str | None = None) -> None:
-    """Copy every file under LOCAL to REMOTE (a URL), the file named LAST at the end (readers
-    take it as the mark of a whole directory)."""
-    files = sorted(os.path.relpath(os.path.join(d, n), local) for d, _, ns in os.walk(local) for n in ns)
-    for rel in sorted(files, key=lambda r: r == last):
-        storage.copy_file(os.path.join(local, rel), storage.join(remote, rel.replace(os.sep, "/")))
-
-
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
@@ -243,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv=None) -> dict:
-    from paracorpus.cli import check_output_location
+    from common.cli import check_output_location
 
     a = build_parser().parse_args(argv)
     cfg = TrainConfig(**{k: getattr(a, k) for k in TrainConfig.__dataclass_fields__
@@ -283,14 +275,14 @@ def run(argv=None) -> dict:
 
         with tempfile.TemporaryDirectory(prefix="paragen-encoder-") as tmp:
             report = train(source, tmp, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
-            upload_dir(tmp, output, last="config.json")
+            storage.upload_dir(tmp, output, last="config.json")
         print(f"uploaded to {output}", flush=True)
     print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
     return report
 
 
 def main(argv=None) -> int:
-    from paracorpus.cli import cli_main
+    from common.cli import cli_main
 
     return cli_main(run, argv)
 

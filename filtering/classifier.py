@@ -16,7 +16,7 @@ import torch
 
 from models.checkpoint import load_tensor_file
 from models.sentence_encoder import SentenceEncoder, load_encoder
-from paracorpus.atomic import replacing
+from common.atomic import replacing
 
 
 class ReferenceClassifier:

@@ -120,7 +120,7 @@ def parse_config(raw: dict, source: str = "<config>", overrides: dict | None = N
 
 def load_config(path_or_preset: str, overrides: dict | None = None) -> FilterConfig:
     """The config in the file PATH_OR_PRESET (a local path or a URL) or the preset of that name."""
-    from paracorpus import storage
+    from common import storage
 
     path = path_or_preset
     if not storage.isfile(path):

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from filtering import text_scores as ts
-from paracorpus import storage
+from common import storage
 
 DIRECTIONS = ("high", "low", "between")
 

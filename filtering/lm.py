@@ -16,7 +16,7 @@ import math
 from collections import Counter, defaultdict
 from typing import Iterable
 
-from paracorpus.atomic import replacing
+from common.atomic import replacing
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 

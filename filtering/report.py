@@ -19,8 +19,8 @@ from collections import Counter
 
 import numpy as np
 
-from embeddings.text import tokenize
-from paracorpus.atomic import write_json, write_text
+from common.text import tokenize
+from common.atomic import write_json, write_text
 
 
 def entropy(counts: Counter) -> float:
@@ -84,7 +84,7 @@ def _plot_hist(path: str, title: str, series: dict[str, np.ndarray], bins: int =
 
 def write_report(scored_files: list[str], out_dir: str, cfg, manifest: dict, max_rows: int = 1_000_000) -> str:
     """The report of the scored files SCORED_FILES (local paths or URLs) in the local OUT_DIR."""
-    from paracorpus import storage
+    from common import storage
 
     os.makedirs(out_dir, exist_ok=True)
     dataset = storage.parquet_dataset(scored_files)

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from filtering.config import FilterConfig
 from filtering.filters import PairBatch, decide
-from paracorpus import storage
+from common import storage
 from paracorpus.schema import SCORED_COLUMNS
 
 
@@ -64,7 +64,7 @@ def score_table(table: pa.Table, cfg: FilterConfig, fit_ids: frozenset = frozens
 def score_file(src: str, dst: str, cfg: FilterConfig, fit_ids: frozenset = frozenset(),
                batch_rows: int = 4096) -> Counter:
     """Score one Parquet file (a local path or a URL) in record batches and write DST whole
-    (paracorpus.storage.open_output)."""
+    (common.storage.open_output)."""
     pf = storage.parquet_file(src)
     schema = output_schema(pf.schema_arrow, cfg)
     total = Counter()

@@ -1,5 +1,5 @@
 """Plain score functions on sentence pairs (no models): lengths, n-gram overlap, sentence BLEU,
-bag-of-pieces. Tokens are embeddings.text.tokenize's lower-cased words and punctuation marks.
+bag-of-pieces. Tokens are common.text.tokenize's lower-cased words and punctuation marks.
 
 The per-pair functions (ngram_overlap, sentence_bleu, ...) are the reference; the filters use the
 batch versions below them (tokenize_columns, ngram_match_counts, ngram_overlap_batch,
@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from embeddings.text import MAX_CHARS, MAX_TOKENS, tokenize
+from common.text import MAX_CHARS, MAX_TOKENS, tokenize
 
 __all__ = ["tokenize", "ngrams", "ngram_overlap", "sentence_bleu", "bag_of_pieces_similarity", "is_punct",
            "TokenColumn", "tokenize_columns", "ngram_match_counts", "ngram_overlap_batch", "sentence_bleu_batch",
@@ -90,9 +90,9 @@ def bag_of_pieces_similarity(a_pieces: list[str], b_pieces: list[str]) -> float:
 # become spaces, Python's Unicode \w is [A-Za-z0-9_] and the only \s left is the space, so
 # `\w+(?:['’]\w+)*|[^\w\s]` reduces to: a token is a maximal run of word characters in which an
 # apostrophe between two word characters counts as one, or a single other non-space character.
-# The byte classes are read off embeddings.text.tokenize itself when this module loads. Rows with
+# The byte classes are read off common.text.tokenize itself when this module loads. Rows with
 # any non-ASCII character (Unicode letters and digits, curly apostrophes, NFKC and case-mapping
-# subtleties) go to embeddings.text.tokenize, so the tokens are identical for every row.
+# subtleties) go to common.text.tokenize, so the tokens are identical for every row.
 #
 # N-gram matches. Each token position j of either side becomes one int64 key
 #     row | t_0 | t_1 | ... | t_{N-1} | side        (t_k: id + 1 of token j + k; past the row's end
@@ -226,7 +226,7 @@ def _ascii_tokens(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tu
 def tokenize_columns(*columns, max_tokens: int = MAX_TOKENS) -> list[TokenColumn]:
     """Tokenise string columns of equal length (pyarrow arrays or chunked arrays, or lists of str;
     None reads as "") with one shared vocabulary. Every row's tokens equal
-    embeddings.text.tokenize's, in order, capped at MAX_TOKENS."""
+    common.text.tokenize's, in order, capped at MAX_TOKENS."""
     cols = [_utf8_buffers(c) for c in columns]
     n = len(cols[0][2]) - 1 if cols else 0
     if any(len(off) - 1 != n for _, _, off in cols):

@@ -60,7 +60,7 @@ def _dev_scores(path: str, config: str, score: str, overrides: dict):
     from filtering.config import load_config
     from filtering.filters import PairBatch
 
-    from paracorpus.shards import bounded_lines, open_binary
+    from common.shards import bounded_lines, open_binary
 
     labels, s1, s2 = [], [], []
     skipped = 0
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.scored:
-            from paracorpus import storage
+            from common import storage
             from paracorpus.runs import open_input
 
             if a.keep_rate is None:

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from models import similarity
-from paracorpus.cli import UsageError
+from common.cli import UsageError
 
 log = logging.getLogger("paragen.alignment_recovery")
 
@@ -197,7 +197,7 @@ def read_lines(path: str, limit: int | None = None) -> list[str]:
     """Lines of a one-sentence-per-line file (plain or compressed by suffix, local or URL), without
     their line ends; at most LIMIT. Every line is kept (blank ones too) so both sides stay aligned;
     a line over MAX_LINE_BYTES is cut there (no sentence is that long; the file may be hostile)."""
-    from paracorpus.shards import bounded_lines, open_binary
+    from common.shards import bounded_lines, open_binary
 
     out, cut = [], 0
     with open_binary(path) as f:
@@ -281,7 +281,7 @@ def run(argv=None) -> dict:
                                 tgt_lang=a.tgt_lang, workers=a.workers, threads=a.threads)
     results.update(src=src_path, tgt=tgt_path, encoder=a.encoder, mlp=a.mlp)
     if a.json:
-        from paracorpus.atomic import write_json
+        from common.atomic import write_json
 
         write_json(a.json, results)
     print(markdown(results), flush=True)
@@ -289,7 +289,7 @@ def run(argv=None) -> dict:
 
 
 def main(argv=None) -> int:
-    from paracorpus.cli import cli_main, configure_logging
+    from common.cli import cli_main, configure_logging
 
     configure_logging()
     return cli_main(run, argv)

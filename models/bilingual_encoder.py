@@ -48,7 +48,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from models.checkpoint import UnsafeModelError, load_tensor_file
-from paracorpus.atomic import replacing, write_json
+from common.atomic import replacing, write_json
 
 FORMAT_VERSION = 1
 FILES = ("config.json", "weights.pt", "spm.model")
@@ -84,7 +84,7 @@ class BilingualConfig:
 
     def validate(self) -> None:
         """ValueError unless every field has its type and range (bool is not an int here)."""
-        from paracorpus.names import check_lang_code
+        from common.names import check_lang_code
 
         for name in ("src_lang", "tgt_lang"):
             check_lang_code(getattr(self, name), name)

@@ -32,7 +32,7 @@ import re
 import zipfile
 from dataclasses import dataclass
 
-from paracorpus.cli import UsageError
+from common.cli import UsageError
 
 ARCHS = frozenset({"transformer", "transformer_tiny", "transformer_iwslt_de_en", "transformer_wmt_en_de",
                    "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
@@ -275,7 +275,7 @@ def sanitized_copy(src: str, dst: str) -> None:
     fairseq's layout, for fairseq's own tools (fairseq-generate, converters) to load."""
     import torch
 
-    from paracorpus.atomic import replacing
+    from common.atomic import replacing
 
     state = load_state(src)
     args = model_config_of(state)

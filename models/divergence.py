@@ -63,10 +63,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embeddings.text import Vocabulary
+from common.text import Vocabulary
 from models.checkpoint import load_tensor_file
-from paracorpus.atomic import replacing, write_json, write_text
-from paracorpus.cli import UsageError
+from common.atomic import replacing, write_json, write_text
+from common.cli import UsageError
 
 FORMAT_VERSION = 1
 FILES = ("config.json", "src_words.json", "tgt_words.json", "weights.pt")
@@ -624,7 +624,7 @@ def _validated_config(cfg, path: str) -> tuple[DivergenceConfig, float, dict]:
 
 def load_divergence_detector(path: str, device: str | None = None) -> DivergenceDetector:
     """Load a directory written by DivergenceDetector.save (or python -m models.train_divergence);
-    a bucket URL is copied to the local cache first (paracorpus.storage.local_copy)."""
+    a bucket URL is copied to the local cache first (common.storage.local_copy)."""
     from models.model_dir import open_model_dir
 
     path, raw = open_model_dir(path, FILES, "divergence model")
@@ -820,7 +820,7 @@ def read_dev_tsv(path: str, src_lang: str = "en", tgt_lang: str = "fr") -> list[
     import csv
     import gzip
 
-    from paracorpus import storage
+    from common import storage
 
     with storage.open_input(path) as raw:
         data = raw.read()

@@ -16,7 +16,7 @@ import json
 import os
 
 from models.checkpoint import UnsafeModelError, check_checkpoint
-from paracorpus import storage
+from common import storage
 
 MODEL_FILES = ("model.pt", "model.json", "spm.model")
 
@@ -29,7 +29,7 @@ def model_file_names(meta: dict) -> list[str]:
 def read_model_meta(model_dir: str) -> dict:
     """MODEL_DIR/model.json (written by models.train_nmt), after checking the directory holds a
     whole model and that its language codes are plain codes (they name dict.<lang>.txt files)."""
-    from paracorpus.names import check_lang_code
+    from common.names import check_lang_code
 
     if not storage.isdir(model_dir):
         raise FileNotFoundError(f"{model_dir}: no such model directory (train one with paragen-train-nmt)")
@@ -65,7 +65,7 @@ def _sha256_local(path: str) -> str:
 
 def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
     """A local directory holding MODEL_DIR: MODEL_DIR itself when it is local, else a copy in the
-    cache (paracorpus.storage.local_copy), downloaded once per machine. EXPECTED ({file name:
+    cache (common.storage.local_copy), downloaded once per machine. EXPECTED ({file name:
     sha256}, from the run's manifest) is checked file by file; a mismatch raises UnsafeModelError."""
     if storage.is_local(model_dir):
         return storage.resolve(model_dir)[1]

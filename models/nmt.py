@@ -202,7 +202,7 @@ class Translator:
 
     def banned_phrases(self, words) -> list[tuple[int, ...]]:
         """Target-token sequences to ban for these words (each surface variant, word-initial)."""
-        from paracorpus.constraints import surface_variants
+        from common.text import surface_variants
 
         phrases = []
         for word in words:
@@ -497,7 +497,7 @@ def load_translator(model_dir: str, device: str | None = None, sha256: dict | No
     MODEL_DIR may be a bucket URL: it is copied to a local cache first and checked against
     SHA256 ({file: digest}, recorded by the driver), see models/model_dir.py."""
     from models.model_dir import local_model_dir
-    from paracorpus import storage
+    from common import storage
 
     key = (storage.absolute(model_dir), device, tuple(sorted(kwargs.items())))
     with _CACHE_LOCK:

@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 
 from models.checkpoint import load_tensor_file
-from paracorpus.atomic import replacing, write_json
-from paracorpus.cli import UsageError
+from common.atomic import replacing, write_json
+from common.cli import UsageError
 
 FORMAT_VERSION = 1
 FILES = ("config.json", "weights.pt")

@@ -18,10 +18,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from embeddings.text import MAX_TOKENS, Vocabulary, sentence_trigrams, tokenize
+from common.text import MAX_TOKENS, Vocabulary, sentence_trigrams, tokenize
 from models.checkpoint import load_tensor_file
 from models.encoders import Features, build_module, parse_spec
-from paracorpus.atomic import replacing, write_json, write_text
+from common.atomic import replacing, write_json, write_text
 
 FORMAT_VERSION = 1
 FILES = ("config.json", "words.json", "trigrams.json", "weights.pt")
@@ -124,8 +124,8 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def load_encoder(path: str, device: str | None = None) -> SentenceEncoder:
     """Load a directory written by SentenceEncoder.save (or by python -m embeddings.train); a
-    bucket URL is copied to the local cache first (paracorpus.storage.local_copy)."""
-    from paracorpus import storage
+    bucket URL is copied to the local cache first (common.storage.local_copy)."""
+    from common import storage
 
     if storage.is_url(path) and storage.isdir(path):
         path = storage.local_copy(path)

@@ -24,8 +24,8 @@ import logging
 import sys
 import time
 
-from paracorpus import storage
-from paracorpus.cli import UsageError
+from common import storage
+from common.cli import UsageError
 
 log = logging.getLogger("paragen.train_bilingual")
 
@@ -36,7 +36,7 @@ def read_bitext(inputs: list[str], src_lang: str, tgt_lang: str, max_pairs: int 
                 ) -> tuple[list[tuple[str, str]], dict]:
     """(pairs, counts) from the --input values; counts: used, rejected (records the shard reader
     flags with an error, by reason), empty (a side blank after whitespace clean-up)."""
-    from paracorpus.shards import discover_shards, read_shard
+    from common.shards import discover_shards, read_shard
 
     specs = discover_shards(inputs, src_lang, tgt_lang)
     if not specs:
@@ -60,7 +60,7 @@ def read_bitext(inputs: list[str], src_lang: str, tgt_lang: str, max_pairs: int 
 def read_monolingual(path: str) -> tuple[list[str], int]:
     """(sentences, skipped) of a one-sentence-per-line file (plain or compressed, local or URL);
     blank, overlong and undecodable lines are skipped."""
-    from paracorpus.shards import bounded_lines, open_binary
+    from common.shards import bounded_lines, open_binary
 
     if not storage.isfile(path):
         raise FileNotFoundError(f"--monolingual {path}: no such file")
@@ -133,7 +133,7 @@ def run(argv=None) -> dict:
     import torch
 
     from models.bilingual_encoder import BilingualConfig, check_training_options, train_bilingual
-    from paracorpus.cli import check_output_location
+    from common.cli import check_output_location
 
     a = build_parser().parse_args(argv)
     try:
@@ -186,12 +186,10 @@ def run(argv=None) -> dict:
     else:
         import tempfile
 
-        from embeddings.train import upload_dir
-
         with tempfile.TemporaryDirectory(prefix="paragen-bilingual-") as tmp:
             report = train_bilingual(pairs, tmp, cfg, **train)
             storage.delete(storage.join(output, "config.json"))   # an old model stops being whole first
-            upload_dir(tmp, output, last="config.json")
+            storage.upload_dir(tmp, output, last="config.json")
         log.info("uploaded to %s", output)
     report["input"] = {**counts, "monolingual_skipped": mono_skipped}
     report["total_seconds"] = round(time.time() - t0, 1)
@@ -221,7 +219,7 @@ def _dev_errors(errors: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from paracorpus.cli import cli_main, configure_logging
+    from common.cli import cli_main, configure_logging
 
     configure_logging()
     return cli_main(run, argv)

@@ -23,8 +23,8 @@ import time
 import torch
 
 from models.divergence import DivergenceConfig, read_dev_tsv, tokenize, train_divergence
-from paracorpus import storage
-from paracorpus.cli import UsageError, check_output_location, configure_logging
+from common import storage
+from common.cli import UsageError, check_output_location, configure_logging
 
 
 def read_lines(path: str, limit: int | None = None) -> list[str]:
@@ -125,20 +125,18 @@ def run(argv=None) -> dict:
     else:                       # write locally, then upload, config.json last
         import tempfile
 
-        from embeddings.train import upload_dir
-
         if a.overwrite and storage.isfile(storage.join(output, "config.json")):
             storage.delete(storage.join(output, "config.json"))
         with tempfile.TemporaryDirectory(prefix="paragen-divergence-") as tmp:
             det.save(tmp)
-            upload_dir(tmp, output, last="config.json")
+            storage.upload_dir(tmp, output, last="config.json")
     report = {**trained.report, "output": output, "threshold": det.threshold, "seconds": round(time.time() - t0, 1)}
     print(json.dumps(report, indent=2))
     return report
 
 
 def main(argv=None) -> int:
-    from paracorpus.cli import cli_main
+    from common.cli import cli_main
 
     return cli_main(run, argv)
 

@@ -26,9 +26,9 @@ import subprocess
 import sys
 import time
 
-from paracorpus.atomic import copy_file, replacing, write_json
-from paracorpus.cli import UsageError
-from paracorpus.shards import bounded_lines, open_binary
+from common.atomic import copy_file, replacing, write_json
+from common.cli import UsageError
+from common.shards import bounded_lines, open_binary
 
 log = logging.getLogger("paragen.train_nmt")
 
@@ -356,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv=None) -> dict:
-    from paracorpus.cli import check_output_location
-    from paracorpus.names import check_lang_code
+    from common.cli import check_output_location
+    from common.names import check_lang_code
 
     ap = build_parser()
     a = ap.parse_args(argv)
@@ -393,7 +393,7 @@ def run(argv=None) -> dict:
 
 
 def main(argv=None) -> int:
-    from paracorpus.cli import cli_main
+    from common.cli import cli_main
 
     return cli_main(run, argv)
 

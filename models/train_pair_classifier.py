@@ -8,7 +8,7 @@ encoder's embeddings.
 Positives are the --input pairs (clean bitext). Negatives, as in the paper: ``random`` crosses the
 clean pairs (a source with another line's target); ``worst`` takes the worst-scoring --fraction
 (60%) of a noisy corpus (--noisy) by the encoder's cosine. Inputs are read like the generation
-job's (paracorpus/shards.py). OUT (local or a bucket URL) holds config.json, written last, and
+job's (common/shards.py). OUT (local or a bucket URL) holds config.json, written last, and
 weights.pt; config.json also records the encoder it was trained on and the languages.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import sys
 import tempfile
 import time
 
-from paracorpus import storage
-from paracorpus.cli import UsageError, check_output_location, cli_main, configure_logging
+from common import storage
+from common.cli import UsageError, check_output_location, cli_main, configure_logging
 
 log = logging.getLogger("paragen.train_pair_classifier")
 
@@ -52,7 +52,7 @@ def run(argv=None) -> dict:
     from models.bilingual_encoder import load_bilingual_encoder
     from models.pair_classifier import make_negatives, train_pair_classifier
     from models.train_bilingual import read_bitext
-    from paracorpus.names import check_lang_code
+    from common.names import check_lang_code
 
     a = build_parser().parse_args(argv)
     src_lang, tgt_lang = check_lang_code(a.src_lang, "--src_lang"), check_lang_code(a.tgt_lang, "--tgt_lang")

@@ -26,9 +26,9 @@ import threading
 import time
 import uuid
 
-from paracorpus import storage
-from paracorpus.cli import UsageError
-from paracorpus.names import check_run_id
+from common import storage
+from common.cli import UsageError
+from common.names import check_run_id
 
 OWNER = "_owner.json"
 WORK = "_work"

@@ -50,9 +50,3 @@ def draw_constraint_sets(reference: str, num_sets: int, seed: int, pair_id: str,
                 break
         sets.append(chosen)
     return sets
-
-
-def surface_variants(word: str) -> list[str]:
-    """Forms of a banned word to block: as written, lower-cased and capitalised."""
-    forms = [word, word.lower(), word[:1].upper() + word[1:].lower()]
-    return list(dict.fromkeys(forms))

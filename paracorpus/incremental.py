@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from paracorpus import storage
+from common import storage
 from paracorpus.schema import MANIFEST
-from paracorpus.shards import ShardSpec
+from common.shards import ShardSpec
 
 TABLES = ("paraphrases", "rejects", "dedup")
 

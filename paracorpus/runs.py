@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paracorpus import storage
-from paracorpus.cli import UsageError
+from common import storage
+from common.cli import UsageError
 from paracorpus.commit import OWNER, WORK, committed_files
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 

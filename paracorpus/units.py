@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from paracorpus import storage
+from common import storage
 from paracorpus.commit import attempt_id
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import CleanPair, dual_xent_scores, paraphrase_batch, reject, split_by_pieces

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from paracorpus.cli import UsageError
+from common.cli import UsageError
 
 _KEYWORDS = {"and": "and", "or": "or", "not": "not", "in": "in", "is": "is",
              "true": "True", "false": "False", "null": "None", "none": "None"}

@@ -252,7 +252,7 @@ def main(argv=None) -> int:
         print(f"NOT HANDLED: {json.dumps(r)}", file=sys.stderr)
     table = markdown(results)
     if a.write:
-        from paracorpus.atomic import write_text
+        from common.atomic import write_text
 
         write_text(a.write, table)
     else:

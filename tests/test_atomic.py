@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from paracorpus.atomic import copy_file, replacing, write_json
+from common.atomic import copy_file, replacing, write_json
 
 
 def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):

@@ -125,7 +125,7 @@ def test_save_load_round_trip(encoder, tmp_path):
     cs, en = zip(*toy_bitext(20, seed=5))
     np.testing.assert_array_equal(loaded.encode(list(cs), "cs"), encoder.encode(list(cs), "cs"))
     np.testing.assert_array_equal(loaded.encode(list(en), "en"), encoder.encode(list(en), "en"))
-    # a file:// URL goes through paracorpus.storage
+    # a file:// URL goes through common.storage
     np.testing.assert_array_equal(load_bilingual_encoder(f"file://{tmp_path}/m", device="cpu").encode(list(cs), "cs"),
                                   encoder.encode(list(cs), "cs"))
 
@@ -275,7 +275,7 @@ def test_cli_trains_and_refuses_to_overwrite(tmp_path):
 
 def test_cli_refuses_bad_options(tmp_path):
     from models.train_bilingual import run
-    from paracorpus.cli import UsageError
+    from common.cli import UsageError
 
     tsv = tmp_path / "b.tsv"
     tsv.write_text("Pes spí .\tA dog sleeps .\n", encoding="utf-8")

@@ -187,7 +187,7 @@ def test_mistakes_are_refused_before_anything_runs(tmp_path, bitext_models, tiny
     import shutil
 
     from beam_pipelines.generate import run
-    from paracorpus.cli import UsageError
+    from common.cli import UsageError
 
     inp, _, _ = _job_input(tmp_path)
     base = ["--input", str(inp), "--forward_model", os.path.join(tiny_nmt_models, "cs-en"),

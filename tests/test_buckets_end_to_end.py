@@ -10,7 +10,7 @@ import pytest
 from beam_pipelines import filter as filter_job
 from beam_pipelines.generate import run as generate
 from embeddings.train import run as train_embeddings
-from paracorpus import storage
+from common import storage
 from paracorpus.commit import committed_files
 from tests.object_stores import gcs_store, s3_store  # noqa: F401  (fixtures)
 

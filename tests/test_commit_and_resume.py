@@ -11,8 +11,8 @@ import time
 import pytest
 
 from beam_pipelines.generate import run
-from paracorpus import storage
-from paracorpus.cli import UsageError
+from common import storage
+from common.cli import UsageError
 from paracorpus.commit import committed_files
 from paracorpus.runs import open_input
 

@@ -12,7 +12,7 @@ from models.divergence import (Dictionary, DivergenceConfig, InteractionModel, b
                                dictionary_from_counts, embedding_cosine_scores, greedy_matching, length_ratio,
                                length_ratio_scores, link_counts, load_divergence_detector, macro_f1,
                                synthetic_examples, tokenize, train_divergence, tune_threshold, word_alignments)
-from paracorpus.cli import UsageError
+from common.cli import UsageError
 
 WORDS = [f"w{i}" for i in range(30)]
 TRANSLATION = {w: f"x{w[1:]}e" for w in WORDS}          # w7 -> x7e: no string is shared by the sides
@@ -213,7 +213,7 @@ def test_macro_f1_and_tune_threshold_by_hand():
 
 def test_baselines():
     assert np.allclose(length_ratio_scores([["a"] * 4, ["a"], []], [["b"] * 2, ["b"], ["c"]]), [0.5, 1.0, 0.0])
-    from embeddings.text import Vocabulary
+    from common.text import Vocabulary
     from models.divergence import BilingualEmbeddings
 
     sv, tv = Vocabulary(["<pad>", "<unk>", "a", "b"]), Vocabulary(["<pad>", "<unk>", "A", "B"])

@@ -20,7 +20,7 @@ from embeddings.data import PairSource, parse_where, scramble, shuffled
 from embeddings.lexicon import adjusted_pmi
 from embeddings.mining import hardest_negatives, margin_loss
 from embeddings.sts import evaluate, markdown, read_sts_dir, sentence_bleu_similarity
-from embeddings.text import Vocabulary, char_trigrams, tokenize
+from common.text import Vocabulary, char_trigrams, tokenize
 from embeddings.train import TrainConfig, megabatch_step, train
 from models.encoders import KINDS, parse_spec
 from models.sentence_encoder import SentenceEncoder, load_encoder

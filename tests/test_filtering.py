@@ -316,7 +316,7 @@ def _run(gen, out, *extra):
 
 def _scored(out):
     """The scored rows the filter run's manifest lists."""
-    from paracorpus import storage
+    from common import storage
     from paracorpus.commit import committed_files
 
     return storage.parquet_dataset(committed_files(str(out), "scored", "_filter_manifest.json")).to_table()
@@ -418,7 +418,7 @@ def test_unreconciled_generation_run_is_refused(generation_output, tmp_path):
 
     from beam_pipelines.filter import run
 
-    from paracorpus.cli import UsageError
+    from common.cli import UsageError
     from tests.toydata import write_generation_run
 
     gen = write_generation_run(tmp_path / "gen", generation_output[1], reconciled=False)
@@ -513,7 +513,7 @@ def _vector_pairs():
 
 
 def test_vectorised_tokens_equal_tokenize():
-    from embeddings.text import tokenize
+    from common.text import tokenize
 
     pairs = _vector_pairs()
     assert len(pairs) > 3000
@@ -539,7 +539,7 @@ def test_vectorised_tokens_equal_tokenize():
 
 
 def _reference_scores(pairs):
-    from embeddings.text import tokenize
+    from common.text import tokenize
 
     rt, pt = [tokenize(a) for a, _ in pairs], [tokenize(b) for _, b in pairs]
     out = {"reference_length": [len(t) for t in rt], "paraphrase_length": [len(t) for t in pt]}

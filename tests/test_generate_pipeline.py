@@ -9,8 +9,8 @@ import pytest
 
 from beam_pipelines.generate import run
 from beam_pipelines.options import worker_threads
-from paracorpus.cli import UsageError
-from paracorpus import storage
+from common.cli import UsageError
+from common import storage
 from paracorpus.commit import committed_files
 from paracorpus.schema import PARAPHRASE_SCHEMA, REJECT_SCHEMA
 

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipelines.generate import resolve_device, run
-from paracorpus.cli import UsageError
-from paracorpus.names import check_lang_code, check_path_component, check_run_id
-from paracorpus.shards import ShardError, check_shard, discover_shards, read_shard
+from common.cli import UsageError
+from common.names import check_lang_code, check_path_component, check_run_id
+from common.shards import ShardError, check_shard, discover_shards, read_shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

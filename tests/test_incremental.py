@@ -7,7 +7,7 @@ import os
 import pytest
 
 from beam_pipelines.generate import run
-from paracorpus import storage
+from common import storage
 from paracorpus.commit import committed_files
 from tests.object_stores import s3_store  # noqa: F401  (fixture)
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from beam_pipelines.refresh import LATEST, LOCK, run as refresh
-from paracorpus import storage
-from paracorpus.cli import UsageError
+from common import storage
+from common.cli import UsageError
 from paracorpus.commit import committed_files
 from tests.object_stores import s3_store  # noqa: F401  (fixture)
 

@@ -7,7 +7,7 @@ import pytest
 
 from paracorpus.cleaning import CleaningConfig, Rejection, clean_pair, dedup_key, normalize_text, pair_id
 from paracorpus.constraints import constraint_words, draw_constraint_sets
-from paracorpus.shards import ShardSpec, discover_shards, read_shard
+from common.shards import ShardSpec, discover_shards, read_shard
 
 
 def _records(spec, **kw):

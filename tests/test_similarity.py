@@ -17,7 +17,7 @@ from models.alignment_recovery import (main as align_main, nearest_by_edit_dista
 from models.checkpoint import UnsafeModelError
 from models.pair_classifier import (PairClassifier, load_pair_classifier, make_negatives, random_negatives,
                                     train_pair_classifier, worst_negatives)
-from paracorpus.cli import UsageError
+from common.cli import UsageError
 
 EMBEDDING_METHODS = ("cosine", "euclidean", "csls", "margin_ratio", "margin_distance")
 

@@ -1,4 +1,4 @@
-"""paracorpus/storage.py against a local directory and real S3 (moto) and GCS (fake-gcs-server)
+"""common/storage.py against a local directory and real S3 (moto) and GCS (fake-gcs-server)
 servers on loopback: the same calls, the same answers."""
 import os
 import subprocess
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from paracorpus import storage
+from common import storage
 from tests.object_stores import gcs_store, s3_store  # noqa: F401  (fixtures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,7 +81,7 @@ def test_parquet_and_local_copies(root):
 
 def test_a_worker_process_reaches_the_store_through_its_environment(root):
     storage.write_bytes(storage.join(root, "hello.txt"), b"hi")
-    code = ("import sys; from paracorpus import storage; "
+    code = ("import sys; from common import storage; "
             "storage.write_bytes(sys.argv[1] + '/back.txt', storage.read_bytes(sys.argv[1] + '/hello.txt') * 2)")
     done = subprocess.run([sys.executable, "-c", code, root], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT})
@@ -94,7 +94,7 @@ def test_shards_and_compressed_input_from_a_bucket(root):
 
     import zstandard
 
-    from paracorpus.shards import discover_shards, estimate_records, read_shard
+    from common.shards import discover_shards, estimate_records, read_shard
 
     lines = "".join(f"Muž {i} .\tA man {i} .\n" for i in range(50)).encode()
     storage.write_bytes(storage.join(root, "in", "a.tsv.gz"), gzip.compress(lines))

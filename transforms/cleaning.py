@@ -65,7 +65,7 @@ class KeepFirstOfDuplicates(beam.DoFn):
 
 def _previous_rows(path: str):
     """(dedup key, ("previous", row)) for every row of an earlier run's dedup file."""
-    from paracorpus import storage
+    from common import storage
 
     table = storage.parquet_file(path).read(columns=["dedup_key", "pair_id", "input_shard", "input_index"])
     for row in table.to_pylist():

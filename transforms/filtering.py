@@ -4,7 +4,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from paracorpus import storage
+from common import storage
 from paracorpus.commit import attempt_id
 from transforms.progress import Progress
 

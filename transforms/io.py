@@ -1,7 +1,7 @@
 """Reading input shards as a DoFn over an explicit shard list, and splitting tagged outputs.
 
 Beam's own text sources rely on splittable DoFns that some runners (DaskRunner) do not
-translate, so reading happens inside a plain DoFn per shard (through paracorpus/storage.py, so a
+translate, so reading happens inside a plain DoFn per shard (through common/storage.py, so a
 shard may be a local file or a bucket URL). Writing happens per work unit (transforms/units.py).
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ import time
 
 import apache_beam as beam
 
-from paracorpus import storage
+from common import storage
 from paracorpus.cleaning import pair_id
 from paracorpus.schema import READ_RECORD_KEYS, check_manifest, reject_row
-from paracorpus.shards import ShardSpec, read_shard, shard_size
+from common.shards import ShardSpec, read_shard, shard_size
 from transforms.progress import Progress
 
 MAIN_TAG = "main"

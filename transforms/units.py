@@ -10,7 +10,7 @@ import time
 import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from paracorpus import storage
+from common import storage
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
 from paracorpus.units import (PAIR, REJECT, UNIT, generate_unit, input_shard_of, shard_of_unit, unit_of, unit_record_path,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from paracorpus.cli import UsageError
+from common.cli import UsageError
 
 # ISO 639-1/-3 codes, optionally with a script or region after an underscore (pt_BR, zh_Hant).
 # No '-': the two codes are joined with '-' in the partition name lang_pair=<src>-<tgt>.

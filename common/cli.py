@@ -58,7 +58,7 @@ def check_output_location(path: str, option: str = "--output") -> str:
     """PATH (absolute, or the URL unchanged), after checking a directory can be created (or exists)
     there: no existing ancestor is a file, and the nearest existing one is writable; for a URL,
     that its bucket can be listed. Raises UsageError."""
-    from paracorpus import storage
+    from common import storage
 
     if storage.is_url(path) and not storage.is_local(path):
         bucket = path.split("://", 1)[0] + "://" + path.split("://", 1)[1].split("/", 1)[0]

@@ -73,3 +73,9 @@ class Vocabulary:
         if not isinstance(items, list) or not all(isinstance(w, str) for w in items):
             raise ValueError("vocabulary file must be a JSON list of strings")
         return cls(items)
+
+
+def surface_variants(word: str) -> list[str]:
+    """Forms of a banned word to block: as written, lower-cased and capitalised."""
+    forms = [word, word.lower(), word[:1].upper() + word[1:].lower()]
+    return list(dict.fromkeys(forms))

@@ -379,3 +379,11 @@ def local_copy(path: str, names: list[str] | None = None) -> str:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return os.path.join(target, listing[0][0]) if single else target
+
+
+def upload_dir(local: str, remote: str, last: str | None = None) -> None:
+    """Copy every file under LOCAL to REMOTE (a URL), the file named LAST at the end (readers
+    take it as the mark of a whole directory)."""
+    files = sorted(os.path.relpath(os.path.join(d, n), local) for d, _, ns in os.walk(local) for n in ns)
+    for rel in sorted(files, key=lambda r: r == last):
+        copy_file(os.path.join(local, rel), join(remote, rel.replace(os.sep, "/")))

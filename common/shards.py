@@ -18,9 +18,9 @@ import lzma
 from dataclasses import dataclass
 from typing import Iterator
 
-from paracorpus import storage
-from paracorpus.cli import UsageError
-from paracorpus.names import check_lang_code, check_path_component
+from common import storage
+from common.cli import UsageError
+from common.names import check_lang_code, check_path_component
 
 DEFAULT_MAX_LINE_CHARS = 20_000
 _READ_CHUNK = 1 << 16
@@ -345,7 +345,7 @@ def _existing(base: str) -> str | None:
 
 def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[ShardSpec]:
     """Expand --input values (files, globs, directories, Moses prefixes) into sorted shard specs.
-    SRC_LANG and TGT_LANG must be checked language codes (paracorpus.names): they become parts
+    SRC_LANG and TGT_LANG must be checked language codes (common.names): they become parts
     of the Moses file names looked for.
 
     ``X.<src_lang>[.gz]`` with a twin ``X.<tgt_lang>[.gz]`` becomes one Moses shard; ``*.parquet``
