@@ -3,8 +3,8 @@
     paragen-generate --input examples/cs-en.example.tsv --output runs/example-out \\
         --forward_model runs/example-models/cs-en --backward_model runs/example-models/en-cs
 
-One pair's path: ReadShard (transforms/io.py, common/shards.py) -> CleanPairs
-(paracorpus/cleaning.py) -> Deduplicate -> GroupByKey on the pair's work unit -> RunInference with
+One pair's path: ReadShard (transforms/io.py, common/shards.py) -> Clean (paracorpus/steps.py
+CleanStep through transforms/steps.py) -> Deduplicate -> GroupByKey on the pair's work unit -> RunInference with
 UnitTranslatorHandler (transforms/units.py -> paracorpus/units.py -> paracorpus/paraphrasing.py ->
 models/nmt.py, paracorpus/clustering.py) -> WriteUnit (paracorpus/units.py; columns in
 paracorpus/schema.py) -> the run's manifest, written last (paracorpus/commit.py).
@@ -38,8 +38,10 @@ from common.names import check_lang_code, check_run_id
 from paracorpus.schema import CONTRACT_VERSION, MANIFEST, check_manifest
 from common.shards import DEFAULT_MAX_LINE_CHARS, check_shard, discover_shards, estimate_records, shard_size
 from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, summarize_run, totals
-from transforms.cleaning import CleanPairs, Deduplicate
+from paracorpus.steps import CleanStep
+from transforms.cleaning import Deduplicate
 from transforms.io import COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged
+from transforms.steps import ApplyStep
 from transforms.units import PAIR, REJECT, UNIT, DecodeUnits, UnitTranslatorHandler, key_by_unit, reuse_unit
 
 TABLES = ("paraphrases", "rejects", "dedup", "_counts")      # what publish() cleans (_counts: contract v1 runs)
@@ -163,7 +165,7 @@ def add_bitext_filter_args(parser: argparse.ArgumentParser) -> None:
 
 def bitext_filter_config(opts):
     """The bitext filter's settings, checked (UsageError), its model directories absolute."""
-    from filtering.bitext import BitextFilterConfig
+    from paracorpus.steps import BitextFilterConfig
 
     cfg = BitextFilterConfig(
         encoder=storage.absolute(opts.bitext_encoder) if opts.bitext_encoder else None,
@@ -260,7 +262,7 @@ def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning:
     read = (p | "ShardList" >> beam.Create(shards)
             | "ReadShards" >> beam.ParDo(ReadShard(max_line_chars, src_column, tgt_column, chash, plan.work))
             | "SplitRead" >> SplitTagged((MAIN_TAG, REJECTS_TAG, COUNTS_TAG)))
-    cleaned = (read[MAIN_TAG] | "Clean" >> beam.ParDo(CleanPairs(cleaning, chash))
+    cleaned = (read[MAIN_TAG] | "Clean" >> beam.ParDo(ApplyStep(CleanStep(cleaning), chash, "pairs_clean"))
                | "SplitClean" >> SplitTagged())
     dedup = (cleaned[MAIN_TAG] | "Deduplicate" >> Deduplicate(chash, previous_dedup)
              | "SplitDedup" >> SplitTagged())

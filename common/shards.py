@@ -23,6 +23,7 @@ from common.cli import UsageError
 from common.names import check_lang_code, check_path_component
 
 DEFAULT_MAX_LINE_CHARS = 20_000
+SNIPPET_CHARS = 1000           # of an overlong record kept for its reject row (enough to find it)
 _READ_CHUNK = 1 << 16
 
 
@@ -182,7 +183,7 @@ def _read_tsv(spec: ShardSpec, max_line_chars: int, digests: list) -> Iterator[R
                 yield RawRecord(spec.name, index, _snippet(line), None, "bad_utf8", err)
                 continue
             if len(text) > max_line_chars:
-                yield RawRecord(spec.name, index, text[:1000], None, "overlong_line",
+                yield RawRecord(spec.name, index, text[:SNIPPET_CHARS], None, "overlong_line",
                                 f"{len(text)} characters > {max_line_chars}")
                 continue
             cells = text.split("\t")
@@ -228,7 +229,7 @@ def _pair_from_cells(name, index, s, t, max_line_chars) -> RawRecord:
         return RawRecord(name, index, src if src is not None else _snippet(sb),
                          tgt if tgt is not None else _snippet(tb), "bad_utf8", e1 or e2)
     if max(len(src), len(tgt)) > max_line_chars:
-        return RawRecord(name, index, src[:1000], tgt[:1000], "overlong_line",
+        return RawRecord(name, index, src[:SNIPPET_CHARS], tgt[:SNIPPET_CHARS], "overlong_line",
                          f"{max(len(src), len(tgt))} characters > {max_line_chars}")
     return RawRecord(name, index, src, tgt)
 

@@ -19,12 +19,12 @@ Presets live in filtering/presets/<name>.yaml (``--preset paranmt``).
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 
 import yaml
 
+from common.steps import Rule
 from filtering.filters import FILTERS, Filter
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
@@ -32,22 +32,6 @@ PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 
 def presets() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".yaml"))
-
-
-@dataclass
-class Rule:
-    score: str
-    direction: str
-    min: float | None
-    max: float | None
-
-    def as_tuple(self):
-        return (self.score, self.direction, self.min, self.max)
-
-    def describe(self) -> str:
-        parts = ([f">= {self.min:g}"] if self.min is not None else []) + \
-                ([f"<= {self.max:g}"] if self.max is not None else [])
-        return f"{self.score} {' and '.join(parts)}"
 
 
 @dataclass
@@ -61,14 +45,6 @@ class FilterConfig:
     @property
     def score_columns(self) -> list[str]:
         return [name for f in self.filters for name in f.scores]
-
-
-def _bound(value, where: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{where}: threshold must be a number, got {value!r}")
-    return float(value)
 
 
 def parse_config(raw: dict, source: str = "<config>", overrides: dict | None = None) -> FilterConfig:
@@ -102,15 +78,7 @@ def parse_config(raw: dict, source: str = "<config>", overrides: dict | None = N
                                  f"{', '.join(flt.scores)}")
             if not isinstance(bounds, dict) or not bounds or set(bounds) - {"min", "max"}:
                 raise ValueError(f"{where}: give min and/or max")
-            lo, hi = _bound(bounds.get("min"), where), _bound(bounds.get("max"), where)
-            direction = flt.scores[score]
-            if direction == "high" and hi is not None:
-                raise ValueError(f"{where}: {score} is kept high; only min may be set")
-            if direction == "low" and lo is not None:
-                raise ValueError(f"{where}: {score} is kept low; only max may be set")
-            if lo is not None and hi is not None and lo > hi:
-                raise ValueError(f"{where}: min {lo} is above max {hi}")
-            rules.append(Rule(score, direction, lo, hi))
+            rules.append(Rule(score, flt.scores[score], bounds.get("min"), bounds.get("max")).check(where))
         filters.append(flt)
     fit_sample = raw.get("fit_sample", 2000)
     if not isinstance(fit_sample, int) or isinstance(fit_sample, bool) or fit_sample < 10:

@@ -1,12 +1,7 @@
-"""The filters: each a small class that scores a batch of pairs and declares, per score, which
-direction is kept. Thresholds come from the config (filtering/config.py).
-
-A filter declares SCORES = {score_column: direction}; direction is
-  "high"    keep when score >= min (only ``min`` may be set),
-  "low"     keep when score <= max (only ``max`` may be set),
-  "between" keep when min <= score <= max (either or both may be set).
-A score without thresholds is computed and written but rejects nothing. A null score (e.g. no
-backward model, an unparsable sentence) never rejects.
+"""The filters: each a scoring step (common/steps.py: SCORES {score column: direction}, score()
+over a batch, setup(), fit()) over a PairBatch of generation rows. Thresholds come from the
+config (filtering/config.py). A score without thresholds is computed and written but rejects
+nothing. A null score (e.g. no backward model, an unparsable sentence) never rejects.
 
 Filters that need a model trained on the data (KenLM, classifier) implement ``fit``: the driver
 calls it once on a sample before the pipeline; it returns the parameters (model paths) that
@@ -15,15 +10,15 @@ workers load in ``setup``.
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from common.steps import DIRECTIONS, ScoringStep
 from filtering import text_scores as ts
 from common import storage
 
-DIRECTIONS = ("high", "low", "between")
+__all__ = ["DIRECTIONS", "FILTERS", "Filter", "PairBatch"]
 
 
 class PairBatch:
@@ -97,39 +92,9 @@ class PairBatch:
         return self.table.column(name).to_pylist()
 
 
-class Filter:
-    NAME = ""
-    SCORES: dict[str, str] = {}
-    PARAMS: dict[str, object] = {}          # accepted parameters and their defaults
-
-    def __init__(self, **params):
-        unknown = set(params) - set(self.PARAMS)
-        if unknown:
-            raise ValueError(f"filter {self.NAME!r}: unknown parameter(s) {', '.join(sorted(unknown))}; "
-                             f"accepted: {', '.join(self.PARAMS) or 'none'}")
-        self.params = {**self.PARAMS, **params}
-        self.check_params()
-
-    def check_params(self) -> None:
-        pass
-
-    @property
-    def scores(self) -> dict[str, str]:
-        return dict(self.SCORES)
-
-    def fit(self, sample: pa.Table, workdir: str, log=print) -> dict:
-        """Train what the filter needs on SAMPLE; return parameter updates (e.g. model paths)."""
-        return {}
-
-    def needs_fit(self) -> bool:
-        """True while a model this filter needs has still to be trained on the data."""
-        return False
-
-    def setup(self) -> None:
-        """Load models (once per worker)."""
-
-    def score(self, batch: PairBatch) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+class Filter(ScoringStep):
+    """A filter of the filter job: a scoring step (common/steps.py) over a PairBatch. Its
+    thresholds come from the job's config (filtering/config.py), which decides for every row."""
 
 
 def _floats(values) -> np.ndarray:
@@ -363,7 +328,7 @@ class TreeEditFilter(Filter):
 
 class _BitextFilter(Filter):
     """Base of the filters that score the foreign source against the English reference and the
-    paraphrase with a bitext model (filtering/bitext.py); the rows' src_lang / tgt_lang say
+    paraphrase with a bitext model (models/bitext_scoring.py); the rows' src_lang / tgt_lang say
     which language each side is in."""
     PREFIX = ""
 
@@ -403,7 +368,7 @@ class BitextSimilarityFilter(_BitextFilter):
                              "(paragen-train-bilingual)")
 
     def setup(self):
-        from filtering.bitext import SimilarityScorer
+        from models.bitext_scoring import SimilarityScorer
 
         self._scorer = SimilarityScorer(self.params["encoder"], self.params["mlp"])
 
@@ -421,7 +386,7 @@ class DivergenceFilter(_BitextFilter):
                              "(paragen-train-divergence)")
 
     def setup(self):
-        from filtering.bitext import EquivalenceScorer
+        from models.bitext_scoring import EquivalenceScorer
 
         self._scorer = EquivalenceScorer(self.params["model"])
 
@@ -430,21 +395,3 @@ FILTERS: dict[str, type[Filter]] = {f.NAME: f for f in (
     LengthFilter, LengthRatioFilter, NgramOverlapFilter, BleuFilter, BagOfPiecesFilter, TranslationCostFilter,
     LanguageModelFilter, ClassifierFilter, ParaphraseScoreFilter, TreeEditFilter, BitextSimilarityFilter,
     DivergenceFilter)}
-
-
-def decide(scores: dict[str, np.ndarray], rules: Sequence[tuple[str, str, float | None, float | None]],
-           n: int) -> tuple[np.ndarray, list[list[str]]]:
-    """Apply RULES (score, direction, min, max); a failed bound adds 'score<min' or 'score>max' to
-    the row's reasons. Returns (keep, reasons)."""
-    reasons: list[list[str]] = [[] for _ in range(n)]
-    for name, _direction, lo, hi in rules:
-        v = scores[name]
-        with np.errstate(invalid="ignore"):
-            if lo is not None:
-                for i in np.nonzero(v < lo)[0]:
-                    reasons[i].append(f"{name}<min")
-            if hi is not None:
-                for i in np.nonzero(v > hi)[0]:
-                    reasons[i].append(f"{name}>max")
-    keep = np.array([not r for r in reasons], dtype=bool)
-    return keep, reasons

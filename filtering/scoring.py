@@ -8,9 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from filtering.config import FilterConfig
-from filtering.filters import PairBatch, decide
 from common import storage
+from common.steps import decide
+from filtering.config import FilterConfig
+from filtering.filters import PairBatch
 from paracorpus.schema import SCORED_COLUMNS
 
 
@@ -41,7 +42,7 @@ def score_table(table: pa.Table, cfg: FilterConfig, fit_ids: frozenset = frozens
             if v.shape != (n,):
                 raise RuntimeError(f"filter {f.NAME!r} returned {v.shape} scores for {n} rows")
             scores[name] = v
-    keep, reasons = decide(scores, [r.as_tuple() for r in cfg.rules], n)
+    keep, reasons = decide(scores, cfg.rules, n)
     keep_cols = [c for c in table.column_names if c not in cfg.score_columns + ["keep", "reasons", "fit_sample"]]
     out = table.select(keep_cols)
     for name, v in scores.items():

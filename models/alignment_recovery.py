@@ -122,7 +122,6 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
         raise ValueError("the embedding similarities need an encoder or precomputed embeddings")
 
     perm = np.random.default_rng(seed).permutation(n)   # shuffled target j is original target perm[j]
-    inverse = np.argsort(perm)                          # original target i sits at inverse[i]
     src_text = np.array(src, dtype=object)
     tgt_text = np.array(tgt, dtype=object)
     tgt_shuffled = tgt_text[perm]

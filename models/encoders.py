@@ -156,14 +156,6 @@ def build_module(spec: str, n_words: int, n_trigrams: int, dim: int, hidden: int
     return parts[0] if len(parts) == 1 else Combined(parts, combine)
 
 
-def uses_trigrams(spec: str) -> bool:
-    return "trigram" in parse_spec(spec)[0]
-
-
-def uses_words(spec: str) -> bool:
-    return any(k != "trigram" for k in parse_spec(spec)[0])
-
-
 def is_order_sensitive(spec: str) -> bool:
     """Scrambling only matters to recurrent encoders; averages ignore word order."""
     return any(k in ("lstm", "blstm", "gran") for k in parse_spec(spec)[0])

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -63,15 +63,6 @@ class Hypothesis:
     pieces: tuple[str, ...]
     token_ids: tuple[int, ...]               # without the final </s>
     nll: float                               # per-token NLL, </s> included (fairseq's convention)
-
-
-@dataclass
-class DecodeStats:
-    sources: int = 0
-    hypotheses: int = 0
-    generated_tokens: int = 0
-    seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -144,12 +135,23 @@ def cpu_has_native_bf16() -> bool | None:
         return None
 
 
+# A hypothesis may have at most MAX_LEN_A x source pieces + MAX_LEN_B pieces (fairseq's max_len_a/b):
+# a translation is rarely much longer than its source, and a bound keeps a degenerate sample
+# (a repeated phrase) from running to the model's position limit.
+MAX_LEN_A = 1.5
+MAX_LEN_B = 10
+BATCH_TOKENS = 24_000            # beam search and forced decoding: source + output tokens per batch
+# Sampled rows share prefixes (models/prefix_decoder.py): a sampling batch holds far fewer decoder
+# states than rows, so it gets a larger budget (one batch for a typical 64-pair call).
+SAMPLE_BATCH_TOKENS = 200_000
+
+
 class Translator:
     """One direction of translation, loaded once per process (see :func:`load_translator`)."""
 
-    def __init__(self, model_dir: str, device: str | None = None, max_len_a: float = 1.5,
-                 max_len_b: int = 10, batch_tokens: int = 24000, sample_batch_tokens: int = 200000,
-                 precision: str = "auto"):
+    def __init__(self, model_dir: str, device: str | None = None, max_len_a: float = MAX_LEN_A,
+                 max_len_b: int = MAX_LEN_B, batch_tokens: int = BATCH_TOKENS,
+                 sample_batch_tokens: int = SAMPLE_BATCH_TOKENS, precision: str = "auto"):
         import sentencepiece as spm
 
         self.model_dir = model_dir
@@ -170,9 +172,6 @@ class Translator:
         self.spm = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.batch_tokens = batch_tokens
-        # Sampled rows share prefixes (models/prefix_decoder.py): a sampling batch holds far fewer
-        # decoder states than rows, so it gets a larger budget. On 60 Multi30k sources x 30
-        # samples, 200,000 (one batch) ran 1.2x faster than 24,000 (four), peak RSS +2 MB.
         self.sample_batch_tokens = sample_batch_tokens
         self.fingerprint = model_fingerprint(model_dir)
         d = self.tgt_dict
@@ -325,7 +324,7 @@ class Translator:
     # ---------------------------------------------------------------- sampling
     @torch.inference_mode()
     def sample(self, requests: list[SampleRequest], topk: int = 10, seed: int = 0,
-               min_len: int = 1, stats: DecodeStats | None = None) -> list[list[Hypothesis]]:
+               min_len: int = 1) -> list[list[Hypothesis]]:
         """Top-k samples per request, never completing one of the request's banned phrases."""
         src_cache: dict[str, list[int]] = {}
         for r in requests:
@@ -336,19 +335,15 @@ class Translator:
         lengths = [len(src_cache[r.source]) for r in requests]
         for batch in self._length_batches(lengths, rows_per_item=per_item, budget=self.sample_batch_tokens):
             self._sample_batch([requests[i] for i in batch], [results[i] for i in batch],
-                               src_cache, topk, seed, min_len, stats)
-        if stats is not None:
-            stats.sources += len({r.source for r in requests})
-            stats.hypotheses += sum(len(x) for x in results)
+                               src_cache, topk, seed, min_len)
         return results
 
     def _top_tokens(self, decoder, features, k, no_eos, at_limit):
         """Top-k next tokens of each node with their log-probabilities. The whole vocabulary is
         normalised first (one fused kernel), then masks steer the choice: scores stay the model's
         true log-probabilities. `no_eos`: before the minimum length; `at_limit`: nodes forced to
-        </s>. On the CPU the nodes go through in blocks of `_LOGIT_ROWS`: the logits of ~500
-        nodes are 16 MB (8,008 words), and blocks of 128-256 nodes ran 1.11-1.17x faster (60
-        Multi30k sources x 30 samples in one batch; no faster at ~140 nodes per step)."""
+        </s>. On the CPU the nodes go through in blocks of `_LOGIT_ROWS`, so that a block's
+        logits stay in cache (those of ~500 nodes over an 8,000-word vocabulary are 16 MB)."""
         n = features.shape[0]
         vals = torch.empty(n, k, device=features.device)
         idx = torch.empty(n, k, dtype=torch.long, device=features.device)
@@ -365,7 +360,7 @@ class Translator:
             vals[part], idx[part] = topk_rows(lp, k)
         return vals, idx
 
-    def _sample_batch(self, reqs, outs, src_cache, topk, seed, min_len, stats):
+    def _sample_batch(self, reqs, outs, src_cache, topk, seed, min_len):
         model, dev = self.model, self.device
         # Only sources with samples to draw: the decoder starts with one node per source.
         sources = list(dict.fromkeys(r.source for r in reqs if r.num_samples > 0))
@@ -465,9 +460,6 @@ class Translator:
             tokens[active, lmax + step + 1] = tok
             score[active] += tok_lp
             done = tok.eq(self.eos)
-            if stats is not None:
-                stats.generated_tokens += int(active.numel())
-                stats.extra["projected_rows"] = stats.extra.get("projected_rows", 0) + n_nodes
             if bool(done.any()):
                 rows = active[done]                        # finished: read out in one go
                 for row, ids, total in zip(rows.tolist(), tokens[rows, lmax + 1:lmax + step + 1].tolist(),

@@ -50,6 +50,16 @@ class CleaningConfig:
 
 
 @dataclass(frozen=True)
+class CleanPair:
+    """A pair after cleaning and deduplication, as the decoding steps see it."""
+    pair_id: str
+    input_shard: str
+    input_index: int
+    source: str          # foreign side
+    reference: str       # English side
+
+
+@dataclass(frozen=True)
 class Rejection:
     reason: str
     detail: str

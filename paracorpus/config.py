@@ -52,9 +52,6 @@ class GenerationConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes) -> "GenerationConfig":
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
-
 
 PRESETS: dict[str, GenerationConfig] = {
     "parabank2": GenerationConfig(mode="sample", num_sets=5, num_samples=30, topk=10, clusters=7,

@@ -10,6 +10,10 @@ import hashlib
 import random
 import unicodedata
 
+# Draws of a set that repeats an earlier set of the pair before the repeat is kept (few words
+# leave few distinct sets; a bound keeps a 1-word reference from looping).
+SET_DRAW_ATTEMPTS = 8
+
 
 def constraint_words(reference: str) -> list[str]:
     """Candidate words to ban: whitespace tokens with a letter or digit, first occurrence only."""
@@ -43,7 +47,7 @@ def draw_constraint_sets(reference: str, num_sets: int, seed: int, pair_id: str,
     for s in range(num_sets):
         rng = _rng(seed, pair_id, s)
         chosen: tuple[str, ...] = ()
-        for _attempt in range(8):
+        for _attempt in range(SET_DRAW_ATTEMPTS):
             size = rng.randint(1, min(max_words, len(words)))
             chosen = tuple(sorted(rng.sample(words, size), key=words.index))
             if chosen not in sets:

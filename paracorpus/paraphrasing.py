@@ -1,8 +1,8 @@
 """From cleaned pairs to paraphrase rows: back-translate, dual-score, cluster, select.
 
-This is the whole per-pair algorithm of the generation job as plain functions. The Beam DoFns
-(transforms/units.py, through paracorpus/units.py) only batch pairs and call :func:`paraphrase_batch`; a benchmark or a
-notebook can call it directly with two :class:`models.nmt.Translator` objects.
+This is the per-pair algorithm of the generation job as plain functions; paracorpus/steps.py wraps
+:func:`paraphrase_batch` as the job's last step. A benchmark or a notebook can call it directly
+with two :class:`models.nmt.Translator` objects.
 """
 from __future__ import annotations
 
@@ -10,19 +10,12 @@ import math
 import unicodedata
 from dataclasses import dataclass
 
+from common.steps import Rejected
+from paracorpus.cleaning import CleanPair
 from paracorpus.clustering import cluster_candidates
 from paracorpus.config import GenerationConfig
 from paracorpus.constraints import draw_constraint_sets
-from paracorpus.schema import paraphrase_row, reject_row
-
-
-@dataclass(frozen=True)
-class CleanPair:
-    pair_id: str
-    input_shard: str
-    input_index: int
-    source: str          # foreign side
-    reference: str       # English side
+from paracorpus.schema import paraphrase_row
 
 
 @dataclass
@@ -54,12 +47,6 @@ def violates(text: str, banned: tuple) -> bool:
     return bool(banned) and not _words(text).isdisjoint(w.lower() for w in banned)
 
 
-def reject(pair: CleanPair, stage: str, reason: str, detail: str, config_hash: str) -> dict:
-    return reject_row(pair_id=pair.pair_id, input_shard=pair.input_shard, input_index=pair.input_index,
-                      stage=stage, reason=reason, detail=detail, source=pair.source[:1000],
-                      reference=pair.reference[:1000], config_hash=config_hash)
-
-
 def piece_limits(forward, backward, max_pieces: int) -> tuple[int, int]:
     """(foreign, English) pieces per side a pair may have: MAX_PIECES, and no more than the
     positions of every model that reads or writes that side allow (one position is </s>)."""
@@ -69,29 +56,6 @@ def piece_limits(forward, backward, max_pieces: int) -> tuple[int, int]:
         src.append(backward.max_target_positions - 1)
         tgt.append(backward.max_source_positions - 1)
     return min(src), min(tgt)
-
-
-def split_by_pieces(pairs: list[CleanPair], forward, limits: tuple[int, int],
-                    config_hash: str) -> tuple[list[CleanPair], list[dict]]:
-    """(pairs within LIMITS, reject rows for the others) under the forward model's segmentation
-    (the models share one sentencepiece model)."""
-    kept, rejects = [], []
-    for p in pairs:
-        for side, text, limit in (("src", p.source, limits[0]), ("tgt", p.reference, limits[1])):
-            n = len(forward.pieces(text))
-            if n > limit:
-                rejects.append(reject(p, "segment", f"too_many_pieces_{side}", f"{n} pieces > {limit}", config_hash))
-                break
-        else:
-            kept.append(p)
-    return kept, rejects
-
-
-def dual_xent_scores(pairs: list[CleanPair], forward, backward) -> list[float]:
-    """Mean of the forward per-token NLL of the reference and the backward NLL of the source."""
-    f = forward.score([p.source for p in pairs], [p.reference for p in pairs])
-    b = backward.score([p.reference for p in pairs], [p.source for p in pairs])
-    return [0.5 * (x + y) for x, y in zip(f, b)]
 
 
 def _candidates(pairs: list[CleanPair], forward, cfg: GenerationConfig, counters: dict):
@@ -127,8 +91,9 @@ def _candidates(pairs: list[CleanPair], forward, cfg: GenerationConfig, counters
 
 
 def paraphrase_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationConfig,
-                     config_hash: str, counters: dict | None = None) -> tuple[list[dict], list[dict]]:
-    """Paraphrase rows (schema.PARAPHRASE_COLUMNS) and reject rows for a batch of pairs."""
+                     config_hash: str, counters: dict | None = None) -> tuple[list[dict], list[Rejected]]:
+    """Paraphrase rows (schema.PARAPHRASE_COLUMNS) and the pairs that got none (Rejected, stage
+    'generate') for a batch of pairs."""
     counters = {} if counters is None else counters
     per_pair = _candidates(pairs, forward, cfg, counters)
     if backward is not None:
@@ -148,8 +113,8 @@ def paraphrase_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationC
                      and (cfg.score_threshold is None or c.combined <= cfg.score_threshold)]
         if not surviving:
             best = min((c.combined for c in cands), default=float("nan"))
-            rejects.append(reject(p, "generate", "no_candidates",
-                                  f"{len(cands)} candidates, best combined score {best:.3f}", config_hash))
+            rejects.append(Rejected(p, "generate", "no_candidates",
+                                    f"{len(cands)} candidates, best combined score {best:.3f}"))
             continue
         if cfg.mode == "beam" and cfg.nbest == 1:
             chosen = [(surviving[0], 1, 1)]
@@ -160,9 +125,8 @@ def paraphrase_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationC
             chosen = [(surviving[i], result.cluster_of[i], result.cluster_sizes[result.cluster_of[i]])
                       for i in result.selected]
         if not chosen:
-            rejects.append(reject(p, "generate", "no_paraphrase",
-                                  f"all {len(surviving)} surviving candidates in the reference cluster",
-                                  config_hash))
+            rejects.append(Rejected(p, "generate", "no_paraphrase",
+                                    f"all {len(surviving)} surviving candidates in the reference cluster"))
             continue
         for rank, (c, cluster_id, size) in enumerate(chosen, 1):
             rows.append(paraphrase_row(

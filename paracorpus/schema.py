@@ -155,7 +155,22 @@ DEDUP = Table("dedup", DEDUP_COLUMNS)
 PARAPHRASE_SCHEMA = PARAPHRASES.schema
 REJECT_SCHEMA = REJECTS.schema
 paraphrase_row = PARAPHRASES.row
-reject_row = REJECTS.row
+REJECT_TEXT_CHARS = 1000        # of each side's text a reject row keeps: enough to see what was wrong
+
+
+def reject_row(item, stage: str, reason: str, detail: str | None, config_hash: str) -> dict:
+    """The reject row of ITEM, the one way every stage makes one. ITEM: a record dict or an object
+    (paracorpus.steps.CleanPair) with pair_id, input_shard, input_index, source and reference;
+    a side that could not be read is None."""
+    def get(name):
+        return item[name] if isinstance(item, dict) else getattr(item, name)
+
+    def text(value):
+        return None if value is None else value[:REJECT_TEXT_CHARS]
+
+    return REJECTS.row(pair_id=get("pair_id"), input_shard=get("input_shard"), input_index=get("input_index"),
+                       stage=stage, reason=reason, detail=detail, source=text(get("source")),
+                       reference=text(get("reference")), config_hash=config_hash)
 
 # The filter job's scored table: every input column, one float64 column per score of the
 # configured filters (named by the filter), then these.

@@ -24,11 +24,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from common import storage
+from common.steps import run_steps
+from paracorpus.cleaning import CleanPair, dedup_key
 from paracorpus.commit import attempt_id
-from paracorpus.config import GenerationConfig
-from paracorpus.paraphrasing import CleanPair, dual_xent_scores, paraphrase_batch, reject, split_by_pieces
-from paracorpus.cleaning import dedup_key
-from paracorpus.schema import DEDUP, PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNIT_RECORD_KEYS, check_manifest
+from paracorpus.schema import (DEDUP, PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNIT_RECORD_KEYS, check_manifest,
+                               reject_row)
 
 DEFAULT_UNIT_PAIRS = 500
 MAX_FILE_ROWS = 1_000_000     # a unit's table rolls over to a new file past this many rows
@@ -84,68 +84,38 @@ def _clean_pair(rec: dict) -> CleanPair:
     return CleanPair(rec["pair_id"], rec["input_shard"], rec["input_index"], rec["source"], rec["reference"])
 
 
-def _bitext_filter(pairs: list[CleanPair], bitext, langs: tuple[str, str], config_hash: str) -> tuple[list, list]:
-    """(kept pairs, rejects) of the bitext filter (filtering/bitext.py): non-parallel and
-    divergent pairs go before anything is translated."""
-    decisions = bitext.decide([p.source for p in pairs], [p.reference for p in pairs], *langs)
-    kept = [p for p, d in zip(pairs, decisions) if d is None]
-    rejects = [reject(p, "bitext_filter", d[0], d[1], config_hash) for p, d in zip(pairs, decisions) if d is not None]
-    return kept, rejects
+def _decode_batch(pairs: list[CleanPair], steps: list, config_hash: str, out: UnitResult) -> None:
+    """PAIRS through STEPS; their rows, rejects and counters go into OUT only once the whole batch
+    succeeded."""
+    result = run_steps(steps, pairs)
+    out.rows += result.rows
+    out.rejects += [reject_row(r.item, r.stage, r.reason, r.detail, config_hash) for r in result.rejects]
+    out.counters.update(result.counters)
 
 
-def _decode_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationConfig, config_hash: str,
-                  limits: tuple[int, int], out: UnitResult, bitext=None, langs: tuple[str, str] = ("", "")) -> None:
-    rejects, counters = [], Counter()
-    if bitext is not None and pairs:
-        pairs, rejects = _bitext_filter(pairs, bitext, langs, config_hash)
-    pairs, too_long = split_by_pieces(pairs, forward, limits, config_hash)
-    rejects += too_long
-    if cfg.dual_xent_threshold is not None and backward is not None and pairs:
-        kept = []
-        for pair, score in zip(pairs, dual_xent_scores(pairs, forward, backward)):
-            if score > cfg.dual_xent_threshold:
-                rejects.append(reject(pair, "dual_xent", "dual_xent", f"{score:.3f} > {cfg.dual_xent_threshold}",
-                                      config_hash))
-            else:
-                kept.append(pair)
-        pairs = kept
-    rows = []
-    if pairs:
-        found: dict = {}
-        rows, more = paraphrase_batch(pairs, forward, backward, cfg, config_hash, found)
-        rejects += more
-        counters.update(found)
-        counters["pairs_generated"] += len(pairs)
-    out.rows += rows                      # only once the whole batch succeeded
-    out.rejects += rejects
-    out.counters.update(counters)
-
-
-def generate_unit(elements: list, forward, backward, cfg: GenerationConfig, config_hash: str,
-                  limits: tuple[int, int], on_batch=None, bitext=None, langs: tuple[str, str] = ("", "")) -> UnitResult:
+def generate_unit(elements: list, steps: list, batch_pairs: int, config_hash: str, on_batch=None) -> UnitResult:
     """Rows and rejects of one unit. ELEMENTS are (PAIR, cleaned record) and (REJECT, reject row)
-    items; pairs are decoded in batches of cfg.batch_pairs in pair-id order, so a unit always
-    gives the same rows. A batch that raises (an error in decoding, running out of memory) is
-    retried one pair at a time, and a pair that fails alone is rejected as 'decode_error'.
-    ON_BATCH(number of pairs) is called after each batch (progress). BITEXT, a loaded
-    filtering.bitext.BitextFilter, drops pairs (in the LANGS (source, reference) languages) first."""
+    items; pairs go through STEPS (paracorpus.steps.decoding_steps) in batches of BATCH_PAIRS in
+    pair-id order, so a unit always gives the same rows. A batch that raises (an error in
+    decoding, running out of memory) is retried one pair at a time, and a pair that fails alone is
+    rejected as 'decode_error'. ON_BATCH(number of pairs) is called after each batch (progress)."""
     out = UnitResult()
     out.rejects += [row for kind, row in elements if kind == REJECT]
     pairs = sorted((_clean_pair(rec) for kind, rec in elements if kind == PAIR), key=lambda p: p.pair_id)
     out.kept = [DEDUP.row(dedup_key=dedup_key(p.source, p.reference), pair_id=p.pair_id, input_shard=p.input_shard,
                           input_index=p.input_index) for p in pairs]
-    for start in range(0, len(pairs), cfg.batch_pairs):
-        batch = pairs[start:start + cfg.batch_pairs]
+    for start in range(0, len(pairs), batch_pairs):
+        batch = pairs[start:start + batch_pairs]
         try:
-            _decode_batch(batch, forward, backward, cfg, config_hash, limits, out, bitext, langs)
+            _decode_batch(batch, steps, config_hash, out)
         except Exception:  # noqa: BLE001: isolate the pair that fails, below
             out.counters["batches_retried_pair_by_pair"] += 1
             for pair in batch:
                 try:
-                    _decode_batch([pair], forward, backward, cfg, config_hash, limits, out, bitext, langs)
+                    _decode_batch([pair], steps, config_hash, out)
                 except Exception as exc:  # noqa: BLE001: any failure of one pair is that pair's reject
                     detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-                    out.rejects.append(reject(pair, "generate", "decode_error", detail, config_hash))
+                    out.rejects.append(reject_row(pair, "generate", "decode_error", detail, config_hash))
         if on_batch is not None:
             on_batch(len(batch))
     out.counters["paraphrases"] = len(out.rows)

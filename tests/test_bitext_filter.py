@@ -1,4 +1,4 @@
-"""The bitext filter (filtering/bitext.py) with real tiny models (a bilingual encoder, its MLP, a
+"""The bitext filter (paracorpus/steps.py, models/bitext_scoring.py) with real tiny models (a bilingual encoder, its MLP, a
 divergence detector) trained on the synthetic bitext: its decisions, the generation job's stage
 on the DirectRunner and on a Dask cluster, the filter job's filters, and the mistakes refused."""
 import json
@@ -64,37 +64,47 @@ def bitext_models(tmp_path_factory):
             "threshold": float(np.percentile(good, 5))}
 
 
-def test_the_filter_rejects_most_misaligned_pairs_and_keeps_most_aligned_ones(bitext_models):
-    from filtering.bitext import BitextFilter, BitextFilterConfig
+def _decisions(steps, pairs):
+    """{index of a pair: (reason, detail)} of what STEPS reject among (Czech, English) PAIRS."""
+    from common.steps import run_steps
+    from paracorpus.cleaning import CleanPair
 
-    flt = BitextFilter(BitextFilterConfig(encoder=bitext_models["encoder"], min_similarity=bitext_models["threshold"],
-                                          divergence=bitext_models["divergence"]))
+    items = [CleanPair(str(i), "t.tsv", i, a, b) for i, (a, b) in enumerate(pairs)]
+    result = run_steps(steps, items)
+    assert len(result.kept) + len(result.rejects) == len(items)
+    return {r.item.input_index: (r.reason, r.detail) for r in result.rejects if r.stage == "bitext_filter"}
+
+
+def test_the_filter_rejects_most_misaligned_pairs_and_keeps_most_aligned_ones(bitext_models):
+    from paracorpus.steps import BitextFilterConfig, bitext_steps
+
+    cfg = BitextFilterConfig(encoder=bitext_models["encoder"], min_similarity=bitext_models["threshold"],
+                             divergence=bitext_models["divergence"])
+    steps = bitext_steps(cfg, ("cs", "en"))
+    assert [s.NAME for s in steps] == ["bitext_filter", "bitext_filter"]
     aligned = toy_bitext(100, seed=21)
     bad = misaligned(aligned, seed=2)
     pairs = aligned + bad
-    decisions = flt.decide([c for c, _ in pairs], [e for _, e in pairs], "cs", "en")
-    kept_aligned = sum(d is None for d in decisions[:100]) / 100
-    rejected_bad = sum(d is not None for d in decisions[100:]) / 100
+    decisions = _decisions(steps, pairs)
+    kept_aligned = sum(i not in decisions for i in range(100)) / 100
+    rejected_bad = sum(i in decisions for i in range(100, 200)) / 100
     assert kept_aligned >= 0.7 and rejected_bad >= 0.7, (kept_aligned, rejected_bad)
-    for d in decisions:
-        if d is not None:
-            reason, detail = d
-            assert reason in ("bitext_similarity", "divergent")
-            assert re.fullmatch(r"(cosine [-\d.]+ < [-\d.e]+|P\(equivalent\) [\d.]+ < [\d.]+)", detail), detail
+    for reason, detail in decisions.values():
+        assert reason in ("bitext_similarity", "divergent")
+        assert re.fullmatch(r"(cosine [-\d.]+ < [-\d.e]+|P\(equivalent\) [\d.]+ < [\d.]+)", detail), detail
     # the sides in the other order (English first) give the same decisions; a third language is refused
-    swapped = flt.decide([e for _, e in pairs], [c for c, _ in pairs], "en", "cs")
+    swapped = _decisions(bitext_steps(cfg, ("en", "cs")), [(e, c) for c, e in pairs])
     assert swapped == decisions
     with pytest.raises(ValueError, match="is for cs-en, not cs-de"):
-        flt.decide(["a"], ["b"], "cs", "de")
+        bitext_steps(cfg, ("cs", "de"))
     # a similarity threshold above every cosine rejects every pair there, before the detector runs
-    strict = BitextFilter(BitextFilterConfig(encoder=bitext_models["encoder"], min_similarity=1.01,
-                                             divergence=bitext_models["divergence"]))
-    assert {d[0] for d in strict.decide([c for c, _ in pairs], [e for _, e in pairs], "cs", "en")} == \
-        {"bitext_similarity"}
+    strict = bitext_steps(BitextFilterConfig(encoder=bitext_models["encoder"], min_similarity=1.01,
+                                             divergence=bitext_models["divergence"]), ("cs", "en"))
+    assert {reason for reason, _ in _decisions(strict, pairs).values()} == {"bitext_similarity"}
 
 
 def test_the_mlp_gives_probabilities_of_the_encoders_embeddings(bitext_models):
-    from filtering.bitext import SimilarityScorer
+    from models.bitext_scoring import SimilarityScorer
 
     mlp = SimilarityScorer(bitext_models["encoder"], bitext_models["mlp"])
     cosine = SimilarityScorer(bitext_models["encoder"])
@@ -211,14 +221,14 @@ def test_a_bitext_model_changed_since_the_job_started_is_refused(tmp_path, bitex
     import shutil
 
     from beam_pipelines.generate import directory_sha256
-    from filtering.bitext import BitextFilter, BitextFilterConfig
     from models.checkpoint import UnsafeModelError
+    from paracorpus.steps import BitextFilterConfig, bitext_steps
 
     enc = tmp_path / "enc"
     shutil.copytree(bitext_models["encoder"], enc)
     cfg = BitextFilterConfig(encoder=str(enc), min_similarity=0.5)
     recorded = {"bitext_encoder": directory_sha256(str(enc))}
-    assert BitextFilter(cfg, sha256=recorded).similarity is not None           # unchanged: loads
+    assert len(bitext_steps(cfg, ("cs", "en"), sha256=recorded)) == 1           # unchanged: loads
     (enc / "spm.model").write_bytes((enc / "spm.model").read_bytes() + b"\0")
     with pytest.raises(UnsafeModelError, match="spm.model changed since the job started"):
-        BitextFilter(cfg, sha256=recorded)
+        bitext_steps(cfg, ("cs", "en"), sha256=recorded)

@@ -140,6 +140,7 @@ def test_a_failing_pair_is_a_reject_and_its_units_other_pairs_are_written(fwd, b
 
     from paracorpus.config import PRESETS
     from paracorpus.paraphrasing import piece_limits
+    from paracorpus.steps import decoding_steps
     from paracorpus.units import PAIR, REJECT, generate_unit
     from tests.toydata import toy_bitext
 
@@ -166,7 +167,8 @@ def test_a_failing_pair_is_a_reject_and_its_units_other_pairs_are_written(fwd, b
     cfg = dataclasses.replace(PRESETS["parabank2-cpu"], num_sets=1, num_samples=3, score_threshold=None,
                               dual_xent_threshold=None, batch_pairs=6)
     forward = FailsOn(fwd, pairs[2][0])
-    result = generate_unit(elements, forward, bwd, cfg, "h", piece_limits(fwd, bwd, 250))
+    steps = decoding_steps(forward, bwd, cfg, "h", piece_limits(fwd, bwd, 250))
+    result = generate_unit(elements, steps, cfg.batch_pairs, "h")
     rejected = {r["input_index"]: r for r in result.rejects}
     assert rejected[2]["reason"] == "decode_error" and "MemoryError: out of memory" in rejected[2]["detail"]
     assert rejected[9]["reason"] == "empty_src"

@@ -26,15 +26,24 @@ def test_schema_has_the_columns_the_issue_requires():
 def test_row_builders_fail_where_the_row_is_made():
     import pytest
 
-    from paracorpus.schema import ContractError, REJECTS, reject_row
+    from paracorpus.cleaning import CleanPair
+    from paracorpus.schema import REJECT_TEXT_CHARS, REJECTS, ContractError, reject_row
 
     good = dict(pair_id="p", input_shard="s.tsv", input_index=3, stage="clean", reason="empty_src",
                 detail=None, source=None, reference="x", config_hash="h")
-    row = reject_row(**good)
+    row = REJECTS.row(**good)
     assert list(row) == REJECTS.names and row["lang_pair"] is None            # partition columns come later
     with pytest.raises(ContractError, match=r"no column\(s\) \['reasn'\]"):
-        reject_row(**{**good, "reasn": "x"})
+        REJECTS.row(**{**good, "reasn": "x"})
     with pytest.raises(ContractError, match=r"required column\(s\) \['reason'\]"):
-        reject_row(**{**good, "reason": None})
+        REJECTS.row(**{**good, "reason": None})
+    # the one builder every stage uses: a record dict or a CleanPair, long sides cut
+    record = {"pair_id": "p", "input_shard": "s.tsv", "input_index": 3, "source": None, "reference": "x"}
+    assert reject_row(record, "clean", "empty_src", None, "h") == row
+    long = CleanPair("p", "s.tsv", 3, "y" * 5000, "x")
+    cut = reject_row(long, "segment", "too_many_pieces_src", "5000 pieces > 250", "h")
+    assert cut["source"] == "y" * REJECT_TEXT_CHARS and cut["stage"] == "segment"
+    with pytest.raises(ContractError, match="required"):
+        reject_row(record, "clean", None, None, "h")
     table = REJECTS.partitioned([row], "cs-en", 7)
     assert table.schema == REJECTS.schema and table.to_pylist()[0]["shard"] == 7

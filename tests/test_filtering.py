@@ -15,7 +15,8 @@ import pytest
 
 from filtering import text_scores as ts
 from filtering.config import load_config, parse_config
-from filtering.filters import FILTERS, PairBatch, decide
+from common.steps import Rule, decide
+from filtering.filters import FILTERS, PairBatch
 from filtering.lm import estimate, write_arpa
 from filtering.syntax import parse_bracketed, top_levels, tree_edit_distance
 from paracorpus.schema import PARAPHRASE_SCHEMA
@@ -95,7 +96,7 @@ def test_translation_cost_passes_the_column_and_null_never_rejects():
     b = _batch([("a", "b"), ("c", "d"), ("e", "f")], forward_nll=pa.array([1.5, None, 4.0], pa.float32()))
     v = FILTERS["translation_cost"]().score(b)["translation_cost"]
     assert v[0] == 1.5 and math.isnan(v[1]) and v[2] == 4.0
-    keep, reasons = decide({"translation_cost": v}, [("translation_cost", "low", None, 3.5)], 3)
+    keep, reasons = decide({"translation_cost": v}, [Rule("translation_cost", "low", None, 3.5)], 3)
     assert keep.tolist() == [True, True, False] and reasons[2] == ["translation_cost>max"]
 
 
@@ -226,11 +227,11 @@ def test_tree_edit_filter_with_link_grammar():
 
 def test_decide_applies_bounds_and_names_the_rules():
     scores = {"s": np.array([0.1, 0.5, 0.9, np.nan]), "t": np.array([1.0, 5.0, 2.0, 9.0])}
-    rules = [("s", "between", 0.4, 0.8), ("t", "low", None, 4.0)]
+    rules = [Rule("s", "between", 0.4, 0.8), Rule("t", "low", None, 4.0)]
     keep, reasons = decide(scores, rules, 4)
     assert keep.tolist() == [False, False, False, False]
     assert reasons == [["s<min"], ["t>max"], ["s>max"], ["t>max"]]                  # NaN s passes
-    keep, reasons = decide(scores, [("s", "high", 0.5, None)], 4)
+    keep, reasons = decide(scores, [Rule("s", "high", 0.5, None)], 4)
     assert keep.tolist() == [False, True, True, True] and reasons[0] == ["s<min"]
     assert decide(scores, [], 4)[0].all()                                             # no rules: keep all
 

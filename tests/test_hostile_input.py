@@ -143,16 +143,18 @@ _RSS_SCRIPT = r"""
 import json, os, resource, sys
 sys.path.insert(0, os.environ["ROOT"])
 from models.nmt import load_translator
-from paracorpus.paraphrasing import CleanPair, dual_xent_scores, piece_limits, split_by_pieces
+from paracorpus.cleaning import CleanPair
+from paracorpus.paraphrasing import piece_limits
+from paracorpus.steps import DualXentStep, PieceLimitStep
 models, bound, lines = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 fwd = load_translator(os.path.join(models, "cs-en"), device="cpu")
 bwd = load_translator(os.path.join(models, "en-cs"), device="cpu")
 pairs = [CleanPair(str(i), "s", i, *line.split("\t")) for i, line in enumerate(lines)]
 limits = piece_limits(fwd, bwd, bound) if bound else (10 ** 9, 10 ** 9)
-kept, rejects = split_by_pieces(pairs, fwd, limits, "h")
-dual_xent_scores(kept, fwd, bwd)
+result = PieceLimitStep(fwd, limits).apply(pairs)
+DualXentStep(fwd, bwd, 10.0).score(result.kept)
 print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "rejects": [(r["reason"], r["detail"]) for r in rejects], "kept": len(kept)}))
+                  "rejects": [(r.reason, r.detail) for r in result.rejects], "kept": len(result.kept)}))
 """
 
 

@@ -1,36 +1,13 @@
-"""Cleaning and deduplication DoFns: thin wrappers over paracorpus.cleaning."""
+"""Global deduplication of cleaned pairs (a grouping by dedup key, so not a per-batch step);
+cleaning itself is paracorpus.steps.CleanStep through transforms/steps.py."""
 from __future__ import annotations
 
 import apache_beam as beam
 
-from paracorpus.cleaning import CleaningConfig, Rejection, clean_pair, dedup_key
+from paracorpus.cleaning import dedup_key
 from paracorpus.schema import reject_row
 from transforms.io import MAIN_TAG, REJECTS_TAG
 from transforms.progress import Progress
-
-
-def _reject(rec: dict, stage: str, reason: str, detail: str, config_hash: str) -> tuple:
-    return (REJECTS_TAG, reject_row(
-        pair_id=rec["pair_id"], input_shard=rec["input_shard"], input_index=rec["input_index"],
-        stage=stage, reason=reason, detail=detail, source=rec["source"][:1000],
-        reference=rec["reference"][:1000], config_hash=config_hash))
-
-
-class CleanPairs(beam.DoFn):
-    def __init__(self, cfg: CleaningConfig, config_hash: str):
-        self.cfg, self.config_hash = cfg, config_hash
-
-    def setup(self):
-        self.progress = Progress("clean")
-
-    def process(self, rec: dict):
-        out = clean_pair(rec["source"], rec["reference"], self.cfg)
-        if isinstance(out, Rejection):
-            self.progress.inc(f"rejected_{out.reason}")
-            yield _reject(rec, "clean", out.reason, out.detail, self.config_hash)
-            return
-        self.progress.inc("pairs_clean")
-        yield (MAIN_TAG, {**rec, "source": out[0], "reference": out[1]})
 
 
 class KeepFirstOfDuplicates(beam.DoFn):
@@ -60,7 +37,7 @@ class KeepFirstOfDuplicates(beam.DoFn):
         why = f"duplicate of pair {kept['pair_id']} ({kept['input_shard']}:{kept['input_index']})"
         for dup in dups:
             self.progress.inc("rejected_duplicate")
-            yield _reject(dup, "dedup", "duplicate", why, self.config_hash)
+            yield (REJECTS_TAG, reject_row(dup, "dedup", "duplicate", why, self.config_hash))
 
 
 def _previous_rows(path: str):

@@ -67,16 +67,14 @@ class ReadShard(beam.DoFn):
             n += 1
             self.progress.inc("records_read")
             pid = pair_id(rec.shard, rec.index, rec.src, rec.tgt)
+            record = {"pair_id": pid, "input_shard": rec.shard, "input_index": rec.index,
+                      "source": rec.src, "reference": rec.tgt}
             if rec.error:
                 self.progress.inc(f"rejected_{rec.error}")
-                yield (REJECTS_TAG, reject_row(
-                    pair_id=pid, input_shard=rec.shard, input_index=rec.index, stage="read", reason=rec.error,
-                    detail=rec.detail, source=None if rec.src is None else rec.src[:1000],
-                    reference=None if rec.tgt is None else rec.tgt[:1000], config_hash=self.config_hash))
+                yield (REJECTS_TAG, reject_row(record, "read", rec.error, rec.detail, self.config_hash))
             else:
                 self.progress.inc("pairs_read")
-                yield (MAIN_TAG, {"pair_id": pid, "input_shard": rec.shard, "input_index": rec.index,
-                                  "source": rec.src, "reference": rec.tgt})
+                yield (MAIN_TAG, record)
         sha = [d.hexdigest() for d in digests] if digests else [storage.sha256(p) for p in spec.paths]
         record = {"input_shard": spec.name, "kind": spec.kind, "paths": list(spec.paths), "records_read": n,
                   "sha256": sha, "bytes": shard_size(spec), "finished_at": time.time()}

@@ -13,17 +13,18 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInf
 from common import storage
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
+from paracorpus.steps import bitext_steps, decoding_steps
 from paracorpus.units import (PAIR, REJECT, UNIT, generate_unit, input_shard_of, shard_of_unit, unit_of, unit_record_path,
                               write_unit)
 from transforms.progress import Progress
 
 
 class _Models:
-    """The forward and backward translators of one process (Beam's Shared cache needs an object
-    that can be weakly referenced, which a tuple cannot)."""
+    """The translators of one process and the decoding steps built on them (Beam's Shared cache
+    needs an object that can be weakly referenced, which a tuple cannot)."""
 
-    def __init__(self, forward, backward, bitext=None):
-        self.forward, self.backward, self.bitext = forward, backward, bitext
+    def __init__(self, forward, backward, steps: list):
+        self.forward, self.backward, self.steps = forward, backward, steps
 
 
 class UnitTranslatorHandler(ModelHandler):
@@ -35,7 +36,7 @@ class UnitTranslatorHandler(ModelHandler):
                  torch_threads: int | None, model_sha256: dict, cfg: GenerationConfig, config_hash: str,
                  expected_pairs: int | None = None, bitext=None, langs: tuple[str, str] = ("", "")):
         super().__init__()
-        self.bitext, self.langs = bitext, langs      # a filtering.bitext.BitextFilterConfig, or None
+        self.bitext, self.langs = bitext, langs      # a paracorpus.steps.BitextFilterConfig, or None
         self.forward_model, self.backward_model = forward_model, backward_model
         self.device, self.precision, self.torch_threads = device, precision, torch_threads
         self.model_sha256, self.cfg, self.config_hash = model_sha256, cfg, config_hash
@@ -53,12 +54,11 @@ class UnitTranslatorHandler(ModelHandler):
                                   sha256=self.model_sha256.get("forward"))
         backward = (load_translator(self.backward_model, device=self.device, precision=self.precision,
                                     sha256=self.model_sha256.get("backward")) if self.backward_model else None)
-        bitext = None
+        bitext = []
         if self.bitext is not None and self.bitext.enabled:
-            from filtering.bitext import BitextFilter
-
-            bitext = BitextFilter(self.bitext, device=self.device, sha256=self.model_sha256)
-        return _Models(forward, backward, bitext)
+            bitext = bitext_steps(self.bitext, self.langs, device=self.device, sha256=self.model_sha256)
+        limits = piece_limits(forward, backward, self.cfg.max_pieces)
+        return _Models(forward, backward, decoding_steps(forward, backward, self.cfg, self.config_hash, limits, bitext))
 
     def should_skip_batching(self) -> bool:
         return True                 # a unit is already a batch of pairs; elements arrive as [unit]
@@ -74,12 +74,10 @@ class UnitTranslatorHandler(ModelHandler):
             self._progress = Progress("generate", rate_of="generate_pairs_in", expected=self.expected_pairs)
             # which device and precision each worker really decoded with, for the run's manifest
             self._progress.inc(f"workers_{model.forward.device.type}_{model.forward.precision}")
-        limits = piece_limits(model.forward, model.backward, self.cfg.max_pieces)
         for unit, elements in batch:
             start = time.time()
-            result = generate_unit(list(elements), model.forward, model.backward, self.cfg, self.config_hash, limits,
-                                   on_batch=lambda n: self._progress.inc("generate_pairs_in", n),
-                                   bitext=model.bitext, langs=self.langs)
+            result = generate_unit(list(elements), model.steps, self.cfg.batch_pairs, self.config_hash,
+                                   on_batch=lambda n: self._progress.inc("generate_pairs_in", n))
             for name, n in result.counters.items():
                 self._progress.inc(name, n)
             for r in result.rejects:
