@@ -292,7 +292,7 @@ def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning:
 
 def _write_summary(keyed, work: str) -> int:
     records = list(keyed[1])
-    summary = {"units": [r for kind, r in records if kind == "unit"], "reads": [r for kind, r in records if kind == "read"]}
+    summary = {"units": [r for tag, r in records if tag == "unit"], "reads": [r for tag, r in records if tag == "read"]}
     storage.write_json(storage.join(work, "summary.json"), summary, indent=None)
     return len(records)
 

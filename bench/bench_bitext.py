@@ -2,7 +2,8 @@
 speed, and the generation job's bitext filter on a bitext with injected misaligned pairs.
 
     python bench/bench_bitext.py --data ../shared/data [--part align,filter]
-        [--encoders runs/bilingual-{lang}-en] [--nmt runs/bench-cluster-models]
+        [--encoders runs/bilingual-{lang}-en] [--nmt runs/multi30k-fr-models]
+        [--divergence runs/divergence-en-fr]
 
 Parts (Markdown on stdout, every figure beside its baseline from the same run):
 
@@ -11,11 +12,12 @@ Parts (Markdown on stdout, every figure beside its baseline from the same run):
           recovered by cosine, Euclidean, CSLS, margin (ratio, distance) and an MLP trained here on
           --mlp_pairs training pairs (random negatives), vs the Levenshtein and length baselines;
           and encoding speed (sentences/s on this CPU).
-  filter  the generation job on --pairs Multi30k cs-en training pairs of which 10% are replaced
-          by misaligned ones (a Czech sentence with another line's English), with and without the
-          bitext filter (the cs-en encoder's cosine at the 10th percentile of clean held-out pairs,
-          and a divergence detector trained here on --div_pairs cs-en pairs): recall of the
-          injected pairs, share of clean pairs kept, mean dual score of the paraphrases.
+  filter  the generation job on --pairs Multi30k fr-en training pairs of which 10% are replaced
+          by misaligned ones (a French sentence with another line's English), plus the 100
+          labelled OpenSubtitles dev pairs, with and without the bitext filter (the fr-en encoder's
+          cosine at a percentile of clean held-out pairs, and the en-fr divergence detector
+          --divergence with its own threshold): what the filter rejects of each kind of pair, and
+          the paraphrases' mean dual score.
 """
 from __future__ import annotations
 
@@ -91,73 +93,76 @@ def _rows(out: str, table: str) -> list[dict]:
             for r in pq.read_table(f).to_pylist()]
 
 
+def _tsv_rows(path: str) -> list[tuple[str, str, int]]:
+    """(french, english, label) of a divergence dev file (header: english french label agreement)."""
+    from models.divergence import read_dev_tsv
+
+    return [(fr, en, y) for en, fr, y in read_dev_tsv(path, "en", "fr")]
+
+
 def part_filter(a, bitext: str, tmp: str) -> None:
+    """The generation job on a fr-en bitext: the first --pairs Multi30k pairs, 10% of them replaced
+    by misaligned pairs, plus the 100 labelled OpenSubtitles dev pairs; without and with the
+    bitext filter (fr-en encoder + en-fr divergence detector)."""
     from models.bilingual_encoder import load_bilingual_encoder
+    from models.divergence import load_divergence_detector
     from models.similarity import cosine_pairs
 
-    enc_dir = a.encoders.format(lang="cs")
-    cs, en = lines(f"{bitext}/train.cs.gz", a.pairs), lines(f"{bitext}/train.en.gz", a.pairs)
+    enc_dir = a.encoders.format(lang="fr")
+    fr, en = lines(f"{bitext}/train.fr.gz", a.pairs), lines(f"{bitext}/train.en.gz", a.pairs)
     rng = random.Random(7)
-    injected = set(rng.sample(range(len(cs)), len(cs) // 10))
-    shuffled = {i: (i + rng.randrange(1, len(cs))) % len(cs) for i in injected}
+    injected = set(rng.sample(range(len(fr)), len(fr) // 10))
+    other = {i: (i + rng.randrange(1, len(fr))) % len(fr) for i in injected}
+    subs = _tsv_rows(os.path.join(a.data, "divergence", "opensubs.dev.tsv"))
+    rows = [(fr[i], en[other[i]] if i in injected else en[i]) for i in range(len(fr))] + [(f, e) for f, e, _ in subs]
+    kinds = ["misaligned" if i in injected else "clean" for i in range(len(fr))] + \
+        ["subtitles, equivalent" if y else "subtitles, divergent" for _, _, y in subs]
     inp = os.path.join(tmp, "bitext.tsv")
     with open(inp, "w", encoding="utf-8") as f:
-        for i in range(len(cs)):
-            f.write(f"{cs[i]}\t{en[shuffled[i]] if i in injected else en[i]}\n")
+        f.writelines(f"{x}\t{y}\n" for x, y in rows)
 
-    held_cs, held_en = lines(f"{bitext}/val.cs.gz", 500), lines(f"{bitext}/val.en.gz", 500)
     enc = load_bilingual_encoder(enc_dir, device="cpu")
-    threshold = float(np.percentile(cosine_pairs(enc.encode(held_cs, "cs"), enc.encode(held_en, "en")), 10))
-    div_dir = os.path.join(tmp, "divergence-cs-en")
-    src_file, tgt_file = os.path.join(tmp, "div.cs"), os.path.join(tmp, "div.en")
-    with open(src_file, "w", encoding="utf-8") as f:
-        f.writelines(s + "\n" for s in lines(f"{bitext}/train.cs.gz", a.div_pairs, skip=10000))
-    with open(tgt_file, "w", encoding="utf-8") as f:
-        f.writelines(s + "\n" for s in lines(f"{bitext}/train.en.gz", a.div_pairs, skip=10000))
-    start = time.perf_counter()
-    subprocess.run([PY, "-m", "models.train_divergence", "--src", src_file, "--tgt", tgt_file, "--src_lang", "cs",
-                    "--tgt_lang", "en", "--output", div_dir, "--epochs", "2"], cwd=ROOT, check=True,
-                   capture_output=True, text=True)
-    div_seconds = time.perf_counter() - start
+    held_fr, held_en = lines(f"{bitext}/val.fr.gz", 500), lines(f"{bitext}/val.en.gz", 500)
+    clean_cos = cosine_pairs(enc.encode(held_fr, "fr"), enc.encode(held_en, "en"))
+    threshold = float(np.percentile(clean_cos, a.similarity_percentile))
+    div = load_divergence_detector(a.divergence)
 
-    base = ["--input", inp, "--forward_model", f"{a.nmt}/cs-en", "--backward_model", f"{a.nmt}/en-cs",
-            "--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples", "4", "--dual_xent_threshold", "-1",
-            "--device", "cpu"]
+    base = ["--input", inp, "--src_lang", "fr", "--tgt_lang", "en", "--forward_model", f"{a.nmt}/fr-en",
+            "--backward_model", f"{a.nmt}/en-fr", "--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples",
+            "5", "--dual_xent_threshold", "-1", "--device", "cpu", "--num_output_shards", "2"]
     plain_s, plain = _generate([*base, "--output", os.path.join(tmp, "plain")])
     filt_s, filt = _generate([*base, "--output", os.path.join(tmp, "filtered"), "--bitext_encoder", enc_dir,
-                              "--bitext_min_similarity", str(threshold), "--divergence_model", div_dir])
+                              "--bitext_min_similarity", f"{threshold:.6f}", "--divergence_model", a.divergence])
+    assert plain["counts"]["reconciled"] and filt["counts"]["reconciled"]
     rejected = {r["input_index"]: r["reason"] for r in _rows(os.path.join(tmp, "filtered"), "rejects")
                 if r["stage"] == "bitext_filter"}
-    clean = [i for i in range(len(cs)) if i not in injected]
 
     def mean_score(out):
-        rows = _rows(out, "paraphrases")
-        return np.mean([r["combined_score"] for r in rows]), len(rows)
+        got = _rows(out, "paraphrases")
+        return (np.mean([r["combined_score"] for r in got]) if got else float("nan")), len(got)
 
     plain_score, plain_rows = mean_score(os.path.join(tmp, "plain"))
     filt_score, filt_rows = mean_score(os.path.join(tmp, "filtered"))
-    by_reason = {}
-    for i, reason in rejected.items():
-        by_reason.setdefault(reason, [0, 0])[0 if i in injected else 1] += 1
     print()
-    print(f"### Bitext filter in the generation job: {len(cs)} Multi30k cs-en pairs, {len(injected)} "
-          f"(10%) replaced by misaligned ones")
+    print(f"### Bitext filter in the generation job: {len(fr):,} Multi30k fr-en pairs ({len(injected)} replaced by "
+          f"misaligned ones) + {len(subs)} OpenSubtitles dev pairs")
     print()
-    print(f"cosine threshold {threshold:.4f} (10th percentile of 500 clean val pairs); divergence detector "
-          f"trained on {a.div_pairs:,} cs-en pairs in {div_seconds:.0f} s, its own threshold")
+    print(f"Bilingual-encoder cosine threshold {threshold:.4f} ({a.similarity_percentile:g}th percentile of 500 "
+          f"clean `val` pairs); divergence detector {a.divergence} with its threshold "
+          f"{div.threshold:.4f}. Generation: preset parabank2-cpu, S=2 x N=5, fr-en models {a.nmt}.")
     print()
-    print("| run | injected pairs rejected (recall) | clean pairs kept | paraphrase rows | mean dual score "
-          "(combined_score, lower is better) | seconds |")
-    print("|---|---:|---:|---:|---:|---:|")
-    print(f"| no bitext filter (baseline) | 0 / {len(injected)} | {len(clean)} / {len(clean)} | {plain_rows} | "
-          f"{plain_score:.3f} | {plain_s:.0f} |")
-    recall = sum(i in rejected for i in injected)
-    kept = sum(i not in rejected for i in clean)
-    print(f"| bitext filter | {recall} / {len(injected)} ({recall / len(injected):.0%}) | {kept} / {len(clean)} "
-          f"({kept / len(clean):.0%}) | {filt_rows} | {filt_score:.3f} | {filt_s:.0f} |")
+    print("| pairs | count | rejected by the bitext filter | of which `bitext_similarity` | of which `divergent` |")
+    print("|---|---:|---:|---:|---:|")
+    for kind in ("misaligned", "clean", "subtitles, divergent", "subtitles, equivalent"):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        rej = [rejected[i] for i in idx if i in rejected]
+        print(f"| {kind} | {len(idx)} | {len(rej)} ({len(rej) / max(len(idx), 1):.0%}) | "
+              f"{rej.count('bitext_similarity')} | {rej.count('divergent')} |")
     print()
-    print("rejects by reason (injected, clean): " + ", ".join(f"{k} {v[0]}, {v[1]}" for k, v in sorted(by_reason.items())))
-    assert plain["counts"]["reconciled"] and filt["counts"]["reconciled"]
+    print("| run | paraphrase rows | mean dual score (combined_score, lower is better) | seconds |")
+    print("|---|---:|---:|---:|")
+    print(f"| no bitext filter (baseline) | {plain_rows:,} | {plain_score:.3f} | {plain_s:.0f} |")
+    print(f"| bitext filter | {filt_rows:,} | {filt_score:.3f} | {filt_s:.0f} |")
 
 
 def main() -> None:
@@ -165,11 +170,14 @@ def main() -> None:
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
     ap.add_argument("--part", default="align,filter")
     ap.add_argument("--encoders", default=os.path.join(ROOT, "runs", "bilingual-{lang}-en"))
-    ap.add_argument("--nmt", default=os.path.join(ROOT, "runs", "bench-cluster-models"),
-                    help="cs-en/ and en-cs/ NMT models (bench/bench_cluster.py trains them)")
+    ap.add_argument("--nmt", default=os.path.join(ROOT, "runs", "multi30k-fr-models"),
+                    help="fr-en/ and en-fr/ NMT models (paragen-train-nmt on Multi30k fr-en; see docs/benchmarks.md)")
+    ap.add_argument("--divergence", default=os.path.join(ROOT, "runs", "divergence-en-fr"),
+                    help="en-fr divergence detector (paragen-train-divergence; see docs/benchmarks.md)")
+    ap.add_argument("--similarity_percentile", type=float, default=5.0,
+                    help="the encoder's cosine threshold: this percentile of clean held-out pairs (default 5)")
     ap.add_argument("--mlp_pairs", type=int, default=5000, help="training pairs of the MLP (0: no MLP)")
-    ap.add_argument("--pairs", type=int, default=500, help="pairs of the filter run")
-    ap.add_argument("--div_pairs", type=int, default=5000, help="pairs the cs-en divergence detector learns from")
+    ap.add_argument("--pairs", type=int, default=1000, help="Multi30k pairs of the filter run (default 1000)")
     a = ap.parse_args()
     import torch
 

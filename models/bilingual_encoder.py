@@ -60,6 +60,10 @@ SIDES = ("src", "tgt")
 SPM_MAX_SENTENCES = 2_000_000      # sentencepiece trains on a random sample of a larger bitext
 ALIGN_WEIGHT = 1.0                 # weight of the in-batch alignment loss (0: the paper's objective alone)
 ALIGN_TEMPERATURE = 0.05           # its softmax temperature (cosines / temperature)
+# Additive margin: a pair's own cosine counts this much less in the softmax, so training pushes
+# translations apart from the nearest wrong sentence by a margin (Yang et al. 2019's bitext
+# retrieval loss), not just above it.
+ALIGN_MARGIN = 0.2
 
 # Upper bounds: config.json decides tensor sizes before any weight is read, so a hostile file
 # must not be able to ask for terabytes.
@@ -419,13 +423,14 @@ def dev_alignment_error(enc: BilingualEncoder, dev_pairs: Sequence[tuple[str, st
     return {m: round(res["methods"][m]["mean"], 4) for m in methods}
 
 
-def alignment_loss(src_emb: torch.Tensor, tgt_emb: torch.Tensor, temperature: float = ALIGN_TEMPERATURE
-                   ) -> torch.Tensor:
+def alignment_loss(src_emb: torch.Tensor, tgt_emb: torch.Tensor, temperature: float = ALIGN_TEMPERATURE,
+                   margin: float = ALIGN_MARGIN) -> torch.Tensor:
     """In-batch contrastive loss of paired embeddings (row i of each side is one pair): softmax
-    cross-entropy of each sentence picking its own translation by cosine among the batch's other
-    side, both directions, averaged."""
+    cross-entropy of each sentence picking its own translation by cosine (minus MARGIN for the
+    right one) among the batch's other side, both directions, averaged."""
     a, b = F.normalize(src_emb, dim=1), F.normalize(tgt_emb, dim=1)
-    logits = a @ b.T / temperature
+    cos = a @ b.T
+    logits = (cos - margin * torch.eye(cos.size(0), dtype=cos.dtype, device=cos.device)) / temperature
     labels = torch.arange(a.size(0), device=a.device)
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 

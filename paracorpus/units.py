@@ -5,7 +5,8 @@ records belongs to one of them, chosen by a hash of its pair id (``unit_of``). S
 spreads over many keys whatever the number of output files, a retry or a resume redoes one unit,
 a unit's rows fit in one worker's memory, and every unit (and file) comes from one input shard,
 which is what lets a later run reuse the output of a shard that did not change. A unit writes
-into the output shard its input shard's name and its index there hash to (``shard_of_unit``).
+into the output partition its input shard's name and its index there hash to (``partition_of_unit``;
+on disk a partition is a ``shard=NNNNN`` directory, the contract's ``shard`` column).
 
 :func:`generate_unit` is the whole per-unit algorithm as a plain function (decode in batches,
 with a failing batch retried pair by pair so one bad pair becomes a reject, not a failed unit);
@@ -32,7 +33,7 @@ from paracorpus.schema import (DEDUP, PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNI
 
 DEFAULT_UNIT_PAIRS = 500
 MAX_FILE_ROWS = 1_000_000     # a unit's table rolls over to a new file past this many rows
-PAIR, REJECT, UNIT = "pair", "reject", "unit"     # element kinds; UNIT marks a unit (no record)
+PAIR, REJECT, UNIT = "pair", "reject", "unit"     # element tags; UNIT marks a unit (no record)
 
 
 def plan_units(expected: dict[str, int], unit_pairs: int) -> dict[str, tuple[int, int]]:
@@ -48,7 +49,7 @@ def plan_units(expected: dict[str, int], unit_pairs: int) -> dict[str, tuple[int
 
 def unit_of(input_shard: str, pair_id: str, layout: dict) -> int:
     """The unit a record belongs to: one of its input shard's units, by a hash of its pair id
-    (independent of the output shard)."""
+    (independent of the output partition)."""
     first, n = layout[input_shard]
     return first + int(pair_id[8:16] or pair_id, 16) % n
 
@@ -60,9 +61,9 @@ def input_shard_of(unit: int, layout: dict) -> str:
     return names[at]
 
 
-def shard_of_unit(unit: int, layout: dict, num_output_shards: int) -> int:
-    """The output shard unit UNIT writes into: a hash of its input shard and its index there, so
-    a shard's rows land in the same output shards whatever other shards a run has."""
+def partition_of_unit(unit: int, layout: dict, num_output_shards: int) -> int:
+    """The output partition unit UNIT writes into: a hash of its input shard and its index there,
+    so a shard's rows land in the same partitions whatever other shards a run has."""
     name = input_shard_of(unit, layout)
     local = unit - layout[name][0]
     return int(hashlib.sha1(f"{name}\0{local}".encode()).hexdigest()[:8], 16) % num_output_shards
@@ -100,8 +101,8 @@ def generate_unit(elements: list, steps: list, batch_pairs: int, config_hash: st
     decoding, running out of memory) is retried one pair at a time, and a pair that fails alone is
     rejected as 'decode_error'. ON_BATCH(number of pairs) is called after each batch (progress)."""
     out = UnitResult()
-    out.rejects += [row for kind, row in elements if kind == REJECT]
-    pairs = sorted((_clean_pair(rec) for kind, rec in elements if kind == PAIR), key=lambda p: p.pair_id)
+    out.rejects += [row for tag, row in elements if tag == REJECT]
+    pairs = sorted((_clean_pair(rec) for tag, rec in elements if tag == PAIR), key=lambda p: p.pair_id)
     out.kept = [DEDUP.row(dedup_key=dedup_key(p.source, p.reference), pair_id=p.pair_id, input_shard=p.input_shard,
                           input_index=p.input_index) for p in pairs]
     for start in range(0, len(pairs), batch_pairs):
@@ -122,7 +123,7 @@ def generate_unit(elements: list, steps: list, batch_pairs: int, config_hash: st
     return out
 
 
-def _write_table(output: str, contract, rows: list, lang_pair: str, shard: int, unit: int,
+def _write_table(output: str, contract, rows: list, lang_pair: str, partition: int, unit: int,
                  attempt: str) -> list[dict]:
     """ROWS as Parquet under OUTPUT/<table>/lang_pair=../shard=../, MAX_FILE_ROWS per file, each
     named after the unit and attempt; their manifest entries."""
@@ -130,20 +131,20 @@ def _write_table(output: str, contract, rows: list, lang_pair: str, shard: int, 
 
     if not rows:
         return []
-    rel_dir = f"{contract.name}/lang_pair={lang_pair}/shard={shard:05d}"
+    rel_dir = f"{contract.name}/lang_pair={lang_pair}/shard={partition:05d}"
     entries = []
     for seq, start in enumerate(range(0, len(rows), MAX_FILE_ROWS)):
         chunk = rows[start:start + MAX_FILE_ROWS]
         name = f"part-{unit_name(unit)}-{attempt}" + (f"-{seq:03d}" if len(rows) > MAX_FILE_ROWS else "") + ".parquet"
         rel = f"{rel_dir}/{name}"
-        table = contract.partitioned(chunk, lang_pair, shard)
+        table = contract.partitioned(chunk, lang_pair, partition)
         with storage.open_output(storage.join(output, rel)) as f:
             pq.write_table(table, f, compression="zstd")
         entries.append({"path": rel, "rows": table.num_rows, "bytes": storage.size(storage.join(output, rel))})
     return entries
 
 
-def write_unit(output: str, work: str, unit: int, shard: int, lang_pair: str, result: UnitResult,
+def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str, result: UnitResult,
                seconds: float, input_shard: str) -> dict:
     """Write a unit's paraphrases and rejects (sorted, so reruns write the same bytes) and then its
     completion record WORK/units/<unit>.json; returns that record."""
@@ -151,14 +152,14 @@ def write_unit(output: str, work: str, unit: int, shard: int, lang_pair: str, re
     rows = sorted(result.rows, key=lambda r: (r["pair_id"], r["rank"]))
     rejects = sorted(result.rejects, key=lambda r: (r["input_shard"], r["input_index"]))
     kept = sorted(result.kept, key=lambda r: r["dedup_key"])
-    files = {"paraphrases": _write_table(output, PARAPHRASES, rows, lang_pair, shard, unit, attempt),
-             "rejects": _write_table(output, REJECTS, rejects, lang_pair, shard, unit, attempt),
-             "dedup": _write_table(output, DEDUP, kept, lang_pair, shard, unit, attempt)}
+    files = {"paraphrases": _write_table(output, PARAPHRASES, rows, lang_pair, partition, unit, attempt),
+             "rejects": _write_table(output, REJECTS, rejects, lang_pair, partition, unit, attempt),
+             "dedup": _write_table(output, DEDUP, kept, lang_pair, partition, unit, attempt)}
     for entries in files.values():
         for e in entries:
             e["input_shard"] = input_shard
     reasons = Counter(r["reason"] for r in rejects)
-    record = {"unit": unit, "input_shard": input_shard, "shard": shard, "attempt": attempt, "files": files,
+    record = {"unit": unit, "input_shard": input_shard, "shard": partition, "attempt": attempt, "files": files,
               "counts": {"records": len({r["pair_id"] for r in rows}) + len(rejects),
                          "pairs_with_paraphrases": len({r["pair_id"] for r in rows}),
                          "paraphrase_rows": len(rows), "rejected": len(rejects),

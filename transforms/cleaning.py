@@ -23,8 +23,8 @@ class KeepFirstOfDuplicates(beam.DoFn):
 
     def process(self, element):
         _key, items = element
-        previous = [row for kind, row in items if kind == "previous"]
-        recs = sorted((r for kind, r in items if kind == "new"), key=lambda r: (r["input_shard"], r["input_index"]))
+        previous = [row for tag, row in items if tag == "previous"]
+        recs = sorted((r for tag, r in items if tag == "new"), key=lambda r: (r["input_shard"], r["input_index"]))
         if previous:                 # kept by an earlier run: published, it keeps its place
             kept = min(previous, key=lambda r: (r["input_shard"], r["input_index"]))
             dups = recs
@@ -51,7 +51,7 @@ def _previous_rows(path: str):
 
 class Deduplicate(beam.PTransform):
     """Global deduplication of cleaned pairs, also against the dedup files (PREVIOUS_FILES) of the
-    shards an incremental run reuses; emits (kind, value) pairs like the DoFns."""
+    shards an incremental run reuses; emits (tag, value) pairs like the DoFns."""
 
     def __init__(self, config_hash: str, previous_files: list[str] | None = None):
         super().__init__()

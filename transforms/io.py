@@ -22,24 +22,24 @@ REJECTS_TAG = "rejects"
 COUNTS_TAG = "counts"
 
 
-def _select(item, kind):
-    if item[0] == kind:
+def _select(item, tag):
+    if item[0] == tag:
         yield item[1]
 
 
 class SplitTagged(beam.PTransform):
-    """Split a stream of (kind, value) into one PCollection per kind.
+    """Split a stream of (tag, value) into one PCollection per tag.
 
-    DoFns here emit (kind, value) pairs instead of using ParDo(...).with_outputs(): the DaskRunner
+    DoFns here emit (tag, value) pairs instead of using ParDo(...).with_outputs(): the DaskRunner
     collects every tagged output of a multi-output ParDo into one collection, mixing them up.
     """
 
-    def __init__(self, kinds=(MAIN_TAG, REJECTS_TAG)):
+    def __init__(self, tags=(MAIN_TAG, REJECTS_TAG)):
         super().__init__()
-        self.kinds = kinds
+        self.tags = tags
 
     def expand(self, pcoll):
-        return {kind: pcoll | f"Only_{kind}" >> beam.FlatMap(_select, kind) for kind in self.kinds}
+        return {tag: pcoll | f"Only_{tag}" >> beam.FlatMap(_select, tag) for tag in self.tags}
 
 
 def read_record_path(work: str, shard_name: str) -> str:

@@ -14,7 +14,7 @@ from common import storage
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
 from paracorpus.steps import bitext_steps, decoding_steps
-from paracorpus.units import (PAIR, REJECT, UNIT, generate_unit, input_shard_of, shard_of_unit, unit_of, unit_record_path,
+from paracorpus.units import (PAIR, REJECT, UNIT, generate_unit, input_shard_of, partition_of_unit, unit_of, unit_record_path,
                               write_unit)
 from transforms.progress import Progress
 
@@ -110,7 +110,7 @@ class WriteUnit(beam.DoFn):
 
     def process(self, prediction: PredictionResult):
         unit, (result, seconds) = prediction.example, prediction.inference
-        yield write_unit(self.output, self.work, unit, shard_of_unit(unit, self.layout, self.num_output_shards),
+        yield write_unit(self.output, self.work, unit, partition_of_unit(unit, self.layout, self.num_output_shards),
                          self.lang_pair, result, seconds, input_shard_of(unit, self.layout))
 
 
@@ -129,11 +129,11 @@ def reuse_unit(unit: int, work: str) -> dict:
     return record
 
 
-def key_by_unit(kind: str, layout: dict):
+def key_by_unit(tag: str, layout: dict):
     """A function tagging a record (or reject row) and keying it by its unit (see
     paracorpus.units.plan_units for LAYOUT)."""
     def key(rec):
-        return unit_of(rec["input_shard"], rec["pair_id"], layout), (kind, rec)
+        return unit_of(rec["input_shard"], rec["pair_id"], layout), (tag, rec)
     return key
 
 
