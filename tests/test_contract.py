@@ -1,14 +1,14 @@
-"""The README documents the output contract exactly as paracorpus/schema.py defines it."""
+"""docs/contract.md documents the output contract exactly as paracorpus/schema.py defines it."""
 import os
 
 from paracorpus.schema import (PARAPHRASE_COLUMNS, PARAPHRASE_SCHEMA, REJECT_COLUMNS, REJECT_REASONS,
                                markdown_table)
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+CONTRACT_DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "contract.md")
 
 
-def test_readme_has_the_column_tables():
-    text = open(README, encoding="utf-8").read()
+def test_contract_doc_has_the_column_tables():
+    text = open(CONTRACT_DOC, encoding="utf-8").read()
     assert markdown_table(PARAPHRASE_COLUMNS) in text
     assert markdown_table(REJECT_COLUMNS) in text
     for reason in REJECT_REASONS:

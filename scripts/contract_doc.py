@@ -1,0 +1,283 @@
+"""Write docs/contract.md, the output contract, from the contract module (paracorpus/schema.py).
+
+    .venv/bin/python scripts/contract_doc.py --write docs/contract.md   # regenerate the file
+    .venv/bin/python scripts/contract_doc.py --check docs/contract.md   # exit 1 if it is stale
+    .venv/bin/python scripts/contract_doc.py                            # print it
+
+Every table, column, type, reject reason and manifest key comes from paracorpus/schema.py. The
+manifest keys' meanings are written here (KEY_DOCS); a key the contract adds without a meaning
+here is an error, so the document cannot fall behind the module. tests/test_docs.py checks that
+the file is what this script writes, byte for byte.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from paracorpus import schema  # noqa: E402
+
+# Meaning of every key the contract requires in a manifest or bookkeeping record.
+KEY_DOCS = {
+    "manifest": {
+        "contract_version": "the contract version the run was written with",
+        "run_id": "the run's id (UTC time plus a random part, or `--run_id`)",
+        "config_hash": "hash of everything that decides the rows: generation settings, cleaning settings, "
+                       "preset, precision, the models' fingerprints, the bitext filter's thresholds",
+        "config": "the generation settings (preset values with the command line's overrides)",
+        "models": "per model (`forward`, `backward`, `bitext_encoder`, `bitext_mlp`, `divergence`): its path, "
+                  "the sha256 of each of its files and a fingerprint",
+        "inputs": "per input shard: kind, paths, sha256, bytes, records read, counts, and `decoded_in` (the run "
+                  "that decoded it)",
+        "counts": "records read (in total and per input shard), pairs with paraphrases, paraphrase rows, "
+                  "rejected (in total and by reason), `reconciled`",
+        "files": "per table (`paraphrases`, `rejects`, `dedup`): the files of the run, each "
+                 "`{path, rows, bytes, input_shard}`, plus `root` for a file an earlier run wrote and this one "
+                 "reuses",
+        "units": "work units planned, written and reused, units and decoding seconds per worker",
+        "versions": "versions of Python, paragen, Beam, torch, fairseq, sentencepiece and pyarrow",
+        "command": "the command line",
+        "finished_at": "when the run finished (UTC, ISO 8601)",
+    },
+    "filter manifest": {
+        "contract_version": "the contract version the run was written with",
+        "run_id": "the filter run's id",
+        "input": "the generation run (or Parquet) that was filtered",
+        "input_run_id": "the generation run's id (null for plain Parquet)",
+        "config": "the filter config as read (filters, parameters, thresholds)",
+        "rows_in": "rows read",
+        "rows_out": "rows written (every input row is written, kept or not)",
+        "kept": "rows no rule rejected",
+        "files": "`scored` (each `{path, rows, bytes}`), `fitted` (the models fitted on the sample) and "
+                 "`report` files",
+        "reconciled": "rows in = rows out",
+        "versions": "package versions, as in the generation manifest",
+        "command": "the command line",
+    },
+    "read record": {
+        "input_shard": "the input shard's name",
+        "kind": "`tsv`, `moses` or `parquet`",
+        "paths": "its file (two for a Moses pair)",
+        "records_read": "records read, rejects included (the left-hand side of the reconciliation)",
+        "sha256": "sha256 of each file, hashed while reading",
+        "bytes": "its size",
+    },
+    "unit record": {
+        "unit": "the work unit's number",
+        "input_shard": "the input shard the unit belongs to",
+        "shard": "the output partition it wrote into",
+        "attempt": "the attempt id in its files' names",
+        "files": "its files per table, as in the manifest",
+        "counts": "see the unit counts below",
+        "counters": "its Beam counters",
+        "worker": "`host:pid` of the worker that decoded it",
+        "seconds": "decoding time",
+    },
+    "unit counts": {
+        "records": "records of the unit",
+        "pairs_with_paraphrases": "pairs that got at least one paraphrase",
+        "paraphrase_rows": "paraphrase rows written",
+        "rejected": "reject rows written",
+        "rejected_by_reason": "reject rows per reason",
+    },
+}
+
+KEY_LISTS = {"manifest": schema.MANIFEST_KEYS, "filter manifest": schema.FILTER_MANIFEST_KEYS,
+             "read record": schema.READ_RECORD_KEYS, "unit record": schema.UNIT_RECORD_KEYS,
+             "unit counts": schema.UNIT_COUNT_KEYS}
+
+
+def key_table(what: str) -> str:
+    docs = KEY_DOCS[what]
+    missing = [k for k in KEY_LISTS[what] if k not in docs]
+    if missing:
+        raise SystemExit(f"scripts/contract_doc.py: no meaning for {what} key(s) {missing}: add them to KEY_DOCS")
+    lines = ["| key | meaning |", "|---|---|"]
+    lines += [f"| `{key}` | {docs[key]} |" for key in KEY_LISTS[what]]
+    return "\n".join(lines)
+
+
+def table_notes(table) -> str:
+    optional = [n for n in table.names if n in table.optional]
+    notes = [f"Partition columns: {', '.join(f'`{c}`' for c in schema.PARTITION_COLUMNS)} (also the directory "
+             "names; stored in the files too)."]
+    notes.append("May be null: " + (", ".join(f"`{c}`" for c in optional) if optional else "none") +
+                 "; every other column is required (paracorpus.schema.Table.row refuses a row without it).")
+    return " ".join(notes)
+
+
+def reasons_table() -> str:
+    lines = ["| reason | meaning |", "|---|---|"]
+    lines += [f"| `{reason}` | {doc} |" for reason, doc in schema.REJECT_REASONS.items()]
+    return "\n".join(lines)
+
+
+def layout() -> str:
+    part = "lang_pair=cs-en/shard=00001/part-u000042-3f9a1c2e.parquet"
+    lines = [(f"OUT/{schema.PARAPHRASES.name}/{part}", "paraphrase rows of work unit 42"),
+             (f"OUT/{schema.REJECTS.name}/{part}", "its rejected input records"),
+             (f"OUT/{schema.DEDUP.name}/{part}", "dedup keys of the pairs it decoded"),
+             (f"OUT/{schema.MANIFEST}", "written last: lists every file of the run"),
+             ("OUT/_work/<run id>/", "bookkeeping of a run in progress (removed when it commits)")]
+    width = max(len(path) for path, _ in lines) + 3
+    return "\n".join(f"{path.ljust(width)}{what}" for path, what in lines)
+
+
+def render() -> str:
+    p, r, d = schema.PARAPHRASES, schema.REJECTS, schema.DEDUP
+    return f"""# Output contract
+
+<!-- Generated by scripts/contract_doc.py from paracorpus/schema.py. Do not edit by hand:
+     .venv/bin/python scripts/contract_doc.py --write docs/contract.md -->
+
+Contract version **{schema.CONTRACT_VERSION}**. The filter and embedding jobs read these tables, so a
+change is a breaking change: columns are added, never renamed or retyped, and the version goes up.
+Names used here (source, reference, input shard, output partition, work unit) are defined in
+[architecture.md](architecture.md#names).
+
+## Layout of a generation run
+
+```
+{layout()}
+```
+
+`shard=NNNNN` is an output partition (`--num_output_shards` of them per language pair); a file
+name holds the work unit and the attempt that wrote it, so no two attempts write the same name.
+
+## Reading a run
+
+Only the files `{schema.MANIFEST}` lists belong to the run. A file of a dead attempt, or of a run
+the new one replaced, may sit beside them for a moment; a directory without a manifest is not a
+corpus. Read through the manifest:
+
+```python
+from paracorpus.commit import committed_files
+from common import storage
+files = committed_files("OUT", "paraphrases")          # or "gs://bucket/run", "s3://..."
+table = storage.parquet_dataset(files).to_table()      # pyarrow; works for bucket URLs too
+```
+
+or give that list to any Parquet reader. The partition columns are stored in the files, so
+pyarrow, DuckDB, polars, pandas and HF datasets all see the same columns and types:
+
+```python
+import json, duckdb
+files = [f"OUT/{{f['path']}}" for f in json.load(open("OUT/{schema.MANIFEST}"))["files"]["paraphrases"]]
+duckdb.read_parquet(files).filter("rank = 1").df()
+```
+
+A file entry with a `root` was written by an earlier run and is reused by this one (an
+incremental run): it lives under that run (`paracorpus.commit.file_location`).
+
+Counts reconcile: records read = pairs with at least one paraphrase + rejected records. A run
+whose counts do not is not published (the previous run stays) and the job exits non-zero.
+
+## Table `{p.name}`
+
+One row per paraphrase kept.
+
+{schema.markdown_table(p.columns)}
+
+{table_notes(p)}
+
+## Table `{r.name}`
+
+One row per input record that did not yield a paraphrase.
+
+{schema.markdown_table(r.columns)}
+
+{table_notes(r)}
+
+### Reject reasons
+
+`{r.name}.reason` is one of these (`paracorpus.schema.REJECT_REASONS`):
+
+{reasons_table()}
+
+## Table `{d.name}`
+
+One row per pair that passed deduplication (its first occurrence), paraphrased or not: what a
+later incremental run deduplicates new pairs against, without reading the old text again.
+
+{schema.markdown_table(d.columns)}
+
+{table_notes(d)}
+
+## Table `scored` (filter job)
+
+`OUT/scored/lang_pair=.../shard=.../<input file>-<attempt>.parquet`, one file per input file, one
+row per input row: every input column, then one float64 column per score of the configured
+filters (named after the score; see [architecture.md](architecture.md#the-filter-job)), then:
+
+{schema.markdown_table(schema.SCORED_COLUMNS)}
+
+A score that could not be computed for a row (no parse, no `forward_nll`) is null; its rule lets
+the row pass, and the filter manifest counts such rows per score (`unscored_by_score`).
+
+## Manifests
+
+Each job publishes its run by writing its manifest last. These keys are always there
+(`paracorpus.schema.check_manifest` refuses a manifest without one).
+
+### `{schema.MANIFEST}` (generation job)
+
+{key_table("manifest")}
+
+The job also records the preset, the cleaning settings, the runner, the device, the precision
+each worker resolved, torch threads per worker, `previous` (for an incremental run), the Beam
+counters, whether it was resumed and its seconds.
+
+### `{schema.FILTER_MANIFEST}` (filter job)
+
+{key_table("filter manifest")}
+
+It also records the generation run's `input_config_hash`, the rules, rows rejected per reason
+(`rejected_by_reason`), rows without a score per score (`unscored_by_score`), the fit sample's
+size, seconds, rows/s and the counters.
+
+## Bookkeeping records (`OUT/_work/<run id>/`)
+
+A run in progress keeps one read record per input shard (`read/<shard>.json`) and one completion
+record per finished work unit (`units/u<unit>.json`, what `--resume` reads). They are removed when
+the run commits.
+
+### Read record
+
+{key_table("read record")}
+
+### Unit record
+
+{key_table("unit record")}
+
+### Unit counts
+
+{key_table("unit counts")}
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--write", metavar="FILE", help="write the document here (e.g. docs/contract.md)")
+    group.add_argument("--check", metavar="FILE", help="exit 1 when FILE differs from what --write would write")
+    opts = ap.parse_args(argv)
+    text = render()
+    if opts.write:
+        with open(opts.write, "w", encoding="utf-8") as f:
+            f.write(text)
+    elif opts.check:
+        with open(opts.check, encoding="utf-8") as f:
+            if f.read() != text:
+                print(f"{opts.check} is stale: run scripts/contract_doc.py --write {opts.check}", file=sys.stderr)
+                return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
