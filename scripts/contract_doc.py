@@ -216,7 +216,9 @@ filters (named after the score; see [architecture.md](architecture.md#the-filter
 {schema.markdown_table(schema.SCORED_COLUMNS)}
 
 A score that could not be computed for a row (no parse, no `forward_nll`) is null; its rule lets
-the row pass, and the filter manifest counts such rows per score (`unscored_by_score`).
+the row pass, and the filter manifest counts such rows per score (`unscored_by_score`). Read the
+files `{schema.FILTER_MANIFEST}` lists (`committed_files(OUT, "scored", "{schema.FILTER_MANIFEST}")`),
+or give the run directory to the embedding job or `filtering.tune`.
 
 ## Manifests
 
