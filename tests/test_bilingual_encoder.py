@@ -77,6 +77,7 @@ def test_encode_shapes_and_order(encoder):
     assert not np.allclose(encoder.encode(cs[:1], "cs"), encoder.encode(cs[:1], "en"))
 
 
+@pytest.mark.slow
 def test_max_pool_ignores_padding(encoder):
     short = "Pes spí ."
     longer = ["Stařec stojí na trávě před domem a čeká u řeky ve městě .", "Chlapec skáče na pláži ve městě ."]

@@ -48,6 +48,7 @@ KEPT_FIELDS = ["arch", "_name", "activation_fn", "adaptive_softmax_cutoff", "enc
                "share_all_embeddings"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", KEPT_FIELDS)
 def test_code_in_a_kept_config_field_is_refused_and_never_runs(tiny_nmt_models, tmp_path, field):
     marker = tmp_path / "ran"
@@ -60,6 +61,7 @@ def test_code_in_a_kept_config_field_is_refused_and_never_runs(tiny_nmt_models, 
     assert not marker.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["user_dir", "eval_bleu_args", "adam_betas", "optimizer_overrides", "data"])
 def test_code_in_other_config_fields_is_dropped_before_fairseq(tiny_nmt_models, tmp_path, field):
     """Fields outside the allowlist never reach fairseq: the model builds, nothing runs."""
@@ -71,6 +73,7 @@ def test_code_in_other_config_fields_is_dropped_before_fairseq(tiny_nmt_models, 
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_fairseqs_own_loader_would_run_the_payload(tiny_nmt_models, tmp_path):
     """The control: the hole is real, so the tests above could fail."""
     from fairseq import checkpoint_utils
@@ -112,6 +115,7 @@ def test_hydra_style_nested_config_is_flattened_and_checked():
         validate_model_config({"_name": "transformer", "encoder": {"embed_path": "/etc/passwd"}})
 
 
+@pytest.mark.slow
 def test_other_architectures_and_tasks_are_refused(tiny_nmt_models, tmp_path):
     fconv = hostile_model(os.path.join(tiny_nmt_models, "cs-en"), tmp_path / "fconv",
                           set_model_field("arch", "fconv"))
@@ -125,6 +129,7 @@ def test_other_architectures_and_tasks_are_refused(tiny_nmt_models, tmp_path):
         check_checkpoint(os.path.join(lm, "model.pt"))
 
 
+@pytest.mark.slow
 def test_a_pickled_model_is_refused_with_a_message(tiny_nmt_models, tmp_path):
     marker = tmp_path / "ran"
 
@@ -145,6 +150,7 @@ def test_a_pickled_model_is_refused_with_a_message(tiny_nmt_models, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_model_json_languages_cannot_name_other_files(tiny_nmt_models, tmp_path):
     import json
 

@@ -133,6 +133,7 @@ def test_a_second_writer_is_refused_while_the_first_runs(bitext, tiny_nmt_models
     assert not (out / "_owner.json").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_pair_is_a_reject_and_its_units_other_pairs_are_written(fwd, bwd):
     """One pair whose decoding raises (as an out-of-memory error would) is retried alone and
     rejected with the error; the other pairs of its batch and unit get their paraphrases."""

@@ -41,6 +41,7 @@ def test_image_carries_every_package_setup_py_installs():
     assert packages and set(packages) <= set(copied) and {"deploy", "scripts"} <= set(copied)
 
 
+@pytest.mark.slow
 def test_dask_launcher_runs_the_filter_job_on_a_local_cluster(tmp_path):
     """JOB=filter deploy/run_dask.sh --local 2: a real scheduler and two workers, then the job."""
     import json
@@ -148,6 +149,7 @@ def test_systemd_units_verify(tmp_path):
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
 
 
+@pytest.mark.slow
 def test_refresh_sh_exits_non_zero_when_a_job_fails(tmp_path):
     """systemd calls OnFailure= when refresh.sh exits non-zero: a failing job must make it so."""
     env = {**os.environ, "OUT_ROOT": str(tmp_path / "root"), "PYTHON": sys.executable, "PARAGEN_JOB_CMD": "false"}

@@ -168,6 +168,7 @@ def test_greedy_matching_equals_one_at_a_time_greedy():
         assert int(got[b].sum()) == min(lens1[b], lens2[b])
 
 
+@pytest.mark.slow
 def test_interaction_model_shape_and_padding_does_not_change_outputs():
     torch.manual_seed(0)
     model = InteractionModel(20, 25, dim=8, hidden=6, channels=(4, 5, 6), dense=7).eval()

@@ -143,6 +143,7 @@ def _plain_in_batch_step(encoder, optimizer, toks, delta):
     return loss.item()
 
 
+@pytest.mark.slow
 def test_megabatch_of_one_is_plain_in_batch_mining():
     pairs = toy_paraphrases(90, seed=5)
     encs = [_encoder("word+trigram", dim=12, seed=3) for _ in range(2)]
@@ -314,6 +315,7 @@ def _sts_dir(tmp_path):
     return _write_sts(tmp_path / "sts", {"toy/dev": toy_sts(200, seed=7)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["word", "trigram", "gran", "word+trigram"])
 def test_training_lowers_loss_and_improves_sts(tmp_path, spec):
     pairs = toy_paraphrases(1500, seed=0)
@@ -330,6 +332,7 @@ def test_training_lowers_loss_and_improves_sts(tmp_path, spec):
         assert os.path.isfile(tmp_path / "m" / "checkpoints" / f"epoch-{epoch}" / "weights.pt")
 
 
+@pytest.mark.slow
 def test_saved_model_reloads_identically_and_training_is_seeded(tmp_path):
     pairs = toy_paraphrases(400, seed=1)
     cfg = dict(encoder="word+trigram", dim=16, epochs=2, megabatch=2, **QUIET)
@@ -409,6 +412,7 @@ def _cli(module, *args, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_train_sts_lexicon_end_to_end(tmp_path):
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{a}\t{b}\n" for a, b in toy_paraphrases(600, seed=8)), encoding="utf-8")
@@ -425,6 +429,7 @@ def test_cli_train_sts_lexicon_end_to_end(tmp_path):
     assert (tmp_path / "lex.tsv").read_text().startswith("word1\tword2\tadjusted_pmi")
 
 
+@pytest.mark.slow
 def test_cli_errors_are_clear(tmp_path):
     r = _cli("embeddings.train", "--help")
     assert r.returncode == 0 and "--megabatch" in r.stdout and "--where" in r.stdout

@@ -146,6 +146,7 @@ def test_lm_filter_fits_on_the_sample(tmp_path):
     assert np.median(ppl) < np.median(ppl_scrambled)          # fitted on the references' word order
 
 
+@pytest.mark.slow
 def test_reference_classifier_learns_a_separable_signal(tmp_path):
     from filtering.classifier import load_classifier, train_classifier
 
@@ -164,6 +165,7 @@ def test_reference_classifier_learns_a_separable_signal(tmp_path):
     assert np.allclose(f.score(_batch([("r", refs[0])]))["p_reference_word"], clf.p_reference([refs[0]]))
 
 
+@pytest.mark.slow
 def test_classifier_accuracy_is_balanced_so_no_signal_scores_near_chance(tmp_path):
     from filtering.classifier import train_classifier
 
@@ -330,6 +332,7 @@ def direct_filter_run(generation_output, tmp_path_factory):
     return out, manifest
 
 
+@pytest.mark.slow
 def test_every_row_once_with_its_reasons(generation_output, direct_filter_run):
     _, rows = generation_output
     out, manifest = direct_filter_run
@@ -363,6 +366,7 @@ def test_every_row_once_with_its_reasons(generation_output, direct_filter_run):
     assert manifest["unscored_by_score"]["translation_cost"] == sum(r["forward_nll"] is None for r in rows) > 0
 
 
+@pytest.mark.slow
 def test_report_is_written(direct_filter_run):
     out, manifest = direct_filter_run
     report = json.load(open(os.path.join(out, "report", "report.json")))
@@ -379,6 +383,7 @@ def test_report_is_written(direct_filter_run):
     assert "Rejections by reason" in md and "translation_cost>max" in md and "Diversity by rank" in md
 
 
+@pytest.mark.slow
 def test_dask_cluster_gives_the_same_rows(generation_output, direct_filter_run, dask_cluster, tmp_path):
     out, _ = direct_filter_run
     manifest = _run(generation_output, tmp_path / "dask", "--runner", "DaskRunner", "--dask_client_address",
@@ -397,6 +402,7 @@ def test_dask_cluster_gives_the_same_rows(generation_output, direct_filter_run, 
         assert np.allclose(va, vb, atol=1e-6, equal_nan=True), c
 
 
+@pytest.mark.slow
 def test_cli_fails_before_work_on_bad_config(generation_output, tmp_path):
     root, _ = generation_output
     bad = tmp_path / "bad.yaml"
@@ -414,6 +420,7 @@ def test_cli_fails_before_work_on_bad_config(generation_output, tmp_path):
     assert r.returncode == 0 and "--config" in r.stdout and "paranmt" in r.stdout
 
 
+@pytest.mark.slow
 def test_unreconciled_generation_run_is_refused(generation_output, tmp_path):
     import shutil
 
@@ -473,6 +480,7 @@ def test_dev_set_reader_counts_bad_lines_and_refuses_an_empty_set(tmp_path, caps
         _dev_scores(str(dev), str(tmp_path / "cfg.yaml"), "trigram_overlap", {})
 
 
+@pytest.mark.slow
 def test_tune_cli_on_a_filter_run(direct_filter_run):
     out, _ = direct_filter_run
     r = subprocess.run([sys.executable, "-m", "filtering.tune", "--scored", os.path.join(out, "scored"),
@@ -598,6 +606,7 @@ def test_ngram_match_counts_for_every_key_layout():
     assert bleu[1:].tolist() == [0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_fit_sample_is_sized_from_the_input_and_keeps_pairs_whole(generation_output):
     from beam_pipelines.filter import fit_sample
     from paracorpus.runs import open_input

@@ -60,6 +60,7 @@ def direct_run(bitext, tiny_nmt_models, tmp_path_factory):
     return out, manifest
 
 
+@pytest.mark.slow
 def test_counts_reconcile_and_hostile_records_are_rejects(direct_run):
     out, manifest = direct_run
     counts = manifest["counts"]
@@ -78,6 +79,7 @@ def test_counts_reconcile_and_hostile_records_are_rejects(direct_run):
     assert counts["pairs_with_paraphrases"] > 20     # most toy pairs yield paraphrases
 
 
+@pytest.mark.slow
 def test_parquet_matches_the_contract(direct_run):
     out, _ = direct_run
     manifest = json.load(open(os.path.join(out, "_manifest.json")))
@@ -104,6 +106,7 @@ def test_parquet_matches_the_contract(direct_run):
     assert manifest["models"]["forward"]["fingerprint"] and manifest["models"]["forward"]["sha256"]["model.pt"]
 
 
+@pytest.mark.slow
 def test_ranking_clusters_and_constraints(direct_run):
     out, manifest = direct_run
     by_pair = {}
@@ -125,6 +128,7 @@ def test_ranking_clusters_and_constraints(direct_run):
             assert r["backward_nll"] is not None and r["mode"] == "sample"
 
 
+@pytest.mark.slow
 def test_same_seed_same_rows_other_seed_other_rows(direct_run, bitext, tiny_nmt_models, tmp_path):
     out, _ = direct_run
     again = run(_args(bitext, tmp_path / "again", tiny_nmt_models))
@@ -154,6 +158,7 @@ def _same_rows(a, b):
                 assert x[k] == pytest.approx(y[k], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_direct_multiprocessing_gives_the_same_rows(direct_run, bitext, tiny_nmt_models, tmp_path):
     out, _ = direct_run
     manifest = run(_args(bitext, tmp_path / "mp", tiny_nmt_models, "--runner", "DirectRunner",
@@ -163,6 +168,7 @@ def test_direct_multiprocessing_gives_the_same_rows(direct_run, bitext, tiny_nmt
     _same_rows(_rows(tmp_path / "mp", "rejects"), _rows(out, "rejects"))
 
 
+@pytest.mark.slow
 def test_dask_cluster_gives_the_same_rows(direct_run, bitext, tiny_nmt_models, tmp_path, dask_cluster):
     out, _ = direct_run
     manifest = run(_args(bitext, tmp_path / "dask", tiny_nmt_models, "--runner", "DaskRunner",
@@ -172,6 +178,7 @@ def test_dask_cluster_gives_the_same_rows(direct_run, bitext, tiny_nmt_models, t
     _same_rows(_rows(tmp_path / "dask", "rejects"), _rows(out, "rejects"))
 
 
+@pytest.mark.slow
 def test_beam_mode_paranmt_preset(bitext, tiny_nmt_models, tmp_path):
     args = _args(bitext, tmp_path / "beam", tiny_nmt_models)
     args[args.index("parabank2-cpu")] = "paranmt"
@@ -183,6 +190,7 @@ def test_beam_mode_paranmt_preset(bitext, tiny_nmt_models, tmp_path):
     assert manifest["counts"]["reconciled"]
 
 
+@pytest.mark.slow
 def test_cli_help_and_clear_errors(tmp_path, bitext, tiny_nmt_models):
     done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
@@ -218,6 +226,7 @@ def test_worker_processes_split_the_cores():
         worker_threads(-1, "DirectRunner", "in_memory", 1, 2)
 
 
+@pytest.mark.slow
 def test_dask_workers_share_the_decoding_of_one_output_shard(bitext, tiny_nmt_models, tmp_path, dask_cluster):
     """Decoding parallelism does not depend on the number of output files: with one output shard,
     both Dask worker processes decode work units (the manifest says which decoded how many)."""

@@ -56,6 +56,7 @@ def test_path_components_and_run_ids():
             check_run_id(bad)
 
 
+@pytest.mark.slow
 def test_traversal_through_src_lang_writes_nothing(tmp_path, tiny_nmt_models):
     inp = tmp_path / "in.tsv"
     inp.write_text("\n".join(_toy_lines(5, 1)) + "\n")
@@ -124,6 +125,7 @@ def test_truncated_gz_beside_a_good_shard_loses_nothing(tmp_path, tiny_nmt_model
     assert any(k[0] == "good.tsv" for k in paraphrased) and any(k[0] == "bad.tsv.gz" for k in paraphrased)
 
 
+@pytest.mark.slow
 def test_a_parquet_shard_of_the_wrong_type_fails_before_anything_is_written(tmp_path, tiny_nmt_models):
     wrong = tmp_path / "wrong.parquet"
     pq.write_table(pa.table({"cs": [1, 2], "en": ["a", "b"]}), wrong)
@@ -189,6 +191,7 @@ def _refused(tmp_path, tiny_nmt_models, *extra, match):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra,match", [
     (("--presett", "paranmt"), r"unknown option\(s\): --presett \(did you mean --preset\?\)"),
     (("--num-samples", "4"), r"--num-samples \(did you mean --num_samples\?\)"),
@@ -203,6 +206,7 @@ def test_mistakes_are_refused_before_anything_is_written(tmp_path, tiny_nmt_mode
     _refused(tmp_path, tiny_nmt_models, *extra, match=match)
 
 
+@pytest.mark.slow
 def test_swapped_models_are_detected(tmp_path, tiny_nmt_models):
     inp = tmp_path / "in.tsv"
     inp.write_text("\n".join(_toy_lines(5, 1)) + "\n")
@@ -214,6 +218,7 @@ def test_swapped_models_are_detected(tmp_path, tiny_nmt_models):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_swapped_models_are_detected_with_the_default_languages(tmp_path, tiny_nmt_models):
     from beam_pipelines.generate import check_models
 
@@ -223,6 +228,7 @@ def test_swapped_models_are_detected_with_the_default_languages(tmp_path, tiny_n
         check_models(os.path.join(tiny_nmt_models, "cs-en"), os.path.join(tiny_nmt_models, "cs-en"), "cs", "en")
 
 
+@pytest.mark.slow
 def test_output_below_a_file_is_refused(tmp_path, tiny_nmt_models):
     (tmp_path / "afile").write_text("x")
     inp = tmp_path / "in.tsv"

@@ -101,6 +101,7 @@ def test_refresh_sequence_decodes_only_what_changed(place, tmp_path):
     assert r5["counts"]["reconciled"] and "b.tsv" not in r5["counts"]["records_read_per_shard"]
 
 
+@pytest.mark.slow
 def test_a_changed_config_reuses_nothing(tmp_path, tiny_nmt_models):
     inp = str(tmp_path / "in")
     _write(inp, "a.tsv", _lines(0, 6))

@@ -10,6 +10,7 @@ def _contains(seq, phrase):
     return any(tuple(seq[i:i + len(phrase)]) == phrase for i in range(len(seq) - len(phrase) + 1))
 
 
+@pytest.mark.slow
 def test_banned_phrases_never_appear(fwd, sources):
     from tests.toydata import toy_bitext
 
@@ -36,6 +37,7 @@ def test_banned_phrases_never_appear(fwd, sources):
     assert hits > 0
 
 
+@pytest.mark.slow
 def test_multi_piece_phrase_is_blocked_at_its_last_piece(fwd, sources):
     # Find a word the unconstrained model writes as several pieces, then ban that word.
     free = fwd.sample([SampleRequest(s, f"m{i}", (), 20) for i, s in enumerate(sources)], topk=10, seed=2)
@@ -52,6 +54,7 @@ def test_multi_piece_phrase_is_blocked_at_its_last_piece(fwd, sources):
     assert any(_contains(h.token_ids, phrase[:-1]) for h in out)
 
 
+@pytest.mark.slow
 def test_same_seed_same_samples_independent_of_batching(fwd, sources):
     reqs = [SampleRequest(s, f"k{i}", (), 8) for i, s in enumerate(sources)]
     a = fwd.sample(reqs, topk=10, seed=11)
@@ -62,6 +65,7 @@ def test_same_seed_same_samples_independent_of_batching(fwd, sources):
     assert texts(a) != texts(fwd.sample(reqs, topk=10, seed=12))
 
 
+@pytest.mark.slow
 def test_sample_nll_equals_forced_decoding_score(fwd, sources):
     hyps = fwd.sample([SampleRequest(s, f"s{i}", (), 2) for i, s in enumerate(sources)], topk=10, seed=1)
     flat = [(s, h) for s, hs in zip(sources, hyps) for h in hs if h.text]
@@ -86,6 +90,7 @@ def _reference_nll(t, source: str, target: str) -> float:
     return -float(lprobs.float().gather(-1, tgt[..., None]).mean())
 
 
+@pytest.mark.slow
 def test_score_equals_fairseq_forward_with_padding_and_blocks(bwd, sources, monkeypatch):
     import models.nmt as nmt
 
@@ -100,6 +105,7 @@ def test_score_equals_fairseq_forward_with_padding_and_blocks(bwd, sources, monk
     assert len(set(round(x, 4) for x in got)) > 1
 
 
+@pytest.mark.slow
 def test_length_batches_in_a_given_order_keep_the_budget(fwd):
     lengths = [5, 30, 7, 12, 30, 3, 18, 9, 25, 4]
     order = [9, 5, 0, 2, 7, 3, 6, 8, 1, 4][::-1]           # any order, e.g. the scorer's 2-D one
@@ -111,6 +117,7 @@ def test_length_batches_in_a_given_order_keep_the_budget(fwd):
     assert len(batches) > 2
 
 
+@pytest.mark.slow
 def test_beam_search_is_fairseq_nbest(fwd, bwd, sources):
     out = fwd.beam_search(sources, beam=4, nbest=3)
     assert all(len(hs) == 3 for hs in out)
@@ -135,6 +142,7 @@ def test_missing_model_dir_is_a_clear_error(tmp_path):
         Translator(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_precision_is_validated(tiny_nmt_models):
     from models.nmt import resolve_precision
 
@@ -146,6 +154,7 @@ def test_precision_is_validated(tiny_nmt_models):
         Translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu", precision="int4")
 
 
+@pytest.mark.slow
 def test_bf16_keeps_bans_and_scores_close_to_fp32(tiny_nmt_models, fwd, sources):
     t16 = load_translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu", precision="bf16")
     words = ("a", "the")
@@ -162,6 +171,7 @@ def test_bf16_keeps_bans_and_scores_close_to_fp32(tiny_nmt_models, fwd, sources)
     assert max(abs(a - b) for a, b in same_tokens) < 0.15
 
 
+@pytest.mark.slow
 def test_zero_samples_gives_no_hypotheses(fwd, sources):
     out = fwd.sample([SampleRequest(sources[0], "z", (), 0), SampleRequest(sources[1], "y", (), 2)], seed=1)
     assert out[0] == [] and len(out[1]) == 2

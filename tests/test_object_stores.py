@@ -13,6 +13,8 @@ from pyarrow import fs as pafs
 
 from tests.object_stores import gcs_store, s3_store  # noqa: F401  (fixtures)
 
+pytestmark = pytest.mark.slow    # starts the S3 and GCS servers
+
 
 @pytest.fixture(params=["s3", "gcs"])
 def store(request):

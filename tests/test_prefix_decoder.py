@@ -7,6 +7,8 @@ import torch
 from models.nmt import SampleRequest
 from models.prefix_decoder import FairseqPrefixDecoder, PrefixDecoder, prefix_decoder, unsupported_reason
 
+pytestmark = pytest.mark.slow    # every test needs the tiny NMT models (trained once per session)
+
 
 @pytest.fixture(scope="module")
 def sources(sources):

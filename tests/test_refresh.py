@@ -86,6 +86,7 @@ def test_refreshes_on_a_local_disk(tmp_path, tiny_nmt_models):
     assert sorted(f[:-4] for f in os.listdir(os.path.join(root, "logs"))) == runs
 
 
+@pytest.mark.slow
 def test_overlapping_refreshes_are_refused(tmp_path, tiny_nmt_models):
     root = tmp_path / "root"
     root.mkdir()
@@ -141,6 +142,7 @@ def test_refresh_sh_hands_everything_to_paragen_refresh_without_a_shell(tmp_path
                                        "--job_cmd=deploy/run_dataflow.sh $(id)", "--", "--input", "gs://b/in"]
 
 
+@pytest.mark.slow
 def test_filter_args_are_words_not_shell_code(tmp_path):
     """A ';' in --filter_args becomes part of an argument of the filter job, which refuses it."""
     marker = tmp_path / "pwned"

@@ -436,6 +436,7 @@ def test_cli_reports_input_mistakes_before_loading_a_model(tmp_path, capsys):
     assert "not UTF-8" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_with_a_tiny_bilingual_encoder(tmp_path, capsys):
     try:
         from models.bilingual_encoder import BilingualConfig, train_bilingual

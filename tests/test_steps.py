@@ -154,6 +154,7 @@ def test_decoding_steps_put_the_dual_xent_filter_in_only_with_a_backward_model_a
     assert "dual_xent" not in [s.NAME for s in decoding_steps(FakeTranslator(), FakeTranslator(), off, "h", (9, 9))]
 
 
+@pytest.mark.slow
 def test_the_beam_adapter_emits_kept_items_and_reject_rows():
     import apache_beam as beam
     from apache_beam.testing.test_pipeline import TestPipeline

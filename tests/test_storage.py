@@ -14,7 +14,7 @@ from tests.object_stores import gcs_store, s3_store  # noqa: F401  (fixtures)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(params=["local", "s3", "gcs"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow), pytest.param("gcs", marks=pytest.mark.slow)])
 def root(request, tmp_path, monkeypatch):
     """A fresh directory or bucket, with the environment a worker would have to reach it."""
     monkeypatch.setenv("PARAGEN_CACHE", str(tmp_path / "cache"))

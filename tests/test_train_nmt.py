@@ -28,6 +28,7 @@ def _cli(*args, timeout=300):
 
 # ---------------------------------------------------------------- no training needed
 
+@pytest.mark.slow
 def test_cli_help_exits_0():
     r = _cli("--help", timeout=60)
     assert r.returncode == 0, r.stderr
@@ -35,6 +36,7 @@ def test_cli_help_exits_0():
         assert option in r.stdout
 
 
+@pytest.mark.slow
 def test_cli_rejects_half_given_files(tmp_path):
     assert _cli("--src_file", "a.cs", "--output", str(tmp_path), timeout=60).returncode == 2
     r = _cli("--tsv", "a.tsv", "--valid_src_file", "v.cs", "--output", str(tmp_path), timeout=60)
@@ -100,6 +102,7 @@ def test_sentencepiece_vocab_size_adapts_to_tiny_corpora(tmp_path):
 
 # ---------------------------------------------------------------- tiny trained models
 
+@pytest.mark.slow
 def test_output_layout(tiny_nmt_models):
     out = tiny_nmt_models
     for name in ("spm.model", "spm.vocab", "report.json", "data-bin/dict.cs.txt", "data-bin/dict.en.txt",
@@ -126,6 +129,7 @@ def test_output_layout(tiny_nmt_models):
     assert {"sentencepiece", "preprocess", "train-cs-en", "train-en-cs"} <= set(report["stage_seconds"])
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_with_weights_only(tiny_nmt_models):
     import torch
 
@@ -146,6 +150,7 @@ def test_checkpoint_loads_with_weights_only(tiny_nmt_models):
         or torch.equal(weights["encoder.embed_tokens.weight"], weights["decoder.embed_tokens.weight"])
 
 
+@pytest.mark.slow
 def test_joined_dictionary_holds_sentencepiece_pieces(tiny_nmt_models):
     import sentencepiece as spm
 
@@ -164,6 +169,7 @@ def test_joined_dictionary_holds_sentencepiece_pieces(tiny_nmt_models):
         assert open(os.path.join(out, name, f"dict.{src}.txt"), encoding="utf-8").read() == dict_cs
 
 
+@pytest.mark.slow
 def test_binarized_data_decodes_to_the_sentences(tiny_nmt_models):
     import sentencepiece as spm
     from fairseq.data import Dictionary, data_utils
@@ -183,6 +189,7 @@ def test_binarized_data_decodes_to_the_sentences(tiny_nmt_models):
                 assert sp.decode_pieces(pieces) == pairs[i][side]
 
 
+@pytest.mark.slow
 def test_tiny_models_learn_the_toy_language(tiny_nmt_models):
     for name in DIRS:
         meta = json.load(open(os.path.join(tiny_nmt_models, name, "model.json")))
@@ -190,6 +197,7 @@ def test_tiny_models_learn_the_toy_language(tiny_nmt_models):
         assert meta["bleu"] > 10, (name, meta["bleu"])
 
 
+@pytest.mark.slow
 def test_evaluate_bleu_is_reusable_and_sensitive(tiny_nmt_models):
     pairs = toy_bitext(30, seed=11)
     sources, refs = [cs for cs, _ in pairs], [en for _, en in pairs]
