@@ -9,6 +9,7 @@ setup(
     name="paragen",
     version="0.1.0",
     description="Distributed paraphrase-corpus generation, filtering and embedding training",
+    license="MIT",
     python_requires=">=3.11",
     package_data={"filtering": ["presets/*.yaml"]},
     packages=find_packages(include=["common*", "beam_pipelines*", "models*", "transforms*", "paracorpus*", "embeddings*", "filtering*"]),

@@ -2,8 +2,8 @@
 
 Three shard kinds, all yielding :class:`RawRecord` in file order:
 
-* ``tsv``: ``src<TAB>tgt`` lines, plain or gzip (``.gz``);
-* ``moses``: two line-aligned files ``PREFIX.<src_lang>[.gz]`` and ``PREFIX.<tgt_lang>[.gz]``;
+* ``tsv``: ``src<TAB>tgt`` lines, plain or compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``);
+* ``moses``: two line-aligned files ``PREFIX.<src_lang>[.gz|...]`` and ``PREFIX.<tgt_lang>[.gz|...]``;
 * ``parquet``: a Parquet file with two string columns.
 
 A record that cannot be decoded is still yielded, with ``error`` set, so that it lands in the

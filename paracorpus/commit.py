@@ -3,7 +3,7 @@
 Object stores cannot rename a directory, so a run is never "moved into place". Instead:
 
 * every data file gets a name no other attempt uses (``part-u000042-3f9a1c2e.parquet``: work
-  unit and attempt), written whole (paracorpus/storage.open_output);
+  unit and attempt), written whole (common/storage.open_output);
 * a run in progress keeps its bookkeeping under ``OUT/_work/<run id>/`` (its plan and one
   completion record per finished work unit, for --resume);
 * the run is published by writing ``OUT/<manifest>`` last: it lists every committed file, and

@@ -30,7 +30,7 @@ class GenerationConfig:
     score_threshold: float | None = 3.5      # drop candidates whose combined score is above
     dual_xent_threshold: float | None = None  # optional pair filter before generation
     seed: int = 1
-    batch_pairs: int = 64             # pairs per decoding call: larger batches decode faster (README)
+    batch_pairs: int = 64             # pairs per decoding call: larger batches decode faster
     num_output_shards: int = 8
     # Pieces per side: cleaning bounds characters and whitespace tokens, but one 19 KB "word" of
     # random letters is ~9,000 pieces, which costs gigabytes in attention; such pairs are rejected.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything, train two tiny NMT models on the bundled example and run the generation job.
-# The tiny models show the mechanics only; paraphrase quality needs a real corpus (see README).
+# The tiny models show the mechanics only; paraphrase quality needs a real corpus (see docs/benchmarks.md, 'The Multi30k models').
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -29,4 +29,4 @@ for r in rows[:12]:
 PYEOF
 echo
 echo "Note: these models were trained for a few minutes on synthetic sentences. They show how the"
-echo "job works, not the quality of its paraphrases: train on a real corpus for that (README, 'A real run')."
+echo "job works, not the quality of its paraphrases: train on a real corpus for that (docs/benchmarks.md, 'The Multi30k models')."
