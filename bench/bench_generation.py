@@ -232,11 +232,11 @@ def bench_overhead(pairs, models: str, workdir: str, preset_args: list[str]) -> 
     for rec in read_shard(ShardSpec("tsv", (path,), "pairs.tsv")):
         if rec.error:
             continue
-        out = clean_pair(rec.src, rec.tgt, clean_cfg)
+        out = clean_pair(rec.source, rec.reference, clean_cfg)
         if isinstance(out, Rejection) or dedup_key(*out) in seen:
             continue
         seen.add(dedup_key(*out))
-        batch.append(CleanPair(pair_id(rec.shard, rec.index, rec.src, rec.tgt), rec.shard, rec.index, *out))
+        batch.append(CleanPair(pair_id(rec.shard, rec.index, rec.source, rec.reference), rec.shard, rec.index, *out))
     for i in range(0, len(batch), cfg.batch_pairs):
         rows += paraphrase_batch(batch[i:i + cfg.batch_pairs], fwd, bwd, cfg, "bench")[0]
     pq.write_table(pa.Table.from_pylist(rows, schema=PARAPHRASE_SCHEMA), os.path.join(workdir, "plain.parquet"))

@@ -1,6 +1,6 @@
 """Input shards: find them, hash them, and read them record by record without trusting the bytes.
 
-Three shard kinds, all yielding :class:`RawRecord` in file order:
+Three input formats, all yielding :class:`RawRecord` in file order:
 
 * ``tsv``: ``src<TAB>tgt`` lines, plain or compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``);
 * ``moses``: two line-aligned files ``PREFIX.<src_lang>[.gz|...]`` and ``PREFIX.<tgt_lang>[.gz|...]``;
@@ -29,7 +29,7 @@ _READ_CHUNK = 1 << 16
 
 @dataclass(frozen=True)
 class ShardSpec:
-    kind: str            # tsv | moses | parquet
+    format: str          # tsv | moses | parquet (the manifest's read records call it "kind")
     paths: tuple         # one path, or (src_path, tgt_path) for moses
     name: str            # stable name used in pair ids (file name, not the full path)
 
@@ -38,8 +38,8 @@ class ShardSpec:
 class RawRecord:
     shard: str
     index: int
-    src: str | None
-    tgt: str | None
+    source: str | None            # the foreign side (None when unreadable)
+    reference: str | None         # the English side
     error: str | None = None      # a reject reason from schema.REJECT_REASONS
     detail: str | None = None
 
@@ -102,7 +102,7 @@ def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20,
     exact = True
     lines = consumed = 0
     for i, spec in enumerate(shards):
-        if spec.kind == "parquet":
+        if spec.format == "parquet":
             counts[spec.name] = _parquet_file(spec.paths[0]).metadata.num_rows
             continue
         path = spec.paths[0]
@@ -285,14 +285,14 @@ def read_shard(spec: ShardSpec, max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
     last record with error 'read_error' stands for the rest of the shard. DIGESTS (one hashlib
     object per path of a text shard) are fed the stored bytes as they are read."""
     digests = digests or [None] * len(spec.paths)
-    if spec.kind == "tsv":
+    if spec.format == "tsv":
         records = _read_tsv(spec, max_line_chars, digests)
-    elif spec.kind == "moses":
+    elif spec.format == "moses":
         records = _read_moses(spec, max_line_chars, digests)
-    elif spec.kind == "parquet":
+    elif spec.format == "parquet":
         records = _read_parquet(spec, max_line_chars, src_column, tgt_column)
     else:
-        raise ValueError(f"unknown shard kind {spec.kind!r}")
+        raise ValueError(f"unknown shard format {spec.format!r}")
     return _stop_at_read_error(spec, records)
 
 
@@ -320,7 +320,7 @@ def check_shard(spec: ShardSpec, src_column: str = "src", tgt_column: str = "tgt
     valid. Raises ShardError."""
     for path in spec.paths:
         try:
-            if spec.kind == "parquet":
+            if spec.format == "parquet":
                 _check_parquet_columns(path, _parquet_file(path).schema_arrow, src_column, tgt_column)
             else:
                 with open_binary(path) as f:       # the head only: a shard may be gigabytes
@@ -389,8 +389,8 @@ def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[Sha
                 raise FileNotFoundError(f"{path}: Moses file without its {src_lang} twin")
             raise FileNotFoundError(f"{path}: Moses file without its {tgt_lang} twin")
         seen.add(path)
-        kind = "parquet" if base.endswith(".parquet") else "tsv"
-        specs.append(ShardSpec(kind, (path,), storage.basename(path)))
+        fmt = "parquet" if base.endswith(".parquet") else "tsv"
+        specs.append(ShardSpec(fmt, (path,), storage.basename(path)))
     for spec in specs:        # the name goes into pair ids, reject rows and _counts/<name>.json
         check_path_component(spec.name, "input shard name")
     names = [s.name for s in specs]

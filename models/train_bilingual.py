@@ -49,7 +49,7 @@ def read_bitext(inputs: list[str], src_lang: str, tgt_lang: str, max_pairs: int 
             if rec.error:
                 rejected[rec.error] = rejected.get(rec.error, 0) + 1
                 continue
-            src, tgt = " ".join(rec.src.split()), " ".join(rec.tgt.split())
+            src, tgt = " ".join(rec.source.split()), " ".join(rec.reference.split())
             if not src or not tgt:
                 empty += 1
                 continue

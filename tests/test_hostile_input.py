@@ -88,7 +88,7 @@ def test_a_read_error_mid_shard_keeps_the_records_read_and_says_why(tmp_path):
     records = list(read_shard(spec))
     good, last = records[:-1], records[-1]
     assert 0 < len(good) < 400 and all(r.error is None for r in good)
-    assert [f"{r.src}\t{r.tgt}" for r in good] == lines[:len(good)]
+    assert [f"{r.source}\t{r.reference}" for r in good] == lines[:len(good)]
     assert last.error == "read_error" and last.index == len(good) and "EOFError" in last.detail
 
 

@@ -26,9 +26,9 @@ def test_tsv_shard_with_hostile_lines(tmp_path):
     recs = _records(ShardSpec("tsv", (str(path),), "bad.tsv"), max_line_chars=20_000)
     assert [r.index for r in recs] == list(range(6))
     assert [r.error for r in recs] == [None, "bad_utf8", "missing_column", "extra_column", "overlong_line", None]
-    assert recs[0].src == "Pes běží ." and recs[0].tgt == "A dog runs ."
-    assert len(recs[4].src) <= 1000          # rejects keep only a bounded snippet
-    assert recs[5].src == ""
+    assert recs[0].source == "Pes běží ." and recs[0].reference == "A dog runs ."
+    assert len(recs[4].source) <= 1000          # rejects keep only a bounded snippet
+    assert recs[5].source == ""
 
 
 def test_overlong_line_is_not_held_in_memory(tmp_path):
@@ -37,16 +37,16 @@ def test_overlong_line_is_not_held_in_memory(tmp_path):
         f.write(b"a" * 3_000_000 + b"\tb\nok\tfine\n")
     recs = _records(ShardSpec("tsv", (str(path),), "huge.tsv.gz"), max_line_chars=1000)
     assert [r.error for r in recs] == ["overlong_line", None]
-    assert recs[1].src == "ok"
+    assert recs[1].source == "ok"
 
 
 def test_moses_pair_files_and_uneven_lengths(tmp_path):
     (tmp_path / "c.cs").write_text("jedna\ndva\ntři\n", encoding="utf-8")
     (tmp_path / "c.en.gz").write_bytes(gzip.compress("one\ntwo\n".encode()))
     specs = discover_shards([str(tmp_path / "c")], "cs", "en")
-    assert len(specs) == 1 and specs[0].kind == "moses" and specs[0].name == "c"
+    assert len(specs) == 1 and specs[0].format == "moses" and specs[0].name == "c"
     recs = _records(specs[0])
-    assert [(r.src, r.tgt, r.error) for r in recs[:2]] == [("jedna", "one", None), ("dva", "two", None)]
+    assert [(r.source, r.reference, r.error) for r in recs[:2]] == [("jedna", "one", None), ("dva", "two", None)]
     assert recs[2].error == "missing_column"
 
 

@@ -102,7 +102,7 @@ def test_shards_and_compressed_input_from_a_bucket(root):
     storage.write_bytes(storage.join(root, "in", "c.cs"), b"jedna\ndva\n")
     storage.write_bytes(storage.join(root, "in", "c.en"), b"one\ntwo\n")
     shards = discover_shards([storage.join(root, "in")], "cs", "en")
-    assert [(s.kind, s.name) for s in shards] == [("tsv", "a.tsv.gz"), ("tsv", "b.tsv.zst"), ("moses", "c")]
+    assert [(s.format, s.name) for s in shards] == [("tsv", "a.tsv.gz"), ("tsv", "b.tsv.zst"), ("moses", "c")]
     assert [sum(1 for _ in read_shard(s)) for s in shards] == [50, 50, 2]
     assert estimate_records(shards) == ({"a.tsv.gz": 50, "b.tsv.zst": 50, "c": 2}, True)
     assert [s.name for s in discover_shards([storage.join(root, "in", "*.tsv.*")], "cs", "en")] == \

@@ -62,13 +62,13 @@ class ReadShard(beam.DoFn):
 
     def process(self, spec: ShardSpec):
         n = 0
-        digests = [hashlib.sha256() for _ in spec.paths] if spec.kind != "parquet" else None
+        digests = [hashlib.sha256() for _ in spec.paths] if spec.format != "parquet" else None
         for rec in read_shard(spec, self.max_line_chars, self.src_column, self.tgt_column, digests):
             n += 1
             self.progress.inc("records_read")
-            pid = pair_id(rec.shard, rec.index, rec.src, rec.tgt)
+            pid = pair_id(rec.shard, rec.index, rec.source, rec.reference)
             record = {"pair_id": pid, "input_shard": rec.shard, "input_index": rec.index,
-                      "source": rec.src, "reference": rec.tgt}
+                      "source": rec.source, "reference": rec.reference}
             if rec.error:
                 self.progress.inc(f"rejected_{rec.error}")
                 yield (REJECTS_TAG, reject_row(record, "read", rec.error, rec.detail, self.config_hash))
@@ -76,7 +76,7 @@ class ReadShard(beam.DoFn):
                 self.progress.inc("pairs_read")
                 yield (MAIN_TAG, record)
         sha = [d.hexdigest() for d in digests] if digests else [storage.sha256(p) for p in spec.paths]
-        record = {"input_shard": spec.name, "kind": spec.kind, "paths": list(spec.paths), "records_read": n,
+        record = {"input_shard": spec.name, "kind": spec.format, "paths": list(spec.paths), "records_read": n,
                   "sha256": sha, "bytes": shard_size(spec), "finished_at": time.time()}
         check_manifest(record, READ_RECORD_KEYS, "read record")
         storage.write_json(read_record_path(self.work, spec.name), record, indent=None)
