@@ -107,9 +107,8 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def resolve_precision(precision: str, device_type: str) -> str:
     """Weights' precision. auto: fp16 on a GPU, fp32 on the CPU. bf16 halves the weights on CPUs
-    with AVX512-BF16 or AMX (on this project's 2-core EPYC, sampling 1.3-1.7x faster than fp32:
-    bench/bench_generation.py), at the cost of slightly different scores and samples; softmax and
-    scores are always computed in fp32."""
+    with AVX512-BF16 or AMX (faster sampling: docs/benchmarks.md), at the cost of slightly
+    different scores and samples; softmax and scores are always computed in fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if precision == "auto":
@@ -121,8 +120,7 @@ def resolve_precision(precision: str, device_type: str) -> str:
 
 def cpu_has_native_bf16() -> bool | None:
     """True if this CPU computes bf16 natively (AVX512-BF16 or AMX), False if not, None if it
-    cannot tell. Without it torch emulates bf16: sampling measured 6x slower than fp32 on an
-    AVX2-only EPYC."""
+    cannot tell. Without it torch emulates bf16, several times slower than fp32."""
     try:
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except AttributeError:
@@ -253,9 +251,8 @@ class Translator:
         tgt_ids = [self._ids(self.tgt_dict, t) for t in targets]
         lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]
         # Target length in buckets of 4 pieces first, then source length: in dual scoring all
-        # candidates of a pair share the target (the foreign source), and ordering by total length
-        # left ~26% of both sides padding; this order pads the sources ~17% and the targets ~9%
-        # (1.19x faster on the 9,339 candidates of 64 pairs at S=5 x N=30).
+        # candidates of a pair share the target (the foreign source), so this order pads both
+        # sides far less than ordering by total length does.
         order = sorted(range(len(lengths)), key=lambda i: (len(tgt_ids[i]) // 4, len(src_ids[i])))
         for batch in self._length_batches(lengths, rows_per_item=1, order=order):
             src_tokens, src_lengths = self._collate_src([src_ids[i] for i in batch])

@@ -1,12 +1,11 @@
 """Exact row-wise top-k over a large vocabulary, faster than ``torch.topk`` on the CPU for small k.
 
-``torch.topk`` over 8,000 columns costs about as much as the log-softmax before it (1.1 ms for
-140 rows x 8,008 here). Cutting each row into blocks, the k blocks with the largest maxima
+``torch.topk`` over 8,000 columns costs about as much as the log-softmax before it. Cutting each row into blocks, the k blocks with the largest maxima
 contain the row's top k: those k maxima are k values at least as large as the k-th largest block
 maximum, so the row's k-th largest value is too, and every value that large lies in a block whose
 maximum is that large. One max-reduction over the row, a top-k over the block maxima and a top-k
-over the k chosen blocks replace the full top-k (1.7x faster at k=10 on 138 x 8,008 rows:
-``python bench/bench_generation.py``, section "Top-k"). Values and their order are exactly
+over the k chosen blocks replace the full top-k (``python bench/bench_generation.py``, section
+"Top-k", measures it). Values and their order are exactly
 ``torch.topk``'s; only the indices of tied values may differ.
 """
 from __future__ import annotations
