@@ -60,10 +60,7 @@ SIDES = ("src", "tgt")
 SPM_MAX_SENTENCES = 2_000_000      # sentencepiece trains on a random sample of a larger bitext
 ALIGN_WEIGHT = 1.0                 # weight of the in-batch alignment loss (0: the paper's objective alone)
 ALIGN_TEMPERATURE = 0.05           # its softmax temperature (cosines / temperature)
-# Additive margin: a pair's own cosine counts this much less in the softmax, so training pushes
-# translations apart from the nearest wrong sentence by a margin (Yang et al. 2019's bitext
-# retrieval loss), not just above it.
-ALIGN_MARGIN = 0.2
+FINAL_LR_SHARE = 0.1               # the learning rate decays (cosine) to this share of --lr at the end
 
 # Upper bounds: config.json decides tensor sizes before any weight is read, so a hostile file
 # must not be able to ask for terabytes.
@@ -355,7 +352,8 @@ def train_bilingual(pairs: Iterable[tuple[str, str]], out_dir: str, cfg: Bilingu
     translation and autoencoding losses, in "translation_loss" / "autoencoding_loss" and "epochs".
 
     An epoch is one pass over the bitext in translation batches, each followed by one
-    autoencoding batch (1:1) drawn from the bitext's target side plus MONOLINGUAL. DEVICE: None
+    autoencoding batch (1:1) drawn from the bitext's target side plus MONOLINGUAL. Adam at LR,
+    decayed along a cosine to FINAL_LR_SHARE of it by the last step. DEVICE: None
     for CUDA when present, else CPU. ALIGN_WEIGHT > 0 adds :func:`alignment_loss` to the
     translation batches (not in the paper; see docs/bitext-models.md). DEV_PAIRS: held-out pairs
     whose alignment-recovery error (cosine and CSLS, mean of both directions) is measured after
@@ -385,6 +383,8 @@ def train_bilingual(pairs: Iterable[tuple[str, str]], out_dir: str, cfg: Bilingu
     log(f"{len(pairs)} pairs, {len(mono)} monolingual {cfg.tgt_lang} sentences; {cfg.vocab_size} pieces; "
         f"{n_params / 1e6:.1f}M parameters; embeddings of {cfg.dim} dims; on {enc.device}")
     optimizer = torch.optim.Adam(enc.module.parameters(), lr=lr)
+    steps = 2 * len(length_batches([len(x) for x in src_ids], batch_size, random.Random(0))) * epochs
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=lr * FINAL_LR_SHARE)
     report = {"config": cfg.to_dict(), "pairs": len(pairs), "monolingual": len(mono),
               "training": {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed,
                            "align_weight": align_weight, "device": str(enc.device)},
@@ -392,7 +392,7 @@ def train_bilingual(pairs: Iterable[tuple[str, str]], out_dir: str, cfg: Bilingu
     src_len = [len(x) for x in src_ids]
     ae_len = [len(x) for x in ae_ids]
     for epoch in range(1, epochs + 1):
-        entry = _train_epoch(enc, optimizer, src_ids, tgt_ids, src_len, ae_ids, ae_len, batch_size, rng,
+        entry = _train_epoch(enc, (optimizer, schedule), src_ids, tgt_ids, src_len, ae_ids, ae_len, batch_size, rng,
                              f"epoch {epoch}/{epochs}", progress, align_weight)
         entry = {"epoch": epoch, **entry}
         if dev_pairs:
@@ -423,21 +423,21 @@ def dev_alignment_error(enc: BilingualEncoder, dev_pairs: Sequence[tuple[str, st
     return {m: round(res["methods"][m]["mean"], 4) for m in methods}
 
 
-def alignment_loss(src_emb: torch.Tensor, tgt_emb: torch.Tensor, temperature: float = ALIGN_TEMPERATURE,
-                   margin: float = ALIGN_MARGIN) -> torch.Tensor:
+def alignment_loss(src_emb: torch.Tensor, tgt_emb: torch.Tensor, temperature: float = ALIGN_TEMPERATURE
+                   ) -> torch.Tensor:
     """In-batch contrastive loss of paired embeddings (row i of each side is one pair): softmax
-    cross-entropy of each sentence picking its own translation by cosine (minus MARGIN for the
-    right one) among the batch's other side, both directions, averaged."""
+    cross-entropy of each sentence picking its own translation by cosine among the batch's other
+    side, both directions, averaged."""
     a, b = F.normalize(src_emb, dim=1), F.normalize(tgt_emb, dim=1)
-    cos = a @ b.T
-    logits = (cos - margin * torch.eye(cos.size(0), dtype=cos.dtype, device=cos.device)) / temperature
+    logits = a @ b.T / temperature
     labels = torch.arange(a.size(0), device=a.device)
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
-def _train_epoch(enc: BilingualEncoder, optimizer, src_ids, tgt_ids, src_len, ae_ids, ae_len, batch_size: int,
+def _train_epoch(enc: BilingualEncoder, optimizer: tuple, src_ids, tgt_ids, src_len, ae_ids, ae_len, batch_size: int,
                  rng: random.Random, desc: str, progress: bool, align_weight: float = 0.0) -> dict:
-    """One epoch of alternating translation / autoencoding steps; mean losses and seconds. With
+    """One epoch of alternating translation / autoencoding steps; mean losses and seconds.
+    OPTIMIZER: (optimizer, learning-rate schedule), the schedule stepped after every step. With
     ALIGN_WEIGHT > 0 a translation step also encodes its target sentences and adds that weight
     times :func:`alignment_loss` of the pair's two embeddings."""
     from tqdm import tqdm
@@ -450,11 +450,14 @@ def _train_epoch(enc: BilingualEncoder, optimizer, src_ids, tgt_ids, src_len, ae
     losses = {"translation": [], "autoencoding": [], "alignment": []}
     bar = tqdm(total=len(src_ids), desc=desc, unit="pair", disable=not progress, mininterval=2.0, file=sys.stderr)
 
+    optimizer, schedule = optimizer
+
     def step(loss):
         optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
 
     for tb, ab in zip(trans_batches, ae_batches):
         src = pad_batch([src_ids[i] for i in tb], device)

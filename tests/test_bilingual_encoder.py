@@ -191,7 +191,7 @@ def test_training_lowers_both_losses(tmp_path):
     tr, ae = report["translation_loss"], report["autoencoding_loss"]
     assert len(tr) == len(ae) == len(report["epochs"]) == 4
     assert report["pairs"] == 300 and report["monolingual"] == 60
-    assert tr[-1] < 0.7 * tr[0] and ae[-1] < 0.7 * ae[0], (tr, ae)
+    assert tr[-1] < 0.75 * tr[0] and ae[-1] < 0.75 * ae[0], (tr, ae)
     saved = json.loads((tmp_path / "m" / "training.json").read_text())
     assert saved["translation_loss"] == tr
     enc = load_bilingual_encoder(str(tmp_path / "m"), device="cpu")
@@ -209,15 +209,11 @@ def test_alignment_loss_against_a_brute_force_computation():
         return np.mean([np.log(np.exp(row).sum()) - row[i] for i, row in enumerate(m)])
 
     want = (xent(logits) + xent(logits.T)) / 2
-    got = alignment_loss(torch.tensor(a), torch.tensor(b), temperature=0.1, margin=0.0).item()
+    got = alignment_loss(torch.tensor(a), torch.tensor(b), temperature=0.1).item()
     assert got == pytest.approx(want, rel=1e-6)
-    with_margin = (cos - 0.3 * np.eye(6)) / 0.1                      # the right pair's cosine counts 0.3 less
-    want = (xent(with_margin) + xent(with_margin.T)) / 2
-    assert alignment_loss(torch.tensor(a), torch.tensor(b), temperature=0.1, margin=0.3).item() == \
-        pytest.approx(want, rel=1e-6)
     # each row pointing the same way as its partner only: near 0; partners swapped: large
     eye = torch.eye(4, dtype=torch.float64) * 3
-    assert alignment_loss(eye, eye * 2, temperature=0.05, margin=0.0).item() < 1e-6
+    assert alignment_loss(eye, eye * 2, temperature=0.05).item() < 1e-6
     assert alignment_loss(eye, eye.flip(0), temperature=0.05).item() > 10
 
 
