@@ -129,7 +129,7 @@ def part_filter(a, bitext: str, tmp: str) -> None:
 
     base = ["--input", inp, "--src_lang", "fr", "--tgt_lang", "en", "--forward_model", f"{a.nmt}/fr-en",
             "--backward_model", f"{a.nmt}/en-fr", "--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples",
-            "5", "--dual_xent_threshold", "-1", "--device", "cpu", "--num_output_shards", "2"]
+            "5", "--dual_xent_threshold", "-1", "--device", "cpu", "--num_output_shards", "2", "--overwrite"]
     plain_s, plain = _generate([*base, "--output", os.path.join(tmp, "plain")])
     filt_s, filt = _generate([*base, "--output", os.path.join(tmp, "filtered"), "--bitext_encoder", enc_dir,
                               "--bitext_min_similarity", f"{threshold:.6f}", "--divergence_model", a.divergence])
@@ -178,6 +178,8 @@ def main() -> None:
                     help="the encoder's cosine threshold: this percentile of clean held-out pairs (default 5)")
     ap.add_argument("--mlp_pairs", type=int, default=5000, help="training pairs of the MLP (0: no MLP)")
     ap.add_argument("--pairs", type=int, default=1000, help="Multi30k pairs of the filter run (default 1000)")
+    ap.add_argument("--workdir", help="write the filter part's input and runs here and keep them (default: a "
+                                      "temporary directory)")
     a = ap.parse_args()
     import torch
 
@@ -187,8 +189,12 @@ def main() -> None:
     if "align" in parts:
         part_align(a, bitext)
     if "filter" in parts:
-        with tempfile.TemporaryDirectory(prefix="bench-bitext-") as tmp:
-            part_filter(a, bitext, tmp)
+        if a.workdir:                  # keep the runs (e.g. to filter them or look at the rows)
+            os.makedirs(a.workdir, exist_ok=True)
+            part_filter(a, bitext, a.workdir)
+        else:
+            with tempfile.TemporaryDirectory(prefix="bench-bitext-") as tmp:
+                part_filter(a, bitext, tmp)
 
 
 if __name__ == "__main__":
