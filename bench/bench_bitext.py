@@ -130,19 +130,27 @@ def part_filter(a, bitext: str, tmp: str) -> None:
     base = ["--input", inp, "--src_lang", "fr", "--tgt_lang", "en", "--forward_model", f"{a.nmt}/fr-en",
             "--backward_model", f"{a.nmt}/en-fr", "--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples",
             "5", "--dual_xent_threshold", "-1", "--device", "cpu", "--num_output_shards", "2", "--overwrite"]
-    plain_s, plain = _generate([*base, "--output", os.path.join(tmp, "plain")])
-    filt_s, filt = _generate([*base, "--output", os.path.join(tmp, "filtered"), "--bitext_encoder", enc_dir,
-                              "--bitext_min_similarity", f"{threshold:.6f}", "--divergence_model", a.divergence])
-    assert plain["counts"]["reconciled"] and filt["counts"]["reconciled"]
+    plain_s, plain_manifest = _generate([*base, "--output", os.path.join(tmp, "plain")])
+    filt_s, filt_manifest = _generate([*base, "--output", os.path.join(tmp, "filtered"), "--bitext_encoder", enc_dir,
+                                       "--bitext_min_similarity", f"{threshold:.6f}", "--divergence_model",
+                                       a.divergence])
+    assert plain_manifest["counts"]["reconciled"] and filt_manifest["counts"]["reconciled"]
     rejected = {r["input_index"]: r["reason"] for r in _rows(os.path.join(tmp, "filtered"), "rejects")
                 if r["stage"] == "bitext_filter"}
 
-    def mean_score(out):
+    def summary(out):
+        """(rows, mean dual score, rows from misaligned pairs, mean word overlap of paraphrase and
+        reference): the dual score judges a candidate against the source, so it cannot see a
+        reference that is not the source's translation; the overlap can."""
         got = _rows(out, "paraphrases")
-        return (np.mean([r["combined_score"] for r in got]) if got else float("nan")), len(got)
+        if not got:
+            return 0, float("nan"), 0, float("nan")
+        overlap = [_word_overlap(r["reference"], r["paraphrase"]) for r in got]
+        return (len(got), float(np.mean([r["combined_score"] for r in got])),
+                sum(kinds[r["input_index"]] == "misaligned" for r in got), float(np.mean(overlap)))
 
-    plain_score, plain_rows = mean_score(os.path.join(tmp, "plain"))
-    filt_score, filt_rows = mean_score(os.path.join(tmp, "filtered"))
+    plain = summary(os.path.join(tmp, "plain"))
+    filt = summary(os.path.join(tmp, "filtered"))
     print()
     print(f"### Bitext filter in the generation job: {len(fr):,} Multi30k fr-en pairs ({len(injected)} replaced by "
           f"misaligned ones) + {len(subs)} OpenSubtitles dev pairs")
@@ -159,10 +167,20 @@ def part_filter(a, bitext: str, tmp: str) -> None:
         print(f"| {kind} | {len(idx)} | {len(rej)} ({len(rej) / max(len(idx), 1):.0%}) | "
               f"{rej.count('bitext_similarity')} | {rej.count('divergent')} |")
     print()
-    print("| run | paraphrase rows | mean dual score (combined_score, lower is better) | seconds |")
-    print("|---|---:|---:|---:|")
-    print(f"| no bitext filter (baseline) | {plain_rows:,} | {plain_score:.3f} | {plain_s:.0f} |")
-    print(f"| bitext filter | {filt_rows:,} | {filt_score:.3f} | {filt_s:.0f} |")
+    print("| run | paraphrase rows | rows from misaligned pairs | mean dual score (combined_score, lower is "
+          "better) | mean word overlap, paraphrase vs reference | seconds |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, (n, score, bad, overlap), secs in (("no bitext filter (baseline)", plain, plain_s),
+                                                 ("bitext filter", filt, filt_s)):
+        print(f"| {name} | {n:,} | {bad:,} | {score:.3f} | {overlap:.3f} | {secs:.0f} |")
+
+
+def _word_overlap(a: str, b: str) -> float:
+    """Shared lower-cased words / words of the shorter sentence (0 when one is empty)."""
+    from common.text import tokenize
+
+    x, y = set(tokenize(a.lower())), set(tokenize(b.lower()))
+    return len(x & y) / min(len(x), len(y)) if x and y else 0.0
 
 
 def main() -> None:
