@@ -107,6 +107,8 @@ def part_filter(a, bitext: str, tmp: str) -> None:
     from models.bilingual_encoder import load_bilingual_encoder
     from models.divergence import load_divergence_detector
     from models.similarity import cosine_pairs
+    from common.text import tokenize
+    from filtering.text_scores import ngram_overlap
 
     enc_dir = a.encoders.format(lang="fr")
     fr, en = lines(f"{bitext}/train.fr.gz", a.pairs), lines(f"{bitext}/train.en.gz", a.pairs)
@@ -139,13 +141,13 @@ def part_filter(a, bitext: str, tmp: str) -> None:
                 if r["stage"] == "bitext_filter"}
 
     def summary(out):
-        """(rows, mean dual score, rows from misaligned pairs, mean word overlap of paraphrase and
-        reference): the dual score judges a candidate against the source, so it cannot see a
+        """(rows, mean dual score, rows from misaligned pairs, mean unigram overlap of paraphrase and
+        reference, the ngram_overlap filter's measure): the dual score judges a candidate against the source, so it cannot see a
         reference that is not the source's translation; the overlap can."""
         got = _rows(out, "paraphrases")
         if not got:
             return 0, float("nan"), 0, float("nan")
-        overlap = [_word_overlap(r["reference"], r["paraphrase"]) for r in got]
+        overlap = [ngram_overlap(tokenize(r["reference"]), tokenize(r["paraphrase"]), 1) for r in got]
         return (len(got), float(np.mean([r["combined_score"] for r in got])),
                 sum(kinds[r["input_index"]] == "misaligned" for r in got), float(np.mean(overlap)))
 
@@ -168,19 +170,12 @@ def part_filter(a, bitext: str, tmp: str) -> None:
               f"{rej.count('bitext_similarity')} | {rej.count('divergent')} |")
     print()
     print("| run | paraphrase rows | rows from misaligned pairs | mean dual score (combined_score, lower is "
-          "better) | mean word overlap, paraphrase vs reference | seconds |")
+          "better) | mean unigram overlap, paraphrase vs reference | seconds |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, (n, score, bad, overlap), secs in (("no bitext filter (baseline)", plain, plain_s),
                                                  ("bitext filter", filt, filt_s)):
         print(f"| {name} | {n:,} | {bad:,} | {score:.3f} | {overlap:.3f} | {secs:.0f} |")
 
-
-def _word_overlap(a: str, b: str) -> float:
-    """Shared lower-cased words / words of the shorter sentence (0 when one is empty)."""
-    from common.text import tokenize
-
-    x, y = set(tokenize(a.lower())), set(tokenize(b.lower()))
-    return len(x & y) / min(len(x), len(y)) if x and y else 0.0
 
 
 def main() -> None:
