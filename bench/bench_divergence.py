@@ -1,6 +1,7 @@
 """Benchmark of the semantic-divergence detector (Vyas, Niu & Carpuat 2018) on real en-fr data.
 
     python bench/bench_divergence.py [--data ../shared/data/divergence] [--epochs 2] [--threads 1]
+    python bench/bench_divergence.py --model DIR     # a saved detector, no training
 
 Trains on opensubs-parallel.{en,fr} (10,000 pairs: eflomal alignments -> bilingual dictionary
 and SVD word vectors -> synthetic examples, 5 negatives per positive -> interaction model), then
@@ -10,6 +11,10 @@ vectors the model starts from) and the length ratio. Every method's threshold is
 same data it is judged on, so it is cross-validated: stratified 5-fold (tune on 4 folds, macro
 F1 on the 5th, mean of the folds), repeated over 10 seeded shuffles and averaged. Also shown:
 ROC AUC (no threshold) and the F1 with the threshold tuned on the whole set (an upper bound).
+With 100 pairs a set, the F1 moves by several points with the sample: each F1 comes with a 95%
+interval from stratified bootstrap resamples of the dev pairs (out-of-fold predictions kept), and
+the share of resamples in which the model beats each baseline (a paired comparison).
+--model DIR scores a detector saved by `python -m models.train_divergence` instead of training.
 Prints Markdown; the paper's test-set figures (300 pairs each): model 80 / 77, embedding-cosine
 baseline 64 / 60 (commoncrawl / opensubs).
 
@@ -44,22 +49,68 @@ def stratified_folds(labels: np.ndarray, k: int, rng: np.random.Generator) -> li
     return [np.array(sorted(f)) for f in folds]
 
 
-def cross_validated_f1(scores, labels, k: int = 5, repeats: int = 10, seed: int = 1) -> tuple[float, float]:
-    """(mean, std over repeats) of the k-fold macro F1: the threshold tuned on k-1 folds, the F1
-    measured on the held-out fold, averaged over the folds."""
-    from models.divergence import macro_f1, tune_threshold
+def out_of_fold(scores, labels, k: int = 5, repeats: int = 10, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per shuffle of a stratified k-fold split: (the fold of each item, its prediction with the
+    threshold tuned on the other k-1 folds)."""
+    from models.divergence import tune_threshold
 
     scores, labels = np.asarray(scores, float), np.asarray(labels, int)
     rng = np.random.default_rng(seed)
-    means = []
+    out = []
     for _ in range(repeats):
-        fs = []
-        for test in stratified_folds(labels, k, rng):
+        fold_of, pred = np.zeros(len(labels), int), np.zeros(len(labels), int)
+        for f, test in enumerate(stratified_folds(labels, k, rng)):
             train = np.setdiff1d(np.arange(len(labels)), test)
             th, _ = tune_threshold(scores[train], labels[train])
-            fs.append(macro_f1((scores[test] >= th).astype(int), labels[test]))
-        means.append(np.mean(fs))
-    return float(np.mean(means)), float(np.std(means))
+            fold_of[test], pred[test] = f, (scores[test] >= th).astype(int)
+        out.append((fold_of, pred))
+    return out
+
+
+def fold_mean_f1(oof: list[tuple[np.ndarray, np.ndarray]], labels, weights: np.ndarray | None = None) -> np.ndarray:
+    """The cross-validated macro F1 (mean over folds, then over shuffles) of out_of_fold's
+    predictions; WEIGHTS (B, n), how often each item is drawn in B bootstrap resamples, gives one
+    value per resample (None: the sample itself, one value). A class counts in a fold's macro F1
+    when it occurs among the fold's labels or predictions, as in models.divergence.macro_f1."""
+    labels = np.asarray(labels, int)
+    w = np.ones((1, len(labels))) if weights is None else np.asarray(weights, float)
+    per_shuffle = []
+    for fold_of, pred in oof:
+        per_fold = []
+        for f in np.unique(fold_of):
+            f1s, present = [], []
+            for c in (0, 1):
+                tp = w @ ((fold_of == f) & (pred == c) & (labels == c))
+                n_pred, n_true = w @ ((fold_of == f) & (pred == c)), w @ ((fold_of == f) & (labels == c))
+                denom = n_pred + n_true
+                f1s.append(np.divide(2 * tp, denom, out=np.zeros_like(denom), where=denom > 0))
+                present.append(denom > 0)
+            f1s, present = np.array(f1s), np.array(present)
+            per_fold.append((f1s * present).sum(0) / np.maximum(present.sum(0), 1))
+        per_shuffle.append(np.mean(per_fold, axis=0))
+    return np.mean(per_shuffle, axis=0)
+
+
+def cross_validated_f1(scores, labels, k: int = 5, repeats: int = 10, seed: int = 1) -> tuple[float, float]:
+    """(mean, std over repeats) of the k-fold macro F1: the threshold tuned on k-1 folds, the F1
+    measured on the held-out fold, averaged over the folds."""
+    oof = out_of_fold(scores, labels, k, repeats, seed)
+    per_shuffle = [fold_mean_f1([o], labels)[0] for o in oof]
+    return float(np.mean(per_shuffle)), float(np.std(per_shuffle))
+
+
+def bootstrap_weights(labels, n: int = 2000, seed: int = 1) -> np.ndarray:
+    """(N, len(LABELS)) draw counts of N stratified bootstrap resamples of the labelled pairs
+    (each class resampled within itself, so every resample keeps the set's class balance)."""
+    labels = np.asarray(labels, int)
+    rng = np.random.default_rng(seed)
+    w = np.zeros((n, len(labels)))
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        draws = idx[rng.integers(0, len(idx), size=(n, len(idx)))]
+        for b in range(n):
+            np.add.at(w[b], draws[b], 1)
+    return w
 
 
 def roc_auc(scores, labels) -> float:
@@ -87,11 +138,48 @@ def read_parallel(prefix: str, limit: int | None) -> tuple[list[str], list[str]]
     return out[0], out[1]
 
 
+def report_dev_sets(devs: dict, detector, embeddings, a) -> None:
+    """Print the table: each method's cross-validated macro F1 with its bootstrap interval, the
+    upper bound and ROC AUC on each dev set, then how often the model beats each baseline."""
+    from models.divergence import embedding_cosine_scores, length_ratio_scores, tokenize, tune_threshold
+
+    rows, wins = [], []
+    for name, dev in devs.items():
+        labels = np.array([y for *_, y in dev])
+        s_tok = [tokenize(s) for s, _, _ in dev]
+        t_tok = [tokenize(t) for _, t, _ in dev]
+        methods = {"interaction model": detector.score_tokens(s_tok, t_tok),
+                   "embedding cosine": embedding_cosine_scores(s_tok, t_tok, embeddings),
+                   "length ratio": length_ratio_scores(s_tok, t_tok)}
+        weights = bootstrap_weights(labels, a.bootstrap, a.seed)
+        resampled = {}
+        for method, scores in methods.items():
+            oof = out_of_fold(scores, labels, a.folds, a.repeats, a.seed)
+            per_shuffle = [fold_mean_f1([o], labels)[0] for o in oof]
+            resampled[method] = fold_mean_f1(oof, labels, weights)
+            low, high = np.percentile(resampled[method], [2.5, 97.5])
+            rows.append((name, method, np.mean(per_shuffle), np.std(per_shuffle), low, high,
+                         tune_threshold(scores, labels)[1], roc_auc(scores, labels)))
+        for baseline in ("embedding cosine", "length ratio"):
+            wins.append((name, baseline, float(np.mean(resampled["interaction model"] > resampled[baseline]))))
+
+    print("| dev set | method | macro F1, threshold cross-validated | 95% interval (bootstrap) | macro F1, tuned on "
+          "all (upper bound) | ROC AUC | paper (test) |\n|---|---|---:|---:|---:|---:|---:|")
+    for name, method, cv, cv_std, low, high, full, auc in rows:
+        paper = PAPER[name].get("model" if method == "interaction model" else method, "")
+        print(f"| {name} | {method} | **{100 * cv:.1f}** ± {100 * cv_std:.1f} | {100 * low:.1f}-{100 * high:.1f} | "
+              f"{100 * full:.1f} | {auc:.3f} | {paper} |")
+    print(f"\n(± : spread over {a.repeats} shuffles of the {a.folds}-fold split. Interval: 2.5th-97.5th percentile "
+          f"of the cross-validated F1 over {a.bootstrap:,} stratified resamples of the dev pairs, thresholds kept.) "
+          "The model's cross-validated F1 is above the baseline's in this share of the resamples: "
+          + "; ".join(f"{name} vs {baseline} {100 * p:.1f}%" for name, baseline, p in wins) + ".")
+
+
 def main() -> None:
     import torch
 
-    from models.divergence import (DivergenceConfig, embedding_cosine_scores, length_ratio_scores, read_dev_tsv,
-                                   tokenize, train_divergence, tune_threshold)
+    from models.divergence import (BilingualEmbeddings, DivergenceConfig, load_divergence_detector, read_dev_tsv,
+                                   tokenize, train_divergence)
 
     d = DivergenceConfig()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
@@ -115,21 +203,36 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=10, help="shuffles of the cross-validation (default 10)")
     ap.add_argument("--save", metavar="DIR", help="also save the trained detector here")
+    ap.add_argument("--model", metavar="DIR",
+                    help="score with this saved detector (python -m models.train_divergence) instead of training "
+                         "one; the embedding-cosine baseline then uses its word vectors")
+    ap.add_argument("--bootstrap", type=int, default=2000,
+                    help="stratified bootstrap resamples of each dev set for the 95%% intervals (default 2000)")
     a = ap.parse_args()
+    if a.model and (a.save or a.extra or a.max_pairs):
+        ap.error("--model scores a saved detector: --save, --extra and --max_pairs are for training one")
     torch.set_num_threads(a.threads)
     cfg = DivergenceConfig(dim=a.dim, hidden=a.hidden, channels=tuple(int(c) for c in a.channels.split(",")),
                            epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device="cpu",
                            embeddings=a.embeddings,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, progress=False)
+    devs = {name: read_dev_tsv(os.path.join(a.data, f"{name}.dev.tsv")) for name in ("commoncrawl", "opensubs")}
+    dev_sets = ", ".join(f"{k} ({len(v)})" for k, v in devs.items())
+    if a.model:
+        detector = load_divergence_detector(a.model, device="cpu")
+        embeddings = BilingualEmbeddings(detector.src_words, detector.tgt_words,
+                                         detector.model.src_embed.weight.detach().numpy(),
+                                         detector.model.tgt_embed.weight.detach().numpy())
+        print(f"# bench_divergence: the saved detector {a.model}, dev sets {dev_sets}\n", flush=True)
+        report_dev_sets(devs, detector, embeddings, a)
+        return
     src, tgt = read_parallel(os.path.join(a.data, "opensubs-parallel"), a.max_pairs)
     for prefix in a.extra:
         more_src, more_tgt = read_parallel(prefix, None)
         src, tgt = src + more_src, tgt + more_tgt
-    devs = {name: read_dev_tsv(os.path.join(a.data, f"{name}.dev.tsv")) for name in ("commoncrawl", "opensubs")}
     print(f"# bench_divergence: {len(src):,} en-fr training pairs"
-          f"{' (with ' + ', '.join(a.extra) + ')' if a.extra else ''}, dev sets "
-          f"{', '.join(f'{k} ({len(v)})' for k, v in devs.items())}, {os.cpu_count()} CPUs, {a.threads} torch "
-          f"thread(s)\n", flush=True)
+          f"{' (with ' + ', '.join(a.extra) + ')' if a.extra else ''}, dev sets {dev_sets}, {os.cpu_count()} "
+          f"CPUs, {a.threads} torch thread(s)\n", flush=True)
     log = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731
 
     t0 = time.time()
@@ -142,26 +245,9 @@ def main() -> None:
     total_s = time.time() - t0
     if a.save:
         trained.detector.save(a.save)
-
-    rows = []
-    for name, dev in devs.items():
-        labels = np.array([y for *_, y in dev])
-        s_tok = [tokenize(s) for s, _, _ in dev]
-        t_tok = [tokenize(t) for _, t, _ in dev]
-        methods = {"interaction model": trained.detector.score_tokens(s_tok, t_tok),
-                   "embedding cosine": embedding_cosine_scores(s_tok, t_tok, trained.embeddings),
-                   "length ratio": length_ratio_scores(s_tok, t_tok)}
-        for method, scores in methods.items():
-            cv, cv_std = cross_validated_f1(scores, labels, a.folds, a.repeats, a.seed)
-            rows.append((name, method, cv, cv_std, tune_threshold(scores, labels)[1], roc_auc(scores, labels)))
+    report_dev_sets(devs, trained.detector, trained.embeddings, a)
 
     r = trained.report
-    print("| dev set | method | macro F1, threshold cross-validated | macro F1, tuned on all (upper bound) | "
-          "ROC AUC | paper (test) |\n|---|---|---:|---:|---:|---:|")
-    for name, method, cv, cv_std, full, auc in rows:
-        paper = PAPER[name].get("model" if method == "interaction model" else method, "")
-        print(f"| {name} | {method} | **{100 * cv:.1f}** ± {100 * cv_std:.1f} | {100 * full:.1f} | {auc:.3f} | "
-              f"{paper} |")
     syn = r["synthetic"]
     print(f"\nSynthetic data: {syn['positives']:,} positives (pairs of <= {cfg.max_train_tokens} tokens a side), "
           f"{syn['negatives']:,} negatives ({syn['short_positives']} positives got fewer than "

@@ -537,7 +537,9 @@ class DivergenceDetector:
             for start in range(0, len(order), batch_size):
                 idx = order[start:start + batch_size]
                 logits = self.logits([src_tok[i] for i in idx], [tgt_tok[i] for i in idx])
-                out[idx] = torch.softmax(logits.float(), -1)[:, 1].cpu().numpy()
+                # P(equivalent) = sigmoid of the logit difference, in float64: float32 rounds
+                # confident pairs to exactly 1.0, and ties lose their order when pairs are ranked
+                out[idx] = torch.sigmoid((logits[:, 1] - logits[:, 0]).double()).cpu().numpy()
             return out
         finally:
             self.model.train(was_training)

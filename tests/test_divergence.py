@@ -235,6 +235,29 @@ TINY = dict(dim=16, hidden=12, channels=(8, 8), dense=16, dropout=0.0, epochs=4,
             device="cpu", progress=False, max_tries=400)
 
 
+def test_confident_scores_keep_their_order():
+    """A confident model's P(equivalent) must not round to exactly 1.0 (float32 softmax does from a
+    logit gap of about 17): tied scores lose their ranking."""
+    from collections import Counter
+
+    from common.text import Vocabulary
+    from models.divergence import DivergenceDetector
+
+    torch.manual_seed(0)
+    src, tgt = substitution_corpus(12, seed=4)
+    det = DivergenceDetector(Vocabulary.build(Counter(w for s in src for w in s)),
+                             Vocabulary.build(Counter(w for t in tgt for w in t)),
+                             DivergenceConfig(**{**TINY, "dropout": 0.0}))
+    with torch.no_grad():
+        det.model.head[-1].bias.copy_(torch.tensor([-10.0, 10.0]))
+        logits = det.logits(src, tgt).double()
+    gap = (logits[:, 1] - logits[:, 0]).numpy()
+    assert gap.min() > 18                     # float32 rounds P to 1.0 above about 17
+    scores = det.score_tokens(src, tgt)
+    assert np.all(scores < 1.0) and len(np.unique(scores)) == len(np.unique(gap)) > len(src) // 2
+    assert np.array_equal(np.argsort(scores, kind="stable"), np.argsort(gap, kind="stable"))
+
+
 @pytest.fixture(scope="module")
 def trained():
     torch.set_num_threads(1)
