@@ -80,6 +80,21 @@ def error_rate(predicted: np.ndarray, texts_of_base: np.ndarray, expected_texts:
     return float(np.mean(texts_of_base[predicted] != expected_texts)) if len(predicted) else float("nan")
 
 
+def bootstrap_interval(per_pair_errors: np.ndarray, seed: int = 0, resamples: int = 1000, level: float = 0.95,
+                       chunk: int = 50) -> tuple[float, float]:
+    """LEVEL percentile interval of the mean of PER_PAIR_ERRORS over bootstrap resamples of the
+    pairs: how far the error rate of another sample of pairs this size might fall. Resampled in
+    chunks so a million pairs take chunk x n memory, not resamples x n."""
+    errors = np.asarray(per_pair_errors, dtype=np.float64)
+    if errors.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = np.concatenate([errors[rng.integers(0, errors.size, (min(chunk, resamples - start), errors.size))].mean(1)
+                            for start in range(0, resamples, chunk)])
+    low, high = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
+
+
 def _mlp_matches(mlp, e_src, e_tgt, candidates: int | None) -> tuple[np.ndarray, np.ndarray, int | None]:
     """(best target per source, best source per target, candidates used or None for all pairs)."""
     if candidates is None and len(e_src) <= MLP_FULL_LIMIT:
@@ -106,8 +121,8 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
     TGT (shuffled here with the sentences). K: neighbours of CSLS and the margins. MLP: a
     PairClassifier; with MLP_CANDIDATES None it scores every pair up to MLP_FULL_LIMIT sentences
     and reranks the MLP_CANDIDATES nearest by cosine above; an integer always reranks that many.
-    Returns {"n", "seed", "k", "methods": {name: {"src2tgt", "tgt2src", "mean", "seconds"}}, ...};
-    errors are fractions."""
+    Returns {"n", "seed", "k", "methods": {name: {"src2tgt", "tgt2src", "mean", "interval",
+    "seconds"}}, ...}; errors are fractions, "interval" the 95% bootstrap interval of "mean"."""
     n = len(src)
     if len(tgt) != n:
         raise UsageError(f"the two sides differ in length: {n} source and {len(tgt)} target sentences")
@@ -130,7 +145,10 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
 
     def record(name: str, fwd: np.ndarray, bwd: np.ndarray, seconds: float, **extra) -> None:
         e_f, e_b = error_rate(fwd, tgt_shuffled, expected_fwd), error_rate(bwd, src_text, expected_bwd)
+        per_pair = (tgt_shuffled[fwd] != expected_fwd).astype(float)       # pair i: source i's pick, and
+        per_pair[perm] += src_text[bwd] != expected_bwd                     # its target's (shuffled to j)
         results["methods"][name] = {"src2tgt": e_f, "tgt2src": e_b, "mean": (e_f + e_b) / 2,
+                                    "interval": bootstrap_interval(per_pair / 2, seed),
                                     "seconds": round(seconds, 3), **extra}
         log.info("%s: error %.2f%% src->tgt, %.2f%% tgt->src (%.1fs)", name, 100 * e_f, 100 * e_b, seconds)
 
@@ -180,14 +198,15 @@ def markdown(results: dict, title: str = "") -> str:
     head = title or (f"Alignment recovery: {results['n']:,} sentence pairs"
                      + (f" {results['src_lang']}-{results['tgt_lang']}" if results.get("src_lang") else "")
                      + f", target side shuffled with seed {results['seed']}, k={results['k']}")
-    lines = [f"### {head}", "", "| method | src->tgt error % | tgt->src error % | mean error % | s |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [f"### {head}", "", "| method | src->tgt error % | tgt->src error % | mean error % | 95% interval "
+             "(bootstrap over pairs) | s |", "|---|---:|---:|---:|---:|---:|"]
     for name, r in results["methods"].items():
         label = name + (" (baseline)" if name in BASELINES else "")
         if name == "mlp" and r.get("candidates"):
             label += f" (reranks {r['candidates']} cosine neighbours)"
+        low, high = r.get("interval", (float("nan"), float("nan")))
         lines.append(f"| {label} | {100 * r['src2tgt']:.2f} | {100 * r['tgt2src']:.2f} | {100 * r['mean']:.2f} | "
-                     f"{r['seconds']:.1f} |")
+                     f"{100 * low:.2f}-{100 * high:.2f} | {r['seconds']:.1f} |")
     return "\n".join(lines) + "\n"
 
 

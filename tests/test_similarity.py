@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from models import similarity
-from models.alignment_recovery import (main as align_main, nearest_by_edit_distance, nearest_by_length,
-                                       recover_alignment)
+from models.alignment_recovery import (main as align_main, bootstrap_interval, nearest_by_edit_distance,
+                                       nearest_by_length, recover_alignment)
 from models.checkpoint import UnsafeModelError
 from models.pair_classifier import (PairClassifier, load_pair_classifier, make_negatives, random_negatives,
                                     train_pair_classifier, worst_negatives)
@@ -341,8 +341,22 @@ def test_corrupted_rows_give_the_expected_error(seed):
     e_src = e_tgt.copy()
     e_src[:m] = e_tgt[np.roll(np.arange(m), -1)]
     r = recover_alignment(src, tgt, embeddings=(e_src, e_tgt), seed=seed, baselines=())
+    both_wrong = np.arange(n) < m            # pairs 0..m-1 fail in both directions, the rest in neither
     for name, res in r["methods"].items():
         assert res["src2tgt"] == pytest.approx(m / n) and res["tgt2src"] == pytest.approx(m / n), name
+        assert res["interval"] == bootstrap_interval(both_wrong, seed), name
+        assert 0 < res["interval"][0] < m / n < res["interval"][1] < 3 * m / n
+
+
+def test_bootstrap_interval_of_an_error_rate():
+    assert bootstrap_interval(np.zeros(500)) == (0.0, 0.0)
+    rng = np.random.default_rng(5)
+    errors = rng.random(4000) < 0.3
+    low, high = bootstrap_interval(errors, seed=1, resamples=400, chunk=37)     # chunks need not divide
+    half = 1.96 * np.sqrt(0.3 * 0.7 / 4000)                                      # the normal approximation
+    assert low < errors.mean() < high and (high - low) / 2 == pytest.approx(half, rel=0.2)
+    assert bootstrap_interval(errors, seed=1, resamples=400) == (low, high) != bootstrap_interval(errors, seed=2)
+    assert np.isnan(bootstrap_interval(np.array([]))[0])
 
 
 def test_a_duplicate_sentence_counts_as_recovered():
