@@ -142,8 +142,9 @@ def part_filter(a, bitext: str, tmp: str) -> None:
 
     def summary(out):
         """(rows, mean dual score, rows from misaligned pairs, mean unigram overlap of paraphrase and
-        reference, the ngram_overlap filter's measure): the dual score judges a candidate against the source, so it cannot see a
-        reference that is not the source's translation; the overlap can."""
+        reference, the ngram_overlap filter's measure): the dual score judges a candidate against
+        the source, so it cannot see a reference that is not the source's translation; the overlap
+        can."""
         got = _rows(out, "paraphrases")
         if not got:
             return 0, float("nan"), 0, float("nan")
@@ -175,7 +176,6 @@ def part_filter(a, bitext: str, tmp: str) -> None:
     for name, (n, score, bad, overlap), secs in (("no bitext filter (baseline)", plain, plain_s),
                                                  ("bitext filter", filt, filt_s)):
         print(f"| {name} | {n:,} | {bad:,} | {score:.3f} | {overlap:.3f} | {secs:.0f} |")
-
 
 
 def main() -> None:

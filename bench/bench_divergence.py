@@ -91,12 +91,16 @@ def fold_mean_f1(oof: list[tuple[np.ndarray, np.ndarray]], labels, weights: np.n
     return np.mean(per_shuffle, axis=0)
 
 
+def shuffle_spread(oof: list[tuple[np.ndarray, np.ndarray]], labels) -> tuple[float, float]:
+    """(mean, std over the shuffles) of out_of_fold's cross-validated macro F1."""
+    per_shuffle = [fold_mean_f1([o], labels)[0] for o in oof]
+    return float(np.mean(per_shuffle)), float(np.std(per_shuffle))
+
+
 def cross_validated_f1(scores, labels, k: int = 5, repeats: int = 10, seed: int = 1) -> tuple[float, float]:
     """(mean, std over repeats) of the k-fold macro F1: the threshold tuned on k-1 folds, the F1
     measured on the held-out fold, averaged over the folds."""
-    oof = out_of_fold(scores, labels, k, repeats, seed)
-    per_shuffle = [fold_mean_f1([o], labels)[0] for o in oof]
-    return float(np.mean(per_shuffle)), float(np.std(per_shuffle))
+    return shuffle_spread(out_of_fold(scores, labels, k, repeats, seed), labels)
 
 
 def bootstrap_weights(labels, n: int = 2000, seed: int = 1) -> np.ndarray:
@@ -108,8 +112,7 @@ def bootstrap_weights(labels, n: int = 2000, seed: int = 1) -> np.ndarray:
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
         draws = idx[rng.integers(0, len(idx), size=(n, len(idx)))]
-        for b in range(n):
-            np.add.at(w[b], draws[b], 1)
+        np.add.at(w, (np.arange(n)[:, None], draws), 1)
     return w
 
 
@@ -155,10 +158,9 @@ def report_dev_sets(devs: dict, detector, embeddings, a) -> None:
         resampled = {}
         for method, scores in methods.items():
             oof = out_of_fold(scores, labels, a.folds, a.repeats, a.seed)
-            per_shuffle = [fold_mean_f1([o], labels)[0] for o in oof]
             resampled[method] = fold_mean_f1(oof, labels, weights)
             low, high = np.percentile(resampled[method], [2.5, 97.5])
-            rows.append((name, method, np.mean(per_shuffle), np.std(per_shuffle), low, high,
+            rows.append((name, method, *shuffle_spread(oof, labels), low, high,
                          tune_threshold(scores, labels)[1], roc_auc(scores, labels)))
         for baseline in ("embedding cosine", "length ratio"):
             wins.append((name, baseline, float(np.mean(resampled["interaction model"] > resampled[baseline]))))
@@ -178,6 +180,7 @@ def report_dev_sets(devs: dict, detector, embeddings, a) -> None:
 def main() -> None:
     import torch
 
+    from common.cli import UsageError
     from models.divergence import (BilingualEmbeddings, DivergenceConfig, load_divergence_detector, read_dev_tsv,
                                    tokenize, train_divergence)
 
@@ -211,6 +214,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.model and (a.save or a.extra or a.max_pairs):
         ap.error("--model scores a saved detector: --save, --extra and --max_pairs are for training one")
+    if a.bootstrap < 1:
+        ap.error(f"--bootstrap must be at least 1, got {a.bootstrap}")
     torch.set_num_threads(a.threads)
     cfg = DivergenceConfig(dim=a.dim, hidden=a.hidden, channels=tuple(int(c) for c in a.channels.split(",")),
                            epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device="cpu",
@@ -219,7 +224,10 @@ def main() -> None:
     devs = {name: read_dev_tsv(os.path.join(a.data, f"{name}.dev.tsv")) for name in ("commoncrawl", "opensubs")}
     dev_sets = ", ".join(f"{k} ({len(v)})" for k, v in devs.items())
     if a.model:
-        detector = load_divergence_detector(a.model, device="cpu")
+        try:
+            detector = load_divergence_detector(a.model, device="cpu")
+        except (OSError, UsageError) as exc:
+            ap.error(str(exc))
         embeddings = BilingualEmbeddings(detector.src_words, detector.tgt_words,
                                          detector.model.src_embed.weight.detach().numpy(),
                                          detector.model.tgt_embed.weight.detach().numpy())

@@ -75,11 +75,6 @@ def nearest_by_length(queries: Sequence[str], base: Sequence[str]) -> np.ndarray
 
 
 # ---------------------------------------------------------------------------- the evaluation
-def error_rate(predicted: np.ndarray, texts_of_base: np.ndarray, expected_texts: np.ndarray) -> float:
-    """Fraction of queries whose predicted base sentence is not (a copy of) the expected one."""
-    return float(np.mean(texts_of_base[predicted] != expected_texts)) if len(predicted) else float("nan")
-
-
 def bootstrap_interval(per_pair_errors: np.ndarray, seed: int = 0, resamples: int = 1000, level: float = 0.95,
                        chunk: int = 50) -> tuple[float, float]:
     """LEVEL percentile interval of the mean of PER_PAIR_ERRORS over bootstrap resamples of the
@@ -144,9 +139,11 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
     results = {"n": n, "seed": seed, "k": k, "methods": {}}
 
     def record(name: str, fwd: np.ndarray, bwd: np.ndarray, seconds: float, **extra) -> None:
-        e_f, e_b = error_rate(fwd, tgt_shuffled, expected_fwd), error_rate(bwd, src_text, expected_bwd)
-        per_pair = (tgt_shuffled[fwd] != expected_fwd).astype(float)       # pair i: source i's pick, and
-        per_pair[perm] += src_text[bwd] != expected_bwd                     # its target's (shuffled to j)
+        # a query errs when its pick is not (a copy of) the expected sentence
+        fwd_wrong, bwd_wrong = tgt_shuffled[fwd] != expected_fwd, src_text[bwd] != expected_bwd
+        e_f, e_b = float(fwd_wrong.mean()), float(bwd_wrong.mean())
+        per_pair = fwd_wrong.astype(float)          # pair i: source i's pick, and
+        per_pair[perm] += bwd_wrong                 # its target's (shuffled to position j)
         results["methods"][name] = {"src2tgt": e_f, "tgt2src": e_b, "mean": (e_f + e_b) / 2,
                                     "interval": bootstrap_interval(per_pair / 2, seed),
                                     "seconds": round(seconds, 3), **extra}
@@ -204,7 +201,7 @@ def markdown(results: dict, title: str = "") -> str:
         label = name + (" (baseline)" if name in BASELINES else "")
         if name == "mlp" and r.get("candidates"):
             label += f" (reranks {r['candidates']} cosine neighbours)"
-        low, high = r.get("interval", (float("nan"), float("nan")))
+        low, high = r["interval"]
         lines.append(f"| {label} | {100 * r['src2tgt']:.2f} | {100 * r['tgt2src']:.2f} | {100 * r['mean']:.2f} | "
                      f"{100 * low:.2f}-{100 * high:.2f} | {r['seconds']:.1f} |")
     return "\n".join(lines) + "\n"
