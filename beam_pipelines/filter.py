@@ -30,7 +30,8 @@ import apache_beam as beam
 
 from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, torch_threads_for
 from common import storage
-from common.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
+from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_output_location, cli_main, command_line,
+                        configure_logging, versions)
 from paracorpus.commit import Claim, new_run_id, publish, read_manifest, work_dir
 from paracorpus.runs import ParquetInput, open_input
 from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled
@@ -125,10 +126,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(argv=None) -> dict:
-    """Check everything, then run the job; returns the manifest. UsageError for a mistake."""
+def filter_config(known, gen_manifest: dict | None):
+    """(config, overrides) of the options KNOWN, every model that is given (not fitted) loaded
+    now, so that a bad file fails before the job; UsageError otherwise."""
     from filtering.config import load_config
 
+    overrides = {"paraphrase_score": {"model": known.encoder} if known.encoder else {},
+                 "bag_of_pieces": {"spm_model": known.spm_model or _spm_from_manifest(gen_manifest)},
+                 "lm_perplexity": {"model": known.lm_model} if known.lm_model else {}}
+    overrides = {k: {kk: vv for kk, vv in v.items() if vv} for k, v in overrides.items()}
+    try:
+        cfg = load_config(known.config, overrides)
+        for f in cfg.filters:
+            if not f.needs_fit():
+                f.setup()
+    except (ValueError, ImportError, OSError, RecursionError) as e:
+        raise UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    return cfg, overrides
+
+
+def check_args(argv: list[str], forward_model: str | None = None) -> None:
+    """Refuse (UsageError) what paragen-filter would refuse in ARGV (its options without --input
+    and --output) before reading any input: paragen-refresh checks its --filter_args this way
+    before the generation run. FORWARD_MODEL: the generation job's, whose spm.model is the
+    default of bag_of_pieces."""
+    for forbidden in ("--input", "--output"):
+        if any(x == forbidden or x.startswith(forbidden + "=") for x in argv):
+            raise UsageError(f"--filter_args: {forbidden} is set by the refresh; leave it out")
+    parser = build_parser()
+    known, beam_args = parser.parse_known_args(["--input", "-", "--output", "-", *argv])
+    check_beam_args(beam_args, parser)
+    filter_config(known, {"models": {"forward": {"path": forward_model}}} if forward_model else None)
+
+
+def run(argv=None) -> dict:
+    """Check everything, then run the job; returns the manifest. UsageError for a mistake."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     known, beam_args = parser.parse_known_args(argv)
@@ -143,17 +175,7 @@ def run(argv=None) -> dict:
     elif gen_manifest is not None and not manifest_reconciled(gen_manifest) and not known.allow_unreconciled:
         raise UsageError(f"{known.input}: the generation run's counts do not reconcile (a failed or partial run, "
                          "see its _manifest.json); pass --allow_unreconciled to filter it anyway")
-    overrides = {"paraphrase_score": {"model": known.encoder} if known.encoder else {},
-                 "bag_of_pieces": {"spm_model": known.spm_model or _spm_from_manifest(gen_manifest)},
-                 "lm_perplexity": {"model": known.lm_model} if known.lm_model else {}}
-    overrides = {k: {kk: vv for kk, vv in v.items() if vv} for k, v in overrides.items()}
-    try:
-        cfg = load_config(known.config, overrides)
-        for f in cfg.filters:                  # load every given model now: a bad path fails before the job
-            if not f.needs_fit():
-                f.setup()
-    except (ValueError, ImportError, OSError) as e:
-        raise UsageError(str(e).splitlines()[0]) from None
+    cfg, overrides = filter_config(known, gen_manifest)
     committed = read_manifest(output, FILTER_MANIFEST)
     if committed is not None and not known.overwrite:
         raise UsageError(f"{output} already holds a filter run ({committed.get('run_id')}); pass --overwrite "
@@ -224,12 +246,18 @@ def run(argv=None) -> dict:
         print(f"  reconciled (rows in = rows out): {manifest['reconciled']}", flush=True)
         if not manifest["reconciled"]:
             storage.write_json(storage.join(work, "manifest.json"), manifest)
-            raise SystemExit(f"error: rows in != rows out; not published; see {work}/manifest.json")
+            raise JobFailed(f"rows in != rows out; not published; see {work}/manifest.json")
         if not known.no_report and scored:
             manifest["files"]["report"] = _write_report([storage.join(output, e["path"]) for e in scored],
                                                         storage.join(output, "report"), cfg, manifest)
             print(f"report: {storage.join(output, 'report', 'report.md')}", flush=True)
         publish(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES)
+    if manifest["kept"] == 0:
+        # published (its report says why), but a scheduler must notice an empty corpus
+        top = sorted(manifest["rejected_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+        raise JobFailed(f"the filter kept no row of {rows_expected:,}" +
+                        (f" (top reasons: {', '.join(f'{r} {n:,}' for r, n in top)})" if top else "") +
+                        f"; published with its report in {output}", EXIT_EMPTY)
     return manifest
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -30,13 +31,15 @@ from beam_pipelines.options import (check_beam_args, direct_workers, is_local, r
                                     torch_threads_for)
 from common import storage
 from paracorpus.cleaning import CleaningConfig
-from common.cli import UsageError, check_output_location, cli_main, command_line, configure_logging, versions
-from paracorpus.commit import Claim, file_location, new_run_id, publish, read_manifest, resumable_run, root_for, work_dir
+from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_output_location, cli_main, command_line,
+                        configure_logging, versions)
+from paracorpus.commit import (Claim, entry_path, file_location, new_run_id, publish, read_manifest, resumable_run,
+                               work_dir)
 from paracorpus.incremental import Reuse, plan_reuse
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
 from common.names import check_lang_code, check_run_id
 from paracorpus.schema import CONTRACT_VERSION, MANIFEST, check_manifest
-from common.shards import DEFAULT_MAX_LINE_CHARS, check_shard, discover_shards, estimate_records, shard_size
+from common.shards import DEFAULT_MAX_LINE_CHARS, MIN_LINE_CHARS, check_shard, discover_shards, estimate_records, shard_size
 from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, summarize_run, totals
 from paracorpus.steps import CleanStep
 from transforms.cleaning import Deduplicate
@@ -47,6 +50,9 @@ from transforms.units import PAIR, REJECT, UNIT, DecodeUnits, UnitTranslatorHand
 TABLES = ("paraphrases", "rejects", "dedup", "_counts")      # what publish() cleans (_counts: contract v1 runs)
 
 log = logging.getLogger("paragen")
+# where a caller (paragen-refresh running this job as a command) wants to learn that the job found
+# nothing to do: a small JSON file is written there (in-process callers get run()'s result)
+NOOP_MARKER_ENV = "PARAGEN_NOOP_MARKER"
 
 _TUNABLES = (("mode", str, "decoding: 'sample' (ParaBank 2: top-k sampling under negative constraints) or "
                            "'beam' (ParaNMT: beam search)"),
@@ -95,6 +101,9 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                    help="a committed run to build on: input shards whose content, models and settings are "
                         "unchanged keep its output (not decoded again), new pairs are deduplicated against its "
                         "pairs, shards it had and this run has not drop out (default: none, decode everything)")
+    g.add_argument("--allow_empty", action="store_true",
+                   help="publish a run that has no paraphrase row (every record rejected, or none read); by default "
+                        "such a run is not published and the job exits with status 3 (the previous run stays)")
     g.add_argument("--run_id", default=None,
                    help="the new run's id (letters, digits, '.', '_', '-'); a refresh names a run after its "
                         "directory this way (default: UTC time plus a random part)")
@@ -407,17 +416,25 @@ def run(argv=None) -> dict:
     cfg = generation_config(opts)
     if opts.unit_pairs < 1:
         raise UsageError(f"--unit_pairs must be >= 1, not {opts.unit_pairs}")
+    if opts.max_line_chars < MIN_LINE_CHARS:
+        raise UsageError(f"--max_line_chars must be >= {MIN_LINE_CHARS} (the shortest record, 'a<TAB>b'), "
+                         f"not {opts.max_line_chars}: a smaller bound rejects every record")
     if opts.run_id is not None:
         check_run_id(opts.run_id)
         if opts.resume:
             raise UsageError("--run_id names a new run; --resume continues the unfinished one (give one of them)")
+    try:        # settings first: cheap to check, and a model load is not
+        cleaning = CleaningConfig(src_lang=check_lang_code(opts.src_lang, "--src_lang"),
+                                  tgt_lang=check_lang_code(opts.tgt_lang, "--tgt_lang"),
+                                  encodings=_parse_encodings(opts.encodings),
+                                  max_tokens=opts.max_tokens, max_length_ratio=opts.max_length_ratio)
+    except ValueError as exc:
+        raise UsageError(str(exc) if isinstance(exc, UsageError) else f"--{exc}") from None
     fwd_meta, bwd_meta, src_lang, tgt_lang = check_models(opts.forward_model, opts.backward_model,
                                                           opts.src_lang, opts.tgt_lang)
     if cfg.dual_xent_threshold is not None and not opts.backward_model:
         log.warning("no --backward_model: the dual cross-entropy filter and dual scoring are off")
     device, precision = resolve_device(opts.device, opts.precision, runner)
-    cleaning = CleaningConfig(src_lang=src_lang, tgt_lang=tgt_lang, encodings=_parse_encodings(opts.encodings),
-                              max_tokens=opts.max_tokens, max_length_ratio=opts.max_length_ratio)
     src_column, tgt_column = opts.src_column or src_lang, opts.tgt_column or tgt_lang
     try:
         shards = discover_shards(inputs, src_lang, tgt_lang)
@@ -456,6 +473,8 @@ def run(argv=None) -> dict:
     if reuse.nothing_to_do:
         print(f"nothing changed since run {reuse.previous_run_id} ({reuse.previous}): same input shards, same "
               "models and settings; nothing decoded, nothing published", flush=True)
+        if os.environ.get(NOOP_MARKER_ENV):
+            storage.write_json(os.environ[NOOP_MARKER_ENV], {"noop": True, "previous_run_id": reuse.previous_run_id})
         return {"noop": True, "run_id": reuse.previous_run_id, "previous": reuse.previous}
     decode = reuse.decode
     per_shard, exact = estimate_records(decode)
@@ -513,11 +532,18 @@ def run(argv=None) -> dict:
             "counts": counts, "files": files, "units": units, "counters": counters,
             "versions": versions(), "command": command_line(argv), "resumed": resumed,
             "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        _warn_empty_shards(inputs, run_id)
         if not counts["reconciled"]:
             storage.write_json(storage.join(plan.work, "manifest.json"), manifest)
             _print_summary(counts, counters, elapsed, output)
-            raise SystemExit(f"error: counts do not reconcile (records read != pairs with output + rejects); "
-                             f"not published, the previous run (if any) stays; see {plan.work}/manifest.json")
+            raise JobFailed(f"counts do not reconcile (records read != pairs with output + rejects); "
+                            f"not published, the previous run (if any) stays; see {plan.work}/manifest.json")
+        if counts["paraphrase_rows"] == 0 and not opts.allow_empty:
+            storage.write_json(storage.join(plan.work, "manifest.json"), manifest)
+            _print_summary(counts, counters, elapsed, output)
+            raise JobFailed(f"{_nothing_to_publish(counts)}; not published, the previous run (if any) stays; its "
+                            f"rejects are listed in {plan.work}/manifest.json (--allow_empty publishes such a run)",
+                            EXIT_EMPTY)
         removed = publish(output, MANIFEST, manifest, TABLES)
         log.info("published run %s: %d files; removed %d files of earlier runs and attempts",
                  run_id, sum(len(v) for v in files.values()), len(removed))
@@ -528,7 +554,7 @@ def run(argv=None) -> dict:
 def _inputs(run_id: str, output: str, reads: list[dict], decoded: dict, reuse: Reuse) -> tuple[dict, dict]:
     """({shard: its manifest entry}, {shard: {table: file entries}}) of a run: the shards it
     decoded (read records and unit summaries) and those it reuses from REUSE.previous (entries and
-    files taken over, each file with the root of the run that holds it)."""
+    files taken over, each path rewritten relative to OUTPUT)."""
     inputs, files = {}, {}
     for read in reads:
         name = read["input_shard"]
@@ -540,15 +566,41 @@ def _inputs(run_id: str, output: str, reads: list[dict], decoded: dict, reuse: R
     for name, entry in reuse.reused.items():
         inputs[name] = {**{k: v for k, v in entry.items() if k != "files"},
                         "versions": reuse.fingerprints[name]["versions"]}
-        files[name] = {t: [{**f, "root": root_for(output, _holding_run(reuse.previous, f))} for f in entries]
+        files[name] = {t: [_reused_entry(output, reuse.previous, f) for f in entries]
                        for t, entries in entry["files"].items()}
     return inputs, files
 
 
-def _holding_run(previous: str, entry: dict) -> str:
-    """The run directory that holds the file of manifest ENTRY of the run PREVIOUS."""
-    location = file_location(previous, entry)
-    return location[:-len(entry["path"]) - 1]
+def _reused_entry(output: str, previous: str, entry: dict) -> dict:
+    """The previous run's manifest ENTRY as OUTPUT's manifest names it: its path rewritten to be
+    relative to OUTPUT (or a full URL), so every entry opens as <OUTPUT>/<path>."""
+    moved = {k: v for k, v in entry.items() if k != "root"}
+    moved["path"] = entry_path(output, file_location(previous, entry))
+    return moved
+
+
+def _top_reasons(by_reason: dict, n: int = 3) -> str:
+    top = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return ", ".join(f"{reason} {count:,}" for reason, count in top)
+
+
+def _nothing_to_publish(counts: dict) -> str:
+    """Why a run has no paraphrase row, in words."""
+    if counts["records_read"] == 0:
+        return "the input shards hold no records"
+    return (f"every record was rejected ({counts['rejected']:,} of {counts['records_read']:,}; top reasons: "
+            f"{_top_reasons(counts['rejected_by_reason'])})")
+
+
+def _warn_empty_shards(inputs: dict, run_id: str) -> None:
+    """A warning for each input shard this run decoded that gave no paraphrase: a wrong column
+    order or language is easier to find per shard than in the run's totals."""
+    for name, entry in sorted(inputs.items()):
+        counts = entry["counts"]
+        if entry.get("decoded_in") == run_id and counts["paraphrase_rows"] == 0:
+            log.warning("input shard %s gave no paraphrase: %s", name,
+                        "no records" if not entry["records_read"] else
+                        f"all {entry['records_read']:,} records rejected ({_top_reasons(counts['rejected_by_reason'])})")
 
 
 def _fingerprint(sha256: dict) -> str:

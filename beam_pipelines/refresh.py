@@ -10,8 +10,9 @@ Layout under ROOT::
 
     runs/<run id>/             one generation run per refresh (its own _manifest.json)
     runs/<run id>/filtered/    its filter run, when --filter_args are given
-    latest.json                written last: which run is current (a small object, so buckets work)
-    latest -> runs/<run id>    the same as a symlink, on a local disk
+    latest/_manifest.json      the current run's manifest, its paths rewritten to open from latest/
+    latest/filtered/_filter_manifest.json   the same for its filter run
+    latest.json                written last: which run is current
     logs/<run id>.log          each refresh's log
     _refresh.lock              the lease of the refresh running now
 
@@ -40,8 +41,9 @@ import sys
 import time
 
 from common import storage
-from common.cli import UsageError, cli_main, configure_logging
-from paracorpus.commit import Claim, new_run_id
+from common.cli import EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError, cli_main, configure_logging
+from beam_pipelines.generate import NOOP_MARKER_ENV
+from paracorpus.commit import Claim, entry_path, file_location, is_under, new_run_id
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
 log = logging.getLogger("paragen.refresh")
@@ -76,6 +78,16 @@ def _words(text: str, option: str) -> list[str]:
         raise UsageError(f"{option}: cannot split into words ({exc})") from None
 
 
+def _option_value(args: list[str], name: str) -> str | None:
+    """The value of option NAME in ARGS ('NAME VALUE' or 'NAME=VALUE'), or None."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def latest_run(root: str) -> str | None:
     """The run directory ROOT/latest.json names, or None."""
     path = storage.join(root, LATEST)
@@ -84,33 +96,65 @@ def latest_run(root: str) -> str | None:
     return storage.join(root, "runs", storage.read_json(path)["run_id"])
 
 
-def _run_job(module: str, cmd: list[str], args: list[str], log_file) -> int:
-    """Run a job (in this process, or as CMD) with ARGS, its output appended to LOG_FILE."""
+def _run_job(module: str, cmd: list[str], args: list[str], log_file, env: dict | None = None) -> tuple[int, object]:
+    """Run a job (in this process, or as CMD with ENV added to its environment) with ARGS, its
+    output appended to LOG_FILE; (exit status, what the job's run() returned or None)."""
     if cmd:
-        done = subprocess.run([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        done = subprocess.run([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, **(env or {})})
         log_file.write(done.stdout)
-        return done.returncode
+        return done.returncode, None
     import importlib
 
     job = importlib.import_module(module)
     handler = logging.StreamHandler(log_file)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
+    result: list = [None]
+
+    def run_and_keep(argv):
+        result[0] = job.run(argv)
+        return result[0]
     try:
         with contextlib.redirect_stdout(log_file), contextlib.redirect_stderr(log_file):
             try:
-                return cli_main(job.run, args)
+                return cli_main(run_and_keep, args), result[0]
             except SystemExit as exc:
                 if exc.code and not isinstance(exc.code, int):
                     print(exc.code, file=log_file)
-                return exc.code if isinstance(exc.code, int) else 1
+                return (exc.code if isinstance(exc.code, int) else 1), None
             except Exception:  # noqa: BLE001: a failed job is the refresh's failure, its traceback the log's
                 import traceback
 
                 traceback.print_exc(file=log_file)
-                return 1
+                return 1, None
     finally:
         logging.getLogger().removeHandler(handler)
+
+
+def _log_text(log_file, since: int) -> str:
+    """What LOG_FILE (an open file or a StringIO) received after position SINCE."""
+    log_file.flush()
+    if isinstance(log_file, io.StringIO):
+        return log_file.getvalue()[since:]
+    with open(log_file.name, encoding="utf-8", errors="replace") as f:
+        f.seek(since)
+        return f.read()
+
+
+def _cause(text: str) -> str:
+    """The line of a job's output that says why it failed: its last 'error:' line, else its last
+    line (a traceback's exception)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or ["no output"])[-1].removeprefix("error:").strip()[:500]
+
+
+def _failed(job: str, rc: int, log_file, since: int, log_path: str) -> "RefreshFailed":
+    """The refresh's failure when JOB exited RC: its cause, and an exit status that keeps a
+    usage mistake (2) and a run with nothing to publish (3) apart from other failures (1)."""
+    return RefreshFailed(f"{job} job failed (exit {rc}): {_cause(_log_text(log_file, since))}; latest unchanged "
+                         f"(log: {log_path})", rc if rc in (EXIT_USAGE, EXIT_EMPTY) else 1)
 
 
 def _committed(run_dir: str, with_filter: bool) -> bool:
@@ -122,8 +166,14 @@ def _committed(run_dir: str, with_filter: bool) -> bool:
 def referenced_runs(run_dir: str) -> set[str]:
     """Names of the runs (siblings in runs/) whose files RUN_DIR's manifest takes."""
     manifest = storage.read_json(storage.join(run_dir, MANIFEST))
-    return {f["root"] for files in manifest.get("files", {}).values() for f in files
-            if f.get("root") and "/" not in f["root"]}
+    runs_dir = storage.parent(storage.absolute(run_dir.rstrip("/")))
+    names = set()
+    for files in manifest.get("files", {}).values():
+        for f in files:
+            location = file_location(run_dir, f)
+            if is_under(location, runs_dir):
+                names.add(entry_path(runs_dir, location).split("/", 1)[0])
+    return names - {storage.basename(run_dir.rstrip("/"))}
 
 
 def prune(root: str, keep: int, with_filter: bool, current: str | None) -> list[str]:
@@ -145,17 +195,34 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None) -> list[
     return removed
 
 
+def _manifest_copy(manifest: dict, run_dir: str, copy_dir: str) -> dict:
+    """MANIFEST (of the run in RUN_DIR) with every file path rewritten to open from COPY_DIR."""
+    files = {table: [{**f, "path": entry_path(copy_dir, file_location(run_dir, f))} for f in entries]
+             for table, entries in manifest.get("files", {}).items()}
+    return {**manifest, "files": files, "copy_of": entry_path(copy_dir, run_dir)}
+
+
 def publish_latest(root: str, run_id: str) -> None:
-    """Point latest.json (and, on a local disk, the latest symlink) at RUN_ID, atomically."""
+    """Make ROOT/latest the run RUN_ID for every reader: ROOT/latest/ is a directory holding a
+    copy of the run's manifest (and of its filter run's, under filtered/) whose paths open from
+    there, so ``latest`` reads like any run, on a disk or in a bucket. latest.json, written last,
+    names the run. (Earlier versions made ``latest`` a symlink: replaced here.)"""
+    run_dir, latest = storage.join(root, "runs", run_id), storage.join(root, "latest")
+    if storage.is_local(root):
+        link = storage.resolve(latest)[1]
+        if os.path.islink(link):
+            os.remove(link)
+    filtered = storage.join(run_dir, "filtered", FILTER_MANIFEST)
+    if storage.isfile(filtered):
+        storage.write_json(storage.join(latest, "filtered", FILTER_MANIFEST),
+                           _manifest_copy(storage.read_json(filtered), storage.join(run_dir, "filtered"),
+                                          storage.join(latest, "filtered")))
+    else:
+        storage.delete(storage.join(latest, "filtered", FILTER_MANIFEST))
+    storage.write_json(storage.join(latest, MANIFEST),
+                       _manifest_copy(storage.read_json(storage.join(run_dir, MANIFEST)), run_dir, latest))
     storage.write_json(storage.join(root, LATEST), {"run_id": run_id, "path": f"runs/{run_id}",
                                                     "published_at": time.time()})
-    if storage.is_local(root):
-        base = storage.resolve(root)[1]
-        tmp = os.path.join(base, f".latest.{os.getpid()}")
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        os.symlink(os.path.join("runs", run_id), tmp)
-        os.replace(tmp, os.path.join(base, "latest"))
 
 
 def run(argv=None) -> dict:
@@ -168,6 +235,10 @@ def run(argv=None) -> dict:
             raise UsageError(f"{forbidden} is set by the refresh; leave it out of the job's options")
     filter_args = _words(a.filter_args, "--filter_args")
     job_cmd, filter_cmd = _words(a.job_cmd, "--job_cmd"), _words(a.filter_cmd, "--filter_cmd")
+    if filter_args:           # a filter mistake is found now, not after a whole generation run
+        from beam_pipelines.filter import check_args
+
+        check_args(filter_args, _option_value(job_args, "--forward_model"))
     root = storage.absolute(a.root.rstrip("/"))
     storage.makedirs(root)
     run_id = new_run_id()
@@ -183,19 +254,27 @@ def run(argv=None) -> dict:
         buffer = open(local_log, "a", encoding="utf-8") if local_log else io.StringIO()
         try:
             gen_args = [*job_args, "--output", out, "--run_id", run_id] + (["--previous", previous] if previous else [])
-            rc = _run_job("beam_pipelines.generate", job_cmd, gen_args, buffer)
-            noop = rc == 0 and not storage.isfile(storage.join(out, MANIFEST))
+            noop_marker = storage.join(root, "logs", f"{run_id}.noop.json")
+            since = buffer.tell()
+            rc, result = _run_job("beam_pipelines.generate", job_cmd, gen_args, buffer,
+                                  env={NOOP_MARKER_ENV: noop_marker})
             if rc != 0:
-                raise RefreshFailed(f"generation job failed (exit {rc}); latest unchanged")
-            if noop:
+                raise _failed("generation", rc, buffer, since, log_path)
+            if not storage.isfile(storage.join(out, MANIFEST)):
+                noop = (result or {}).get("noop") or storage.isfile(noop_marker)
+                storage.delete(noop_marker)
+                if not noop:
+                    raise RefreshFailed(f"the generation job exited 0 but published no run in {out} and did not "
+                                        f"say that nothing changed; latest unchanged (log: {log_path})", 1)
                 print(f"refresh {run_id}: nothing changed since {previous}; nothing published, latest unchanged",
                       flush=True)
                 return {"run_id": run_id, "noop": True, "latest": previous}
             if filter_args:
-                rc = _run_job("beam_pipelines.filter", filter_cmd,
-                              ["--input", out, "--output", storage.join(out, "filtered"), *filter_args], buffer)
+                since = buffer.tell()
+                rc, _ = _run_job("beam_pipelines.filter", filter_cmd,
+                                 ["--input", out, "--output", storage.join(out, "filtered"), *filter_args], buffer)
                 if rc != 0:
-                    raise RefreshFailed(f"filter job failed (exit {rc}); latest unchanged")
+                    raise _failed("filter", rc, buffer, since, log_path)
             publish_latest(root, run_id)
             removed = prune(root, a.keep, bool(filter_args), run_id)
             print(f"refresh {run_id} done; latest -> runs/{run_id}; removed {len(removed)} old run(s)", flush=True)
@@ -207,8 +286,8 @@ def run(argv=None) -> dict:
                 storage.write_bytes(log_path, buffer.getvalue().encode("utf-8"))
 
 
-class RefreshFailed(UsageError):
-    """A job of the refresh failed: reported as one line, exit status 2, latest unchanged."""
+class RefreshFailed(JobFailed):
+    """A job of the refresh failed: reported as one line with its cause, latest unchanged."""
 
 
 def main(argv=None) -> int:

@@ -22,9 +22,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import pyarrow.dataset as ds  # noqa: E402
-
+from common import storage  # noqa: E402
 from filtering.filters import FILTERS, PairBatch  # noqa: E402
+from paracorpus.commit import committed_files  # noqa: E402
 
 
 def _best_of(fn, repeat):
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="best of N timings")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    table = ds.dataset(os.path.join(a.input, "paraphrases"), format="parquet", partitioning="hive").to_table()
+    table = storage.parquet_dataset(committed_files(a.input, "paraphrases")).to_table()
     n = table.num_rows
     print(f"{n} paraphrase rows from {a.input}", flush=True)
     results = {"rows": n, "filters": {}}

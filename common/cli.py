@@ -2,7 +2,9 @@
 checks of output locations, and the versions a run records.
 
 A mistake (a bad option, a missing file, a refused model) is reported as one line on stderr and
-exit status 2 before anything is written; a traceback is only shown with PARAGEN_DEBUG=1.
+exit status 2 before anything is written; a traceback is only shown with PARAGEN_DEBUG=1. A job
+that ran but published nothing says why in one line too, with its own exit status (JobFailed:
+3 when every record was rejected or none was read, 1 when its counts do not reconcile).
 """
 from __future__ import annotations
 
@@ -12,17 +14,29 @@ import pickle
 import sys
 from typing import Callable
 
+from common.storage import StorageError
+
 EXIT_USAGE = 2
+EXIT_EMPTY = 3      # the job ran, but its output has no row: every record rejected, or none read
 
 
 class UsageError(ValueError):
     """A mistake in how a command was called or in what it was given: one line, exit status 2."""
 
 
+class JobFailed(Exception):
+    """A job that ran and did not publish (or a refresh whose job failed): one line, and the exit
+    status CODE, so that a scheduler can tell it from a usage mistake."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
 # Mistakes of the caller, not bugs: UsageError (and its subclasses, e.g. a refused model or a bad
 # --where clause) and the file errors a wrong path gives.
 USER_ERRORS = (UsageError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
-               FileExistsError, pickle.UnpicklingError)
+               FileExistsError, pickle.UnpicklingError, StorageError)
 
 
 def cli_main(run: Callable[[list[str]], object], argv: list[str] | None = None) -> int:
@@ -39,10 +53,30 @@ def cli_main(run: Callable[[list[str]], object], argv: list[str] | None = None) 
             message = f"{exc.filename}: {exc.strerror}"
         print(f"error: {message}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except JobFailed as exc:
+        if os.environ.get("PARAGEN_DEBUG"):
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
     return result if isinstance(result, int) else 0
+
+
+class _DropBeamImportNoise(logging.Filter):
+    """Drops the warning apache_beam logs on every import when Google's apitools is absent (it is
+    only needed for BigQuery, which the jobs do not use): users read it as a fault."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "apitools not found" not in str(record.msg)
+
+
+def quiet_beam_import() -> None:
+    """Install the filter above on the root logger, once, before apache_beam is imported."""
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropBeamImportNoise) for f in root.filters):
+        root.addFilter(_DropBeamImportNoise())
 
 
 def configure_logging(level: int = logging.INFO, quiet: tuple = ("apache_beam", "fairseq", "distributed")) -> None:
@@ -64,6 +98,8 @@ def check_output_location(path: str, option: str = "--output") -> str:
         bucket = path.split("://", 1)[0] + "://" + path.split("://", 1)[1].split("/", 1)[0]
         try:
             found = storage.isdir(bucket)
+        except storage.StorageError as exc:
+            raise UsageError(f"{option} {exc}") from None
         except OSError as exc:
             raise UsageError(f"{option} {path}: cannot reach {bucket} ({str(exc).splitlines()[0]})") from None
         if not found:

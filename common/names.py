@@ -12,7 +12,7 @@ import unicodedata
 from common.cli import UsageError
 
 # ISO 639-1/-3 codes, optionally with a script or region after an underscore (pt_BR, zh_Hant).
-# No '-': the two codes are joined with '-' in the partition name lang_pair=<src>-<tgt>.
+# No '-': the two codes are joined with '-' in the lang_pair partition (<src>-<tgt>).
 _LANG_CODE = re.compile(r"[a-z]{2,3}(?:_[A-Za-z0-9]{2,8})?")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 MAX_NAME_BYTES = 200

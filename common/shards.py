@@ -23,6 +23,7 @@ from common.cli import UsageError
 from common.names import check_lang_code, check_path_component
 
 DEFAULT_MAX_LINE_CHARS = 20_000
+MIN_LINE_CHARS = 3               # 'a<TAB>b': a smaller --max_line_chars rejects every record
 SNIPPET_CHARS = 1000           # of an overlong record kept for its reject row (enough to find it)
 _READ_CHUNK = 1 << 16
 
@@ -84,11 +85,46 @@ def _decompressed(raw, name: str):
     if name.endswith(".xz"):
         return lzma.LZMAFile(raw)
     if name.endswith(".zst"):
+        return io.BufferedReader(_ZstdStream(raw), 1 << 20)
+    return raw
+
+
+class _ZstdStream(io.RawIOBase):
+    """A .zst stream read frame after frame, which raises EOFError when the bytes end inside a
+    frame, as gzip, bz2 and lzma do (zstandard's stream_reader returns what it decoded and stops
+    without a word, so a truncated shard would lose its tail silently)."""
+
+    def __init__(self, raw):
         import zstandard
 
-        # stream_reader has no readline(); the buffered wrapper gives the line reader one
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 14, closefd=True))
-    return raw
+        self.raw, self._dctx, self._frame = raw, zstandard.ZstdDecompressor(), None
+        self._out, self._at = b"", 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self._at >= len(self._out):
+            data = b""
+            if self._frame is not None and self._frame.eof:
+                data, self._frame = self._frame.unused_data, None
+            if not data:
+                data = self.raw.read(1 << 16)
+                if not data:
+                    if self._frame is not None:
+                        raise EOFError("Compressed file ended before the end of its zstd frame")
+                    return 0
+            if self._frame is None:
+                self._frame = self._dctx.decompressobj()
+            self._out, self._at = self._frame.decompress(data), 0
+        n = min(len(buffer), len(self._out) - self._at)
+        buffer[:n] = self._out[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def close(self):
+        self.raw.close()
+        super().close()
 
 
 def estimate_records(shards: list["ShardSpec"], sample_bytes: int = 4 << 20,
@@ -324,7 +360,12 @@ def check_shard(spec: ShardSpec, src_column: str = "src", tgt_column: str = "tgt
                 _check_parquet_columns(path, _parquet_file(path).schema_arrow, src_column, tgt_column)
             else:
                 with open_binary(path) as f:       # the head only: a shard may be gigabytes
-                    f.read(1024)
+                    try:
+                        f.read(1024)
+                    except EOFError:
+                        # a compressed stream cut short: its readable records are kept and the
+                        # rest becomes a read_error reject when it is read, however short it is
+                        pass
         except ShardError:
             raise
         except Exception as exc:  # noqa: BLE001: any failure to open is reported the same way
@@ -356,20 +397,28 @@ def discover_shards(inputs: list[str], src_lang: str, tgt_lang: str) -> list[Sha
     check_lang_code(tgt_lang, "--tgt_lang")
     paths: list[str] = []
     for item in inputs:
+        # every --input must stand for at least one file: one that yields nothing is a mistake
+        # whether it is given alone or beside others
         if storage.has_wildcards(item):
-            paths += storage.glob(item)
+            found = storage.glob(item)
+            if not found:
+                raise FileNotFoundError(f"input {item!r}: the pattern matches no file")
         elif storage.isdir(item):
-            paths += [p for p in storage.list_files(item, recursive=False)
-                      if not storage.basename(p).startswith((".", "_"))]
+            found = [p for p in storage.list_files(item, recursive=False)
+                     if not storage.basename(p).startswith((".", "_"))]
+            if not found:
+                raise FileNotFoundError(f"input {item!r}: a directory with no input shard directly in it "
+                                        "(subdirectories are not read; a run's output is not bitext)")
         elif storage.isfile(item):
-            paths.append(item)
+            found = [item]
         else:
             # A Moses prefix: corpus -> corpus.cs + corpus.en (optionally gzipped).
-            found = _existing(f"{item}.{src_lang}")
-            if not found:
+            prefix = _existing(f"{item}.{src_lang}")
+            if not prefix:
                 raise FileNotFoundError(f"input {item!r} matches no file, glob, directory or "
                                         f"Moses prefix ({item}.{src_lang}[.gz|.bz2|.xz|.zst])")
-            paths.append(found)
+            found = [prefix]
+        paths += found
     specs, seen = [], set()
     for path in paths:
         path = storage.absolute(path)

@@ -46,9 +46,50 @@ def is_local(path: str) -> bool:
     return not is_url(path) or path.lower().startswith("file://")
 
 
+DEFAULT_TIMEOUT = 60.0
+
+
+class StorageError(OSError):
+    """A remote store that did not answer (in time) or refused: one line naming the endpoint."""
+
+
+def timeout_seconds() -> float:
+    """How long a remote store may take to answer before a command gives up: $PARAGEN_STORAGE_TIMEOUT
+    seconds (default 60). pyarrow's own defaults retry for about 15 minutes without a word."""
+    value = os.environ.get("PARAGEN_STORAGE_TIMEOUT", "")
+    try:
+        seconds = float(value) if value else DEFAULT_TIMEOUT
+    except ValueError:
+        raise StorageError(f"PARAGEN_STORAGE_TIMEOUT={value!r} is not a number of seconds") from None
+    if not 0 < seconds < 86400:
+        raise StorageError(f"PARAGEN_STORAGE_TIMEOUT={value!r} must be between 0 and 86400 seconds")
+    return seconds
+
+
+def _s3_endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def _gcs_emulator() -> str | None:
+    return os.environ.get("STORAGE_EMULATOR_HOST") or os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT")
+
+
+def endpoint_of(path: str) -> str:
+    """The server a URL's store talks to, in words (for error messages)."""
+    scheme = path.split("://", 1)[0].lower() if is_url(path) else "file"
+    if scheme == "s3":
+        return _s3_endpoint() or f"AWS S3 ({os.environ.get('AWS_REGION') or os.environ.get('AWS_DEFAULT_REGION') or 'default region'})"
+    if scheme in ("gs", "gcs"):
+        return _gcs_emulator() or "storage.googleapis.com"
+    return scheme
+
+
 def _s3() -> pafs.FileSystem:
-    kwargs = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    # each attempt's connection and each read may take T/3, three attempts: about T in all
+    t = timeout_seconds()
+    kwargs = {"connect_timeout": t / 3, "request_timeout": t / 3,
+              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3)}
+    endpoint = _s3_endpoint()
     if endpoint:
         parsed = urlparse(endpoint if "://" in endpoint else "https://" + endpoint)
         kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
@@ -61,13 +102,50 @@ def _s3() -> pafs.FileSystem:
 def _gcs() -> pafs.FileSystem:
     # pyarrow's GCS client ignores STORAGE_EMULATOR_HOST (the variable Google's Python client and
     # emulators use), so it is read here; CLOUD_STORAGE_EMULATOR_ENDPOINT is what its C++ client reads.
-    emulator = os.environ.get("STORAGE_EMULATOR_HOST") or os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT")
+    import datetime
+
+    emulator = _gcs_emulator()
     project = os.environ.get("GOOGLE_CLOUD_PROJECT")
+    # a listing takes two calls (object, then prefix), each retried up to the limit
+    limit = datetime.timedelta(seconds=timeout_seconds() / 2)
     if emulator:
         parsed = urlparse(emulator if "://" in emulator else "http://" + emulator)
         return pafs.GcsFileSystem(anonymous=True, endpoint_override=parsed.netloc, scheme=parsed.scheme,
-                                  project_id=project)
-    return pafs.GcsFileSystem(project_id=project)
+                                  project_id=project, retry_time_limit=limit)
+    return pafs.GcsFileSystem(project_id=project, retry_time_limit=limit)
+
+
+def _hdfs_ready(path: str) -> None:
+    """Refuse hdfs:// (one line) where pyarrow cannot load Hadoop's client: it needs Java
+    (JAVA_HOME) and libhdfs (ARROW_LIBHDFS_DIR or HADOOP_HOME), and without them it prints dozens
+    of dlopen lines before failing."""
+    libdirs = [os.environ.get("ARROW_LIBHDFS_DIR", "")]
+    if os.environ.get("HADOOP_HOME"):
+        libdirs.append(os.path.join(os.environ["HADOOP_HOME"], "lib", "native"))
+    has_lib = any(d and os.path.isfile(os.path.join(d, "libhdfs.so")) for d in libdirs)
+    if not os.environ.get("JAVA_HOME") or not has_lib:
+        raise StorageError(f"{path}: hdfs:// needs Hadoop's libhdfs and Java on this machine (set JAVA_HOME, and "
+                           "HADOOP_HOME or ARROW_LIBHDFS_DIR to where libhdfs.so is); "
+                           f"JAVA_HOME {'set' if os.environ.get('JAVA_HOME') else 'unset'}, libhdfs.so "
+                           f"{'found' if has_lib else 'not found'}")
+
+
+@contextlib.contextmanager
+def _explained(path: str):
+    """Turn what a remote store raises for PATH (a network error, a timeout) into one
+    StorageError line naming the endpoint. FileNotFoundError, PermissionError and local paths
+    pass as they are."""
+    try:
+        yield
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, StorageError):
+        raise
+    except OSError as exc:
+        if not is_url(path) or is_local(path):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = first if len(first) <= 160 else first[:157] + "..."
+        raise StorageError(f"{path}: the store at {endpoint_of(path)} did not answer or refused "
+                           f"({detail}); timeout {timeout_seconds():g}s (PARAGEN_STORAGE_TIMEOUT)") from None
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -83,13 +161,17 @@ def resolve(path: str) -> tuple[pafs.FileSystem, str]:
         return _cached("s3", _s3), rest
     if scheme in ("gs", "gcs"):
         return _cached("gcs", _gcs), rest
-    fs, inner = pafs.FileSystem.from_uri(path)
+    if scheme in ("hdfs", "viewfs"):
+        _hdfs_ready(path)
+    with _explained(path):
+        fs, inner = pafs.FileSystem.from_uri(path)
     return fs, inner
 
 
 def _cached(key: str, make):
     env = (os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_ENDPOINT_URL_S3"),
-           os.environ.get("STORAGE_EMULATOR_HOST"), os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION"))
+           os.environ.get("STORAGE_EMULATOR_HOST"), os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION"),
+           os.environ.get("PARAGEN_STORAGE_TIMEOUT"))
     with _FS_LOCK:
         fs = _FS_CACHE.get((key, env))
         if fs is None:
@@ -125,7 +207,8 @@ def absolute(path: str) -> str:
 
 def _info(path: str):
     fs, inner = resolve(path)
-    return fs.get_file_info(inner)
+    with _explained(path):
+        return fs.get_file_info(inner)
 
 
 def exists(path: str) -> bool:
@@ -169,7 +252,8 @@ def list_files(path: str, recursive: bool = True) -> list[str]:
     Hidden names (a part starting with '.' or '_') are included; callers filter."""
     fs, inner = resolve(path)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
+        with _explained(path):
+            infos = fs.get_file_info(pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
     except FileNotFoundError:
         return []
     return sorted(_url_of(path, inner, i.path) for i in infos if i.type == pafs.FileType.File)
@@ -180,11 +264,16 @@ def listdir(path: str) -> list[str]:
     recursive listing: GCS lists no 'directory' that is only a prefix of objects."""
     fs, inner = resolve(path)
     try:
-        if fs.type_name == "local":
-            return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(inner, recursive=False, allow_not_found=True)))
-        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
+        with _explained(path):
+            return _listdir(fs, inner)
     except FileNotFoundError:
         return []
+
+
+def _listdir(fs, inner: str) -> list[str]:
+    if fs.type_name == "local":
+        return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(inner, recursive=False, allow_not_found=True)))
+    infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
     base = inner.rstrip("/") + "/"
     return sorted({i.path[len(base):].split("/", 1)[0] for i in infos if i.path.startswith(base)} - {""})
 
@@ -211,13 +300,15 @@ def open_input(path: str):
     fs, inner = resolve(path)
     if fs.type_name == "local":
         return open(inner, "rb")
-    return io.BufferedReader(fs.open_input_stream(inner, compression=None), buffer_size=1 << 20)
+    with _explained(path):
+        return io.BufferedReader(fs.open_input_stream(inner, compression=None), buffer_size=1 << 20)
 
 
 def open_random_access(path: str):
     """A seekable file for PATH (what Parquet readers need)."""
     fs, inner = resolve(path)
-    return fs.open_input_file(inner)
+    with _explained(path):
+        return fs.open_input_file(inner)
 
 
 @contextlib.contextmanager
@@ -238,7 +329,8 @@ def open_output(path: str):
             if os.path.exists(tmp):
                 os.remove(tmp)
         return
-    stream = fs.open_output_stream(inner, compression=None)
+    with _explained(path):
+        stream = fs.open_output_stream(inner, compression=None)
     try:
         yield stream
     except BaseException:
@@ -246,7 +338,8 @@ def open_output(path: str):
         with contextlib.suppress(Exception):
             stream.abort() if hasattr(stream, "abort") else None
         raise
-    stream.close()
+    with _explained(path):
+        stream.close()
 
 
 def read_bytes(path: str) -> bytes:
@@ -261,7 +354,14 @@ def write_bytes(path: str, data: bytes) -> str:
 
 
 def read_json(path: str):
-    return json.loads(read_bytes(path).decode("utf-8"))
+    """The JSON document PATH holds; ValueError when it is not one (bad UTF-8, bad JSON, or
+    nested too deeply for the parser: a hostile file must not end in a RecursionError)."""
+    try:
+        return json.loads(read_bytes(path).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
 
 
 def write_json(path: str, obj, indent: int | None = 2, **dump_kw) -> str:

@@ -79,3 +79,16 @@ def surface_variants(word: str) -> list[str]:
     """Forms of a banned word to block: as written, lower-cased and capitalised."""
     forms = [word, word.lower(), word[:1].upper() + word[1:].lower()]
     return list(dict.fromkeys(forms))
+
+
+def load_sentencepiece(path: str, what: str = "sentencepiece model"):
+    """A sentencepiece processor for the model file PATH; ValueError naming PATH (one line) when
+    the file is not one (sentencepiece's own error is a multi-line C++ message)."""
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=path)
+    except (RuntimeError, OSError) as exc:
+        raise ValueError(f"{path}: not a {what} ({str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})") \
+            from None
+

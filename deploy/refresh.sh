@@ -8,9 +8,9 @@ usage: OUT_ROOT=/data/paraphrases deploy/refresh.sh JOB_ARGS...   (JOB_ARGS with
 
 Runs python -m beam_pipelines.refresh --root OUT_ROOT -- JOB_ARGS: a new run under
 OUT_ROOT/runs/<run id> that reuses the output of the input shards that did not change since the
-run OUT_ROOT/latest.json names; then latest.json (and the OUT_ROOT/latest symlink on a local
-disk) points at it. OUT_ROOT may be a bucket URL (gs://, s3://). With nothing changed it publishes
-nothing and says so. A failed job leaves latest where it was and exits non-zero. Logs:
+run OUT_ROOT/latest.json names; then OUT_ROOT/latest/ (a copy of its manifest that any reader
+opens) and latest.json point at it. OUT_ROOT may be a bucket URL (gs://, s3://). With nothing
+changed it publishes nothing and says so. A failed job leaves latest where it was and exits non-zero. Logs:
 OUT_ROOT/logs/<run id>.log.
 Environment:
   OUT_ROOT            where the runs live (required)

@@ -30,6 +30,9 @@ from filtering.filters import FILTERS, Filter
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 
 
+MAX_CONFIG_BYTES = 1 << 20      # a config is a few hundred bytes; a bigger file is a mistake
+
+
 def presets() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(PRESET_DIR) if f.endswith(".yaml"))
 
@@ -95,9 +98,14 @@ def load_config(path_or_preset: str, overrides: dict | None = None) -> FilterCon
         path = os.path.join(PRESET_DIR, f"{path_or_preset}.yaml")
         if not os.path.exists(path):
             raise ValueError(f"no config file or preset {path_or_preset!r}; presets: {', '.join(presets())}")
-    text = storage.read_bytes(path).decode("utf-8")
+    data = storage.read_bytes(path)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: {len(data):,} bytes is not a filter config (at most {MAX_CONFIG_BYTES:,})")
     try:
+        text = data.decode("utf-8")
         raw = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not valid YAML/JSON: {e}") from None
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid YAML/JSON: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a filter config (nested too deeply to parse)") from None
     return parse_config(raw, path, overrides)

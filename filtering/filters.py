@@ -169,11 +169,11 @@ class BagOfPiecesFilter(Filter):
         pass   # resolved by the job from the manifest when None; checked in setup
 
     def setup(self):
-        import sentencepiece as spm
+        from common.text import load_sentencepiece
 
         if not self.params["spm_model"]:
             raise ValueError("filter 'bag_of_pieces' needs spm_model (no generation manifest names one)")
-        self._sp = spm.SentencePieceProcessor(model_file=storage.local_copy(self.params["spm_model"]))
+        self._sp = load_sentencepiece(storage.local_copy(self.params["spm_model"]), "sentencepiece model (spm_model)")
 
     def score(self, batch):
         sp = self._sp

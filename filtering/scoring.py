@@ -63,9 +63,9 @@ def score_table(table: pa.Table, cfg: FilterConfig, fit_ids: frozenset = frozens
 
 
 def score_file(src: str, dst: str, cfg: FilterConfig, fit_ids: frozenset = frozenset(),
-               batch_rows: int = 4096) -> Counter:
+               batch_rows: int = 4096, on_batch=None) -> Counter:
     """Score one Parquet file (a local path or a URL) in record batches and write DST whole
-    (common.storage.open_output)."""
+    (common.storage.open_output). ON_BATCH(stats of the batch) is called after each batch."""
     pf = storage.parquet_file(src)
     schema = output_schema(pf.schema_arrow, cfg)
     total = Counter()
@@ -74,6 +74,8 @@ def score_file(src: str, dst: str, cfg: FilterConfig, fit_ids: frozenset = froze
             scored, stats = score_table(pa.Table.from_batches([rb]), cfg, fit_ids)
             w.write_table(scored.cast(schema))
             total.update(stats)
+            if on_batch is not None:
+                on_batch(stats)
     total["files"] += 1
     total["rows_in"] += pf.metadata.num_rows
     return total

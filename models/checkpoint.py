@@ -245,13 +245,14 @@ def _weights_only_load(path: str, mmap: bool = False):
         raise UnsafeModelError(f"{path}: not a readable PyTorch file ({str(exc).splitlines()[0]})") from None
 
 
-def check_checkpoint(path: str) -> argparse.Namespace:
+def check_checkpoint(path: str, with_weights: bool = False):
     """Validate the checkpoint at PATH without building a model (memory-mapped: cheap on a
-    driver): its validated model config, or UnsafeModelError / FileNotFoundError."""
+    driver): its validated model config (and, WITH_WEIGHTS, its memory-mapped tensors by name),
+    or UnsafeModelError / FileNotFoundError."""
     state = load_state(path, mmap=True)
     cfg = model_config_of(state)
-    _weights(state)
-    return cfg
+    weights = _weights(state)
+    return (cfg, weights) if with_weights else cfg
 
 
 def build_translation_model(model_dir: str, src_lang: str, tgt_lang: str):

@@ -15,8 +15,9 @@ import hashlib
 import json
 import os
 
-from models.checkpoint import UnsafeModelError, check_checkpoint
 from common import storage
+from common.text import load_sentencepiece
+from models.checkpoint import UnsafeModelError, check_checkpoint
 
 MODEL_FILES = ("model.pt", "model.json", "spm.model")
 
@@ -41,6 +42,8 @@ def read_model_meta(model_dir: str) -> dict:
         meta = json.loads(storage.read_bytes(storage.join(model_dir, "model.json")).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise UnsafeModelError(f"{model_dir}/model.json is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise UnsafeModelError(f"{model_dir}/model.json is not valid JSON (nested too deeply)") from None
     if not isinstance(meta, dict) or not meta.get("src_lang") or not meta.get("tgt_lang"):
         raise UnsafeModelError(f"{model_dir}/model.json must name src_lang and tgt_lang "
                                "(the dict.<lang>.txt files alone do not say the direction)")
@@ -94,6 +97,8 @@ def open_model_dir(path: str, files, what: str) -> tuple[str, dict]:
             return path, json.load(f)
     except (ValueError, UnicodeDecodeError) as exc:     # json.JSONDecodeError is a ValueError
         raise UnsafeModelError(f"{config_path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise UnsafeModelError(f"{config_path}: not valid JSON (nested too deeply)") from None
 
 
 def verified_model_dir(model_dir: str, expected: dict) -> str:
@@ -110,6 +115,18 @@ def verified_model_dir(model_dir: str, expected: dict) -> str:
     return target
 
 
+def dictionary_size(path: str) -> int:
+    """Symbols of the fairseq dictionary file PATH, fairseq's own 4 special ones included, read
+    with fairseq's parser; UnsafeModelError (one line) when it is not such a file."""
+    from fairseq.data import Dictionary
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return len(Dictionary.load(f))
+    except (ValueError, RuntimeError, UnicodeDecodeError, IndexError) as exc:
+        raise UnsafeModelError(f"{path}: not a fairseq dictionary ({str(exc).splitlines()[0][:200]})") from None
+
+
 def check_model_dir(model_dir: str) -> dict:
     """Everything about MODEL_DIR that can be checked without building the model: its files, its
     languages, its checkpoint (see models.checkpoint.check_checkpoint). Returns model.json plus
@@ -117,7 +134,18 @@ def check_model_dir(model_dir: str) -> dict:
     copy that was checked (the copy in the cache for a bucket URL)."""
     meta = read_model_meta(model_dir)
     local = local_model_dir(model_dir)
-    cfg = check_checkpoint(os.path.join(local, "model.pt"))
+    cfg, weights = check_checkpoint(os.path.join(local, "model.pt"), with_weights=True)
+    try:
+        load_sentencepiece(os.path.join(local, "spm.model"))
+    except ValueError as exc:
+        raise UnsafeModelError(str(exc)) from None
+    # the dictionaries must be fairseq's and fit the embeddings, or the model fails on a worker
+    for lang, table in ((meta["src_lang"], "encoder.embed_tokens.weight"), (meta["tgt_lang"], "decoder.embed_tokens.weight")):
+        size = dictionary_size(os.path.join(local, f"dict.{lang}.txt"))
+        rows = weights[table].shape[0] if table in weights else None
+        if rows is not None and rows != size:
+            raise UnsafeModelError(f"{model_dir}/dict.{lang}.txt has {size} symbols with fairseq's 4 special ones, "
+                                   f"but the checkpoint's {table} has {rows} rows: not this model's dictionary")
     return {**meta, "max_source_positions": getattr(cfg, "max_source_positions", None) or 1024,
             "max_target_positions": getattr(cfg, "max_target_positions", None) or 1024,
             "sha256": {name: _sha256_local(os.path.join(local, name)) for name in model_file_names(meta)}}

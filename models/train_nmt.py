@@ -168,7 +168,7 @@ def _train_models(pairs, out, src_lang, tgt_lang, valid_pairs, valid_size, vocab
                   cpu_threads) -> dict:
     import torch
 
-    os.makedirs(out, exist_ok=True)
+    # every refusal comes before OUT is created
     pairs = _clean(pairs)
     if valid_pairs is not None:
         valid_pairs = _clean(valid_pairs)
@@ -177,10 +177,15 @@ def _train_models(pairs, out, src_lang, tgt_lang, valid_pairs, valid_size, vocab
     unknown = {d.strip() for d in directions.split(",") if d.strip()} - {"fwd", "bwd"}
     if unknown:
         raise ValueError(f"directions must be fwd and/or bwd, got {sorted(unknown)}")
+    check_settings(src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=vocab_size, layers=layers, dim=dim,
+                   ffn_dim=ffn_dim, heads=heads, max_epoch=max_epoch, max_update=max_update, max_tokens=max_tokens,
+                   lr=lr, dropout=dropout, valid_size=valid_size, bleu_samples=bleu_samples, warmup=warmup,
+                   cpu_threads=cpu_threads)
     if valid_pairs is None:
         pairs, valid_pairs = hold_out(pairs, valid_size, seed)
     if not pairs or not valid_pairs:
         raise UsageError(f"need training and held-out pairs (got {len(pairs)} and {len(valid_pairs)})")
+    os.makedirs(out, exist_ok=True)
     report = {"src_lang": src_lang, "tgt_lang": tgt_lang, "train_pairs": len(pairs),
               "valid_pairs": len(valid_pairs), "stage_seconds": {}, "directions": {}}
     t0 = time.time()
@@ -272,6 +277,28 @@ def _train_models(pairs, out, src_lang, tgt_lang, valid_pairs, valid_size, vocab
     report["seconds"] = round(time.time() - t0, 1)
     write_json(os.path.join(out, "report.json"), report, ensure_ascii=False)
     return report
+
+
+def check_settings(src_lang: str, tgt_lang: str, **settings) -> None:
+    """Refuse (UsageError) settings that cannot train a model: the same language on both sides
+    (the two directions would be one model, trained twice into one directory), counts below 1,
+    a learning rate that is not positive, a dropout outside [0, 1), heads that do not divide the
+    dimension. SETTINGS that are None are left to their defaults."""
+    if src_lang == tgt_lang:
+        raise UsageError(f"--src_lang and --tgt_lang are both {src_lang!r}: a model translates between two languages")
+    for name in ("vocab_size", "layers", "dim", "ffn_dim", "heads", "max_epoch", "max_update", "max_tokens",
+                 "valid_size", "bleu_samples", "warmup", "cpu_threads"):
+        value = settings.get(name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be >= 1, not {value}")
+    lr, dropout = settings.get("lr"), settings.get("dropout")
+    if lr is not None and not lr > 0:
+        raise UsageError(f"--lr must be > 0, not {lr}")
+    if dropout is not None and not 0 <= dropout < 1:
+        raise UsageError(f"--dropout must be in [0, 1), not {dropout}")
+    dim, heads = settings.get("dim"), settings.get("heads")
+    if dim and heads and dim % heads:
+        raise UsageError(f"--dim {dim} is not a multiple of --heads {heads}")
 
 
 def hold_out(pairs: list, valid_size: int, seed: int = 1) -> tuple[list, list]:
@@ -369,6 +396,11 @@ def run(argv=None) -> dict:
         raise UsageError("--valid_src_file and --valid_tgt_file go together")
     check_lang_code(a.src_lang, "--src_lang")
     check_lang_code(a.tgt_lang, "--tgt_lang")
+    check_settings(a.src_lang, a.tgt_lang, **{k: getattr(a, k) for k in (
+        "vocab_size", "layers", "dim", "ffn_dim", "heads", "max_epoch", "max_update", "max_tokens", "lr", "dropout",
+        "valid_size", "bleu_samples", "warmup", "cpu_threads")})
+    if a.max_lines is not None and a.max_lines < 1:
+        raise UsageError(f"--max_lines must be >= 1, not {a.max_lines}")
     for path in filter(None, (a.tsv, a.src_file, a.tgt_file, a.valid_src_file, a.valid_tgt_file)):
         if not os.path.isfile(path):
             raise UsageError(f"{path}: no such file")
@@ -382,8 +414,13 @@ def run(argv=None) -> dict:
         raise UsageError(f"{output} already holds model(s) {', '.join(existing)}; pass --overwrite to replace them")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
     pairs = read_bitext(a.tsv, a.src_file, a.tgt_file, max_lines=a.max_lines)
+    if not pairs:
+        raise UsageError(f"{a.tsv or a.src_file}: no training pairs (no line with text on both sides" +
+                         (", separated by one tab)" if a.tsv else ")"))
     valid = (read_bitext(src_file=a.valid_src_file, tgt_file=a.valid_tgt_file)
              if a.valid_src_file else None)
+    if valid is not None and not valid:
+        raise UsageError(f"{a.valid_src_file}: no held-out pairs")
     report = train_models(pairs, output, a.src_lang, a.tgt_lang, valid, a.valid_size, a.vocab_size, a.layers,
                           a.dim, a.ffn_dim, a.heads, a.max_epoch, a.max_update, a.max_tokens, a.lr,
                           a.dropout, a.seed, a.directions, a.bleu_samples, a.warmup, a.cpu_threads)

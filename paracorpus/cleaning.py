@@ -44,6 +44,13 @@ class CleaningConfig:
     max_length_ratio: float = 3.0
     min_tokens_for_ratio: int = 4   # ratio is meaningless for "Ano ." vs "Yes , indeed ."
 
+    def __post_init__(self):
+        # bounds that would reject every pair are mistakes, refused before anything runs
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, not {self.max_tokens}")
+        if not self.max_length_ratio >= 1.0:         # also refuses nan
+            raise ValueError(f"max_length_ratio must be >= 1 (longer side / shorter side), not {self.max_length_ratio}")
+
     def encoding_for(self, lang: str) -> str | None:
         enc = self.encodings.get(lang, DEFAULT_ENCODINGS.get(lang))
         return enc or None

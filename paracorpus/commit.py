@@ -21,6 +21,7 @@ instant, the one whose record was overwritten steps back.
 from __future__ import annotations
 
 import os
+import posixpath
 import socket
 import threading
 import time
@@ -149,22 +150,48 @@ def read_manifest(output: str, name: str) -> dict | None:
     return storage.read_json(path) if storage.isfile(path) else None
 
 
-def file_location(output: str, entry: dict) -> str:
-    """Where a manifest ENTRY's file is: under OUTPUT, or under the run its "root" names (a
-    sibling directory of OUTPUT, or a full path or URL), for a file an earlier run wrote."""
-    root = entry.get("root")
-    if not root:
-        return storage.join(output, entry["path"])
-    if storage.is_url(root) or os.path.isabs(root):
-        return storage.join(root, entry["path"])
-    return storage.join(storage.parent(output), root, entry["path"])
+def _canonical(path: str) -> str:
+    """PATH with '.' and '..' resolved: symlinks followed on a local disk (so 'ROOT/latest/..'
+    is where the kernel would go), lexically in a URL's key."""
+    if not storage.is_url(path):
+        return os.path.realpath(path)
+    scheme, rest = path.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    key = posixpath.normpath(key) if key else ""
+    return f"{scheme}://{bucket}" + (f"/{key}" if key and key != "." else "")
 
 
-def root_for(output: str, other: str) -> str:
-    """How OUTPUT's manifest names the run OTHER: its directory name when it is a sibling (runs
-    of one refresh root move together), else its full path or URL."""
-    other = storage.absolute(other.rstrip("/"))
-    return storage.basename(other) if storage.parent(other) == storage.parent(output) else other
+def file_location(manifest_dir: str, entry: dict) -> str:
+    """Where a manifest ENTRY's file is, the manifest being in MANIFEST_DIR: ``path`` is relative
+    to that directory (it may climb out of it with '..' into an earlier run on the same disk) or a
+    full URL. Contract 2 manifests named an earlier run's file by a ``root`` (a sibling run's
+    name, or its full path or URL) beside its path; they are still read."""
+    path, root = entry["path"], entry.get("root")
+    if root:
+        if storage.is_url(root) or os.path.isabs(root):
+            return _canonical(storage.join(root, path))
+        return _canonical(storage.join(storage.parent(_canonical(manifest_dir)), root, path))
+    if storage.is_url(path) or os.path.isabs(path):
+        return _canonical(path)
+    return _canonical(storage.join(_canonical(manifest_dir), path))
+
+
+def entry_path(manifest_dir: str, location: str) -> str:
+    """How a manifest in MANIFEST_DIR names the file at LOCATION (a path or URL): relative to
+    MANIFEST_DIR on a local disk (with '..' to reach another run) and under it in a bucket,
+    else (another bucket, or outside MANIFEST_DIR in a bucket: keys have no '..') the full URL."""
+    base, location = _canonical(manifest_dir), _canonical(location)
+    if storage.is_url(base) != storage.is_url(location):
+        return location
+    if not storage.is_url(base):
+        return os.path.relpath(location, base).replace(os.sep, "/")
+    return location[len(base) + 1:] if location.startswith(base + "/") else location
+
+
+def is_under(path: str, directory: str) -> bool:
+    """True when the (canonical) PATH lies inside DIRECTORY."""
+    path, directory = _canonical(path), _canonical(directory)
+    return path.startswith(directory.rstrip("/") + "/")
 
 
 def committed_files(output: str, table: str, manifest_name: str = "_manifest.json") -> list[str]:
@@ -178,19 +205,21 @@ def committed_files(output: str, table: str, manifest_name: str = "_manifest.jso
 
 def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...]) -> list[str]:
     """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME, then remove
-    what it does not list under OUTPUT/<table> and all of OUTPUT/_work. Returns the removed files."""
+    what it does not list under OUTPUT/<table> and all of OUTPUT/_work. Returns the removed files.
+
+    What is kept is decided by where each listed file really is, so a file the manifest reuses
+    from the run it replaces (``--previous OUT --output OUT``) stays, however it is named."""
     storage.write_json(storage.join(output, manifest_name), manifest)
     for table in manifest.get("files", {}):
         storage.makedirs(storage.join(output, table))       # a table with no rows is still there, empty
-    keep = {f["path"] for files in manifest.get("files", {}).values() for f in files if not f.get("root")}
+    keep = {file_location(output, f) for files in manifest.get("files", {}).values() for f in files}
     removed = []
     for table in tables:
         root = storage.join(output, table)
         for path in storage.list_files(root):
-            rel = table + "/" + _relative(root, path)
-            if rel not in keep:
+            if _canonical(path) not in keep:
                 storage.delete(path)
-                removed.append(rel)
+                removed.append(table + "/" + _relative(root, path))
     storage.delete_tree(storage.join(output, WORK))
     return removed
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
 MODES = ("sample", "beam")
@@ -44,6 +45,10 @@ class GenerationConfig:
                      "batch_pairs", "num_output_shards", "max_banned_words", "max_pieces"):
             if getattr(self, name) < 1:
                 errors.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        for name in ("score_threshold", "dual_xent_threshold"):
+            value = getattr(self, name)
+            if value is not None and math.isnan(value):
+                errors.append(f"{name} must be a number (negative: off), not nan")
         if self.nbest > self.beam:
             errors.append(f"nbest ({self.nbest}) cannot exceed beam ({self.beam})")
         if errors:

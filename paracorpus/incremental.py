@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common import storage
-from paracorpus.schema import MANIFEST
+from common.cli import UsageError
+from paracorpus.schema import CONTRACT_VERSION, MANIFEST
 from common.shards import ShardSpec
 
 TABLES = ("paraphrases", "rejects", "dedup")
@@ -63,16 +64,38 @@ class Reuse:
         return out
 
 
+def _previous_manifest(previous: str) -> dict:
+    """The committed generation manifest of the run PREVIOUS, checked; UsageError otherwise."""
+    path = storage.join(previous, MANIFEST)
+    if not storage.isfile(path):
+        raise UsageError(f"--previous {previous}: no {MANIFEST}, so no committed run to build on "
+                         "(unfinished, failed, or not a generation run)")
+    try:
+        manifest = storage.read_json(path)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise UsageError(f"--previous {previous}: {MANIFEST} is not valid JSON ({str(exc)[:100]})") from None
+    if not isinstance(manifest, dict):
+        raise UsageError(f"--previous {previous}: {MANIFEST} is not a generation run's manifest (not an object)")
+    missing = [k for k in ("run_id", "config_hash", "inputs", "files") if k not in manifest]
+    if missing or not isinstance(manifest["inputs"], list) or not isinstance(manifest["files"], dict):
+        raise UsageError(f"--previous {previous}: {MANIFEST} is not a generation run's manifest "
+                         f"(lacks {missing or 'a list of inputs and a map of files'})")
+    return manifest
+
+
 def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str) -> Reuse:
-    """Which SHARDS the run can take from the committed run PREVIOUS (see the module doc)."""
-    previous_manifest = storage.read_json(storage.join(previous, MANIFEST)) \
-        if previous and storage.isfile(storage.join(previous, MANIFEST)) else None
-    before = {e["input_shard"]: e for e in (previous_manifest or {}).get("inputs", [])}
+    """Which SHARDS the run can take from the committed run PREVIOUS (see the module doc).
+    UsageError when PREVIOUS holds no committed generation run."""
+    previous_manifest = _previous_manifest(previous) if previous else None
+    before = {e["input_shard"]: e for e in (previous_manifest or {}).get("inputs", [])
+              if isinstance(e, dict) and "input_shard" in e}
     reuse = Reuse(previous=storage.absolute(previous) if previous_manifest else None,
                   previous_run_id=(previous_manifest or {}).get("run_id"))
     reuse.fingerprints = {s.name: fingerprint(s, before.get(s.name)) for s in shards}
-    if previous and previous_manifest is None:
-        reuse.why_not = f"{previous} holds no committed run"
+    if previous_manifest and previous_manifest.get("contract_version") != CONTRACT_VERSION:
+        reuse.why_not = (f"run {previous_manifest.get('run_id')} was written under contract "
+                         f"{previous_manifest.get('contract_version')} (this job writes {CONTRACT_VERSION}), "
+                         "whose files are laid out differently")
     elif previous_manifest and previous_manifest.get("config_hash") != config_hash:
         reuse.why_not = (f"the config changed since run {previous_manifest.get('run_id')} "
                          f"({previous_manifest.get('config_hash')} -> {config_hash})")

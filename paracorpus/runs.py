@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from common import storage
 from common.cli import UsageError
 from paracorpus.commit import OWNER, WORK, committed_files
-from paracorpus.schema import FILTER_MANIFEST, MANIFEST
+from paracorpus.schema import FILTER_MANIFEST, MANIFEST, table_relative
 
 _RUN_TABLES = ((MANIFEST, "paraphrases"), (FILTER_MANIFEST, "scored"))
 
@@ -51,7 +51,7 @@ def open_input(path: str) -> ParquetInput:
         run, manifest_name, table = found
         manifest = storage.read_json(storage.join(run, manifest_name))
         files = tuple(committed_files(run, table, manifest_name))
-        relatives = tuple(f["path"][len(table) + 1:] for f in manifest.get("files", {}).get(table, []))
+        relatives = tuple(table_relative(f["path"], table) for f in manifest.get("files", {}).get(table, []))
         return ParquetInput(path, storage.join(run, table), files, manifest,
                             "generation" if manifest_name == MANIFEST else "filter", relatives)
     if storage.isfile(path):

@@ -6,14 +6,17 @@ breaking change: add columns, never rename or retype them, and bump CONTRACT_VER
 
 Layout under a generation run's ``--output`` (a local directory or a bucket URL)::
 
-    paraphrases/lang_pair=<src>-<tgt>/shard=<NNNNN>/part-u<unit>-<attempt>.parquet   one row per paraphrase
-    rejects/lang_pair=<src>-<tgt>/shard=<NNNNN>/part-u<unit>-<attempt>.parquet       one row per rejected record
+    paraphrases/<src>-<tgt>/<NNNNN>/part-u<unit>-<attempt>.parquet   one row per paraphrase
+    rejects/<src>-<tgt>/<NNNNN>/part-u<unit>-<attempt>.parquet       one row per rejected record
+    dedup/<src>-<tgt>/<NNNNN>/part-u<unit>-<attempt>.parquet         dedup keys of the pairs decoded
     _manifest.json    written last: the files of the run, inputs, models, config, counts
 
 Only the files the manifest lists belong to the run (paracorpus/commit.py): read them with
 ``paracorpus.commit.committed_files(output, "paraphrases")`` or any Parquet reader given that list.
-The partition columns ``lang_pair`` and ``shard`` are stored in the files too, with one type, so
-every reader (pyarrow, DuckDB, polars, pandas, HF datasets) sees the same columns.
+The partition columns ``lang_pair`` and ``shard`` are stored in the files, and the directories
+are deliberately not named ``key=value``: readers that infer Hive partitions from such names
+(pandas, Spark, polars) would add the same columns again with another type (pandas: "string vs
+dictionary"). So every reader sees the files' columns and nothing else.
 """
 from __future__ import annotations
 
@@ -21,7 +24,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-CONTRACT_VERSION = 2            # 2: partition columns stored in the files; files listed by the manifest
+# 2: partition columns stored in the files; files listed by the manifest.
+# 3: no key=value directory names; every manifest path opens as <manifest's directory>/<path>
+#    (or is a full URL), no "root".
+CONTRACT_VERSION = 3
 MANIFEST = "_manifest.json"     # written last by the generation job
 FILTER_MANIFEST = "_filter_manifest.json"   # written last by the filter job
 
@@ -103,6 +109,19 @@ DEDUP_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 PARTITION_COLUMNS = ("lang_pair", "shard")
 
 
+def partition_dir(lang_pair: str, shard: int) -> str:
+    """An output partition's directory inside its table: ``cs-en/00003``."""
+    return f"{lang_pair}/{shard:05d}"
+
+
+def table_relative(path: str, table: str) -> str:
+    """The part of a manifest PATH below its TABLE directory (``cs-en/00003/part-....parquet``),
+    whether the file is this run's (``paraphrases/...``) or an earlier run's (``../r1/paraphrases/...``)."""
+    parts = path.split("/")
+    at = max(i for i, p in enumerate(parts[:-1]) if p == table)
+    return "/".join(parts[at + 1:])
+
+
 def _schema(columns) -> pa.Schema:
     return pa.schema([pa.field(name, dtype, metadata={"doc": doc}) for name, dtype, doc in columns],
                      metadata={"contract_version": str(CONTRACT_VERSION)})
@@ -181,9 +200,10 @@ SCORED_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 # The manifests: keys every one has. A manifest's 'files' maps a table to a list of
-# {"path": <relative to the run>, "rows": n, "bytes": n, "input_shard": name}; only those files
-# belong to the run. An entry with "root" is a file an earlier run wrote and this one reuses:
-# "root" is that run's directory, a sibling's name or a URL (paracorpus.commit.file_location).
+# {"path": p, "rows": n, "bytes": n, "input_shard": name}; only those files belong to the run.
+# p opens as <the manifest's directory>/<p>: "paraphrases/..." for the run's own files,
+# "../<run>/paraphrases/..." for a file an earlier run wrote and this one reuses, or a full URL
+# (a bucket has no ".."). Contract 2 had a "root" instead (paracorpus.commit.file_location).
 MANIFEST_KEYS = ("contract_version", "run_id", "config_hash", "config", "models", "inputs", "counts",
                  "files", "units", "versions", "command", "finished_at")
 FILTER_MANIFEST_KEYS = ("contract_version", "run_id", "input", "input_run_id", "config", "rows_in", "rows_out",

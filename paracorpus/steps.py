@@ -13,6 +13,8 @@ inside a work unit (paracorpus/units.py), built once per worker by :func:`decodi
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +65,8 @@ class BitextFilterConfig:
         if self.encoder and self.min_similarity is None:
             raise ValueError("--bitext_encoder needs --bitext_min_similarity (the cosine, or with --bitext_mlp "
                              "the probability, below which a pair is rejected)")
+        if self.min_similarity is not None and not math.isfinite(self.min_similarity):
+            raise ValueError(f"--bitext_min_similarity must be a number, not {self.min_similarity}")
         if self.min_similarity is not None and not self.encoder:
             raise ValueError("--bitext_min_similarity needs --bitext_encoder")
         if self.min_equivalence is not None and not self.divergence:

@@ -6,7 +6,8 @@ spreads over many keys whatever the number of output files, a retry or a resume 
 a unit's rows fit in one worker's memory, and every unit (and file) comes from one input shard,
 which is what lets a later run reuse the output of a shard that did not change. A unit writes
 into the output partition its input shard's name and its index there hash to (``partition_of_unit``;
-on disk a partition is a ``shard=NNNNN`` directory, the contract's ``shard`` column).
+on disk a partition is a ``<lang pair>/NNNNN`` directory, the contract's ``lang_pair`` and ``shard``
+columns).
 
 :func:`generate_unit` is the whole per-unit algorithm as a plain function (decode in batches,
 with a failing batch retried pair by pair so one bad pair becomes a reject, not a failed unit);
@@ -29,7 +30,7 @@ from common.steps import run_steps
 from paracorpus.cleaning import CleanPair, dedup_key
 from paracorpus.commit import attempt_id
 from paracorpus.schema import (DEDUP, PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNIT_RECORD_KEYS, check_manifest,
-                               reject_row)
+                               partition_dir, reject_row)
 
 DEFAULT_UNIT_PAIRS = 500
 MAX_FILE_ROWS = 1_000_000     # a unit's table rolls over to a new file past this many rows
@@ -125,13 +126,13 @@ def generate_unit(elements: list, steps: list, batch_pairs: int, config_hash: st
 
 def _write_table(output: str, contract, rows: list, lang_pair: str, partition: int, unit: int,
                  attempt: str) -> list[dict]:
-    """ROWS as Parquet under OUTPUT/<table>/lang_pair=../shard=../, MAX_FILE_ROWS per file, each
-    named after the unit and attempt; their manifest entries."""
+    """ROWS as Parquet under OUTPUT/<table>/<lang pair>/<partition>/ (schema.partition_dir),
+    MAX_FILE_ROWS per file, each named after the unit and attempt; their manifest entries."""
     import pyarrow.parquet as pq
 
     if not rows:
         return []
-    rel_dir = f"{contract.name}/lang_pair={lang_pair}/shard={partition:05d}"
+    rel_dir = f"{contract.name}/{partition_dir(lang_pair, partition)}"
     entries = []
     for seq, start in enumerate(range(0, len(rows), MAX_FILE_ROWS)):
         chunk = rows[start:start + MAX_FILE_ROWS]

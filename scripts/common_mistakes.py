@@ -30,6 +30,14 @@ class Case:
     args: tuple                         # $OUT: a fresh path for this case, which must not exist afterwards
     protect: str | None = None          # a path under $WORK whose files must be unchanged afterwards
     when: str | None = None             # a machine condition ('no_gpu', 'no_bf16'); skipped otherwise
+    env: tuple = ()                     # (name, value) pairs set for the command
+
+
+# an S3 endpoint and a GCS emulator where nothing listens, and a short wait for them
+_UNREACHABLE = (("AWS_ENDPOINT_URL", "http://127.0.0.1:9"), ("AWS_ACCESS_KEY_ID", "x"),
+                ("AWS_SECRET_ACCESS_KEY", "y"), ("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9"),
+                ("PARAGEN_STORAGE_TIMEOUT", "4"))
+_NMT = ("--output", "$OUT")
 
 
 def _gen(*extra, output="$OUT", fwd="$MODELS/cs-en", bwd="$MODELS/en-cs", inp="$WORK/in.tsv"):
@@ -86,6 +94,42 @@ CASES = [
          ("--tsv", "$WORK/nope.tsv", "--output", "$OUT")),
     Case("train-nmt: --src_file without --tgt_file", "models.train_nmt",
          ("--src_file", "$WORK/corpus.cs", "--output", "$OUT")),
+    # a second round of hostile use
+    Case("a second --input that is an empty directory", "beam_pipelines.generate",
+         _gen(inp="$WORK/in.tsv,$WORK/empty-dir")),
+    Case("a second --input glob that matches nothing", "beam_pipelines.generate",
+         _gen(inp="$WORK/in.tsv,$WORK/nothing-*.tsv")),
+    Case("a run's paraphrases/ as --input", "beam_pipelines.generate", _gen(inp="$WORK/gen/paraphrases")),
+    Case("--max_line_chars that rejects every record", "beam_pipelines.generate", _gen("--max_line_chars", "0")),
+    Case("--score_threshold nan", "beam_pipelines.generate", _gen("--score_threshold", "nan")),
+    Case("--max_length_ratio below 1", "beam_pipelines.generate", _gen("--max_length_ratio", "-1")),
+    Case("--previous that holds no run", "beam_pipelines.generate", _gen("--previous", "$WORK/nope")),
+    Case("--previous whose manifest is not one", "beam_pipelines.generate", _gen("--previous", "$WORK/garbage-run")),
+    Case("a model directory whose spm.model is garbage", "beam_pipelines.generate", _gen(fwd="$WORK/bad-spm-model")),
+    Case("a model directory whose dict.cs.txt is not a dictionary", "beam_pipelines.generate",
+         _gen(fwd="$WORK/bad-dict-model")),
+    Case("a model.json nested 200,000 deep", "beam_pipelines.generate", _gen(fwd="$WORK/deep-json-model")),
+    Case("an s3:// input whose endpoint cannot be reached", "beam_pipelines.generate",
+         _gen(inp="s3://bucket/corpus/"), env=_UNREACHABLE),
+    Case("an s3:// model directory whose endpoint cannot be reached", "beam_pipelines.generate",
+         _gen(fwd="s3://bucket/models/cs-en"), env=_UNREACHABLE),
+    Case("a gs:// output with no storage answering", "beam_pipelines.generate",
+         _gen(output="gs://bucket/out"), env=_UNREACHABLE),
+    Case("hdfs:// without Hadoop and Java", "beam_pipelines.generate", _gen(inp="hdfs://namenode:8020/corpus/"),
+         env=(("JAVA_HOME", ""), ("HADOOP_HOME", ""), ("ARROW_LIBHDFS_DIR", ""))),
+    Case("filter: --spm_model that is not a sentencepiece model", "beam_pipelines.filter",
+         ("--input", "$WORK/gen", "--output", "$OUT", "--config", "$WORK/pieces.yaml", "--spm_model", "$WORK/afile")),
+    Case("filter: a config nested 100,000 deep", "beam_pipelines.filter",
+         ("--input", "$WORK/gen", "--output", "$OUT", "--config", "$WORK/deep.yaml")),
+    Case("refresh: a filter config that does not exist", "beam_pipelines.refresh",
+         ("--root", "$OUT", "--filter_args=--config $WORK/nope.yaml", "--", *_gen()[:2], *_gen()[4:])),
+    Case("refresh: --keep 0", "beam_pipelines.refresh", ("--root", "$OUT", "--keep", "0", "--", *_gen()[:2])),
+    Case("train-nmt: the same language on both sides", "models.train_nmt",
+         ("--tsv", "$WORK/in.tsv", "--src_lang", "en", "--tgt_lang", "en", *_NMT)),
+    Case("train-nmt: --vocab_size 0", "models.train_nmt", ("--tsv", "$WORK/in.tsv", "--vocab_size", "0", *_NMT)),
+    Case("train-nmt: --max_epoch -1", "models.train_nmt", ("--tsv", "$WORK/in.tsv", "--max_epoch", "-1", *_NMT)),
+    Case("train-nmt: an empty file", "models.train_nmt", ("--tsv", "$WORK/empty.tsv", *_NMT)),
+    Case("train-nmt: a comma-separated file", "models.train_nmt", ("--tsv", "$WORK/commas.csv", *_NMT)),
 ]
 
 
@@ -105,6 +149,17 @@ def _setup(work: str, models: str) -> None:
         f.writelines(line.split("\t")[0] + "\n" for line in lines)
     with open(os.path.join(work, "afile"), "w") as f:
         f.write("a file, not a directory\n")
+    os.makedirs(os.path.join(work, "empty-dir"))
+    open(os.path.join(work, "empty.tsv"), "w").close()
+    with open(os.path.join(work, "commas.csv"), "w", encoding="utf-8") as f:
+        f.writelines(line.replace("\t", ",") for line in lines)
+    with open(os.path.join(work, "deep.yaml"), "w") as f:
+        f.write("[" * 100_000)
+    with open(os.path.join(work, "pieces.yaml"), "w") as f:
+        f.write("filters:\n  - name: bag_of_pieces\n")
+    os.makedirs(os.path.join(work, "garbage-run"))
+    with open(os.path.join(work, "garbage-run", "_manifest.json"), "w") as f:
+        f.write("[1, 2, 3]")
     with open(os.path.join(work, "notgz.tsv.gz"), "wb") as f:
         f.write(b"plain text pretending to be gzip\n")
     pq.write_table(pa.table({"cs": [1, 2], "en": ["a", "b"]}), os.path.join(work, "ints.parquet"))
@@ -113,8 +168,13 @@ def _setup(work: str, models: str) -> None:
         json.dump({"run_id": "20260101T000000Z-example", "counts": {"reconciled": True}}, f)
     # a checkpoint whose config would run code if fairseq evaluated it, and a pickled one
     allow_fairseq_checkpoints()
-    for name in ("hostile-model", "pickled-model"):
+    for name in ("hostile-model", "pickled-model", "bad-spm-model", "bad-dict-model", "deep-json-model"):
         shutil.copytree(os.path.join(models, "cs-en"), os.path.join(work, name))
+    for name, content in (("bad-spm-model/spm.model", b"\x00not a sentencepiece model\n" * 8),
+                          ("bad-dict-model/dict.cs.txt", b"ahoj\nsvete 3\n"),
+                          ("deep-json-model/model.json", b"[" * 200_000)):
+        with open(os.path.join(work, name), "wb") as f:
+            f.write(content)
     state = torch.load(os.path.join(models, "cs-en", "model.pt"), map_location="cpu", weights_only=True)
     state["cfg"]["model"].adaptive_softmax_cutoff = f"__import__('os').system('touch {work}/pwned') or [1]"
     torch.save(state, os.path.join(work, "hostile-model", "model.pt"))
@@ -183,14 +243,21 @@ def run_case(index: int, case: Case, work: str, models: str) -> dict:
     out = os.path.join(work, f"out-{index}")
     args = [a.replace("$OUT", out).replace("$WORK", work).replace("$MODELS", models) for a in case.args]
     before = _tree(os.path.join(work, case.protect)) if case.protect else None
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    for name, value in case.env:
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
     done = subprocess.run([sys.executable, "-m", case.module, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                          timeout=600, env=env)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:") or ": error:" in line]
     message = errors[-1] if errors else (done.stderr.strip().splitlines() or [""])[-1]
     for real, shown in ((out, "$OUT"), (work, "$WORK"), (models, "$MODELS")):
         message = message.replace(real, shown)
     wrote = os.path.exists(out) or (case.protect is not None and _tree(os.path.join(work, case.protect)) != before)
-    return {"title": case.title, "command": f"{_command(case.module)} {' '.join(case.args)}",
+    shown_env = " ".join(f"{k}={v}" for k, v in case.env if k.startswith(("AWS_ENDPOINT", "STORAGE_EMULATOR")))
+    return {"title": case.title, "command": " ".join(filter(None, (shown_env, _command(case.module), *case.args))),
             "exit": done.returncode, "message": message, "traceback": "Traceback" in done.stderr,
             "wrote": wrote, "code_ran": os.path.exists(os.path.join(work, "pwned"))}
 
@@ -198,7 +265,8 @@ def run_case(index: int, case: Case, work: str, models: str) -> dict:
 def _command(module: str) -> str:
     return {"beam_pipelines.generate": "paragen-generate", "beam_pipelines.filter": "paragen-filter",
             "embeddings.train": "paragen-train-embeddings", "embeddings.sts": "paragen-sts",
-            "embeddings.lexicon": "paragen-lexicon", "models.train_nmt": "paragen-train-nmt"}[module]
+            "embeddings.lexicon": "paragen-lexicon", "models.train_nmt": "paragen-train-nmt",
+            "beam_pipelines.refresh": "paragen-refresh"}[module]
 
 
 def run_all(models: str, jobs: int = 2) -> list[dict]:

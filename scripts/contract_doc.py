@@ -117,7 +117,7 @@ def reasons_table() -> str:
 
 
 def layout() -> str:
-    part = "lang_pair=cs-en/shard=00001/part-u000042-3f9a1c2e.parquet"
+    part = f"{schema.partition_dir('cs-en', 1)}/part-u000042-3f9a1c2e.parquet"
     lines = [(f"OUT/{schema.PARAPHRASES.name}/{part}", "paraphrase rows of work unit 42"),
              (f"OUT/{schema.REJECTS.name}/{part}", "its rejected input records"),
              (f"OUT/{schema.DEDUP.name}/{part}", "dedup keys of the pairs it decoded"),
@@ -145,36 +145,81 @@ Names used here (source, reference, input shard, output partition, work unit) ar
 {layout()}
 ```
 
-`shard=NNNNN` is an output partition (`--num_output_shards` of them per language pair); a file
-name holds the work unit and the attempt that wrote it, so no two attempts write the same name.
+`cs-en/00001` is an output partition: the language pair, then the partition number
+(`--num_output_shards` of them per language pair). Directory names are not `key=value` on
+purpose: readers that infer Hive partitions from such names (pandas, polars, Spark) would add the
+partition columns a second time with another type, and these columns are in the files already. A
+file name holds the work unit and the attempt that wrote it, so no two attempts write the same
+name.
 
 ## Reading a run
 
 Only the files `{schema.MANIFEST}` lists belong to the run. A file of a dead attempt, or of a run
 the new one replaced, may sit beside them for a moment; a directory without a manifest is not a
-corpus. Read through the manifest:
+corpus. Each entry's `path` opens as `<the manifest's directory>/<path>`, or is a full URL:
+
+- the run's own files: `paraphrases/cs-en/00001/part-....parquet`;
+- a file an earlier run wrote and this one reuses (an incremental run, a refresh): on a disk
+  `../<that run>/paraphrases/...`; in a bucket, under the run or else the full `gs://`/`s3://` URL
+  (keys have no `..`);
+- a refresh root's `ROOT/latest/` is a directory holding a copy of the current run's manifest
+  whose paths open from there, so `ROOT/latest` reads like any run, on a disk or in a bucket.
+
+The list of a table's files, with nothing but the standard library (`OUT` is a run directory or
+`ROOT/latest`):
+
+```python
+import json
+OUT = "runs/example-output"
+manifest = json.load(open(f"{{OUT}}/{schema.MANIFEST}"))
+files = [p if "://" in p else f"{{OUT}}/{{p}}" for p in (f["path"] for f in manifest["files"]["paraphrases"])]
+```
+
+Then any Parquet reader. The partition columns are stored in the files, so every reader sees the
+same columns and types:
+
+```python
+import pyarrow.parquet as pq
+table = pq.read_table(files)
+```
+
+```python
+import duckdb
+best = duckdb.read_parquet(files).filter("rank = 1").df()
+```
+
+```python
+import polars as pl
+frame = pl.read_parquet(files)
+```
+
+```python
+import pandas as pd
+frame = pd.read_parquet(files)
+```
+
+```python
+import datasets
+corpus = datasets.load_dataset("parquet", data_files=files, split="train")
+```
+
+The project's own helper does the same for bucket URLs too (`gs://`, `s3://`):
 
 ```python
 from paracorpus.commit import committed_files
 from common import storage
-files = committed_files("OUT", "paraphrases")          # or "gs://bucket/run", "s3://..."
-table = storage.parquet_dataset(files).to_table()      # pyarrow; works for bucket URLs too
+files = committed_files(OUT, "paraphrases")
+table = storage.parquet_dataset(files).to_table()
 ```
 
-or give that list to any Parquet reader. The partition columns are stored in the files, so
-pyarrow, DuckDB, polars, pandas and HF datasets all see the same columns and types:
-
-```python
-import json, duckdb
-files = [f"OUT/{{f['path']}}" for f in json.load(open("OUT/{schema.MANIFEST}"))["files"]["paraphrases"]]
-duckdb.read_parquet(files).filter("rank = 1").df()
-```
-
-A file entry with a `root` was written by an earlier run and is reused by this one (an
-incremental run): it lives under that run (`paracorpus.commit.file_location`).
+Manifests of contract 2 named a reused file by a `root` beside its path;
+`paracorpus.commit.file_location` still reads them.
 
 Counts reconcile: records read = pairs with at least one paraphrase + rejected records. A run
-whose counts do not is not published (the previous run stays) and the job exits non-zero.
+whose counts do not is not published (the previous run stays) and the job exits with status 1. A
+run with no paraphrase row (every record rejected, or none read) is not published either, unless
+`--allow_empty`: the job names the top reject reasons and exits with status 3, so a scheduler can
+tell it from a mistake in the options (status 2).
 
 ## Table `{p.name}`
 
@@ -209,7 +254,7 @@ later incremental run deduplicates new pairs against, without reading the old te
 
 ## Table `scored` (filter job)
 
-`OUT/scored/lang_pair=.../shard=.../<input file>-<attempt>.parquet`, one file per input file, one
+`OUT/scored/<lang pair>/<partition>/<input file>-<attempt>.parquet`, one file per input file, one
 row per input row: every input column, then one float64 column per score of the configured
 filters (named after the score; see [architecture.md](architecture.md#the-filter-job)), then:
 

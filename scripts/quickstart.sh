@@ -19,8 +19,9 @@ $PY -m beam_pipelines.generate --input runs/example-input.tsv --output runs/exam
     --forward_model "$MODELS/cs-en" --backward_model "$MODELS/en-cs" --preset parabank2-cpu \
     --overwrite --runner DirectRunner
 $PY - <<'PYEOF'
-import pyarrow.dataset as ds
-rows = ds.dataset("runs/example-output/paraphrases", partitioning="hive").to_table().to_pylist()
+from common import storage
+from paracorpus.commit import committed_files
+rows = storage.parquet_dataset(committed_files("runs/example-output", "paraphrases")).to_table().to_pylist()
 rows.sort(key=lambda r: (r["pair_id"], r["rank"]))
 print("\nexample rows (reference -> paraphrase, rank, combined score, banned words):")
 for r in rows[:12]:

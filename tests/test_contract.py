@@ -1,7 +1,7 @@
 """docs/contract.md documents the output contract exactly as paracorpus/schema.py defines it."""
 import os
 
-from paracorpus.schema import (PARAPHRASE_COLUMNS, PARAPHRASE_SCHEMA, REJECT_COLUMNS, REJECT_REASONS,
+from paracorpus.schema import (CONTRACT_VERSION, PARAPHRASE_COLUMNS, PARAPHRASE_SCHEMA, REJECT_COLUMNS, REJECT_REASONS,
                                markdown_table)
 
 CONTRACT_DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "contract.md")
@@ -20,7 +20,7 @@ def test_schema_has_the_columns_the_issue_requires():
                 "cluster_size", "forward_nll", "backward_nll", "combined_score", "constraint_set",
                 "num_sampled", "num_surviving", "mode", "config_hash"}
     assert required <= set(PARAPHRASE_SCHEMA.names)
-    assert PARAPHRASE_SCHEMA.metadata[b"contract_version"] == b"2"
+    assert PARAPHRASE_SCHEMA.metadata[b"contract_version"] == str(CONTRACT_VERSION).encode()
 
 
 def test_row_builders_fail_where_the_row_is_made():

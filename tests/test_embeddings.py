@@ -223,7 +223,7 @@ def test_pair_source_reads_generation_parquet_with_filters(tmp_path):
     assert src.generation_manifest["counts"] == {"reconciled": True}
     assert PairSource(str(tmp_path / "paraphrases")).generation_manifest == src.generation_manifest
     # a file no manifest lists (an abandoned attempt's) is never read
-    stray = tmp_path / "paraphrases" / "lang_pair=cs-en" / "shard=00000" / "part-u000009-deadbeef.parquet"
+    stray = tmp_path / "paraphrases" / "cs-en" / "00000" / "part-u000009-deadbeef.parquet"
     pq.write_table(pa.Table.from_pylist(rows[:4], schema=PARAPHRASE_SCHEMA), stray)
     assert sorted(PairSource(str(tmp_path))) == sorted(pairs)
     # a run directory without its manifest is refused, not read

@@ -35,7 +35,7 @@ def _args(inputs, out, models, *extra):
 
 
 def _table(out, name):
-    return ds.dataset(os.path.join(out, name), format="parquet", partitioning="hive").to_table().to_pylist()
+    return ds.dataset(os.path.join(out, name), format="parquet").to_table().to_pylist()
 
 
 # ------------------------------------------------------------------ names that become paths
@@ -265,3 +265,44 @@ def test_this_cpus_bf16_answer_matches_its_flags():
     if flags is None:
         pytest.skip("no /proc/cpuinfo to compare with")
     assert cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
+
+
+# ------------------------------------------------------------------ a run with nothing to publish
+@pytest.mark.slow
+def test_a_run_that_rejects_every_record_publishes_nothing_and_exits_3(tmp_path, tiny_nmt_models, capsys):
+    from beam_pipelines.generate import main
+
+    good = tmp_path / "good.tsv"
+    good.write_text("\n".join(_toy_lines(12, 5)) + "\n")
+    out = tmp_path / "out"
+    assert main(_args([good], out, tiny_nmt_models)) == 0
+    before = json.load(open(out / "_manifest.json"))
+    bad = tmp_path / "bad.tsv"                         # the columns joined by commas: no record has a tab
+    bad.write_text("\n".join(line.replace("\t", ",") for line in _toy_lines(12, 6)) + "\n")
+    capsys.readouterr()
+    rc = main(_args([bad], out, tiny_nmt_models, "--overwrite"))
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "every record was rejected (12 of 12; top reasons: missing_column 12)" in error[0]
+    assert "input shard bad.tsv gave no paraphrase" in err
+    # the committed run is untouched, its files all there; the refused run's manifest is kept aside
+    assert json.load(open(out / "_manifest.json")) == before
+    assert all(os.path.exists(os.path.join(out, e["path"])) for t in before["files"].values() for e in t)
+    aside = [d for d in os.listdir(out / "_work") if os.path.exists(out / "_work" / d / "manifest.json")]
+    assert len(aside) == 1
+    # published on request
+    assert main(_args([bad], out, tiny_nmt_models, "--overwrite", "--allow_empty")) == 0
+    assert json.load(open(out / "_manifest.json"))["counts"]["rejected_by_reason"] == {"missing_column": 12}
+
+
+@pytest.mark.slow
+def test_a_run_that_reads_no_record_exits_3(tmp_path, tiny_nmt_models, capsys):
+    from beam_pipelines.generate import main
+
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("")
+    rc = main(_args([empty], tmp_path / "out", tiny_nmt_models))
+    assert rc == 3
+    assert "the input shards hold no records" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "_manifest.json").exists()

@@ -26,6 +26,17 @@ def _rows(run_dir, table="paraphrases"):
     return sorted(rows, key=lambda r: (r["input_shard"], r["input_index"], r.get("rank") or 0))
 
 
+def _held_by(entry) -> str:
+    """The run (a sibling in runs/) whose directory holds a manifest ENTRY's file: a path into
+    another run is '../<run>/...' on a disk and the file's URL in a bucket."""
+    path = entry["path"]
+    if path.startswith("../"):
+        return path.split("/")[1]
+    if "://" in path:
+        return path.split("/runs/", 1)[1].split("/", 1)[0]
+    return "self"
+
+
 def _strip(rows):
     return [{k: (round(v, 4) if k in _FLOATS and v is not None else v) for k, v in r.items() if k != "config_hash"}
             for r in rows]
@@ -83,7 +94,7 @@ def test_refresh_sequence_decodes_only_what_changed(place, tmp_path):
         assert _strip(_rows(f"{runs}/r2", table)) == _strip(_rows(str(tmp_path / "full"), table))
     assert r2["counts"] == full["counts"]
     # r2 takes A's and B's files from r1, by reference
-    assert {f.get("root") for f in r2["files"]["paraphrases"] if f["input_shard"] != "c.tsv"} == {"r1"}
+    assert {_held_by(f) for f in r2["files"]["paraphrases"] if f["input_shard"] != "c.tsv"} == {"r1"}
 
     noop = run(_args(inp, f"{runs}/r3", models, "--previous", f"{runs}/r2"))
     assert noop["noop"] and not storage.exists(f"{runs}/r3")
@@ -91,8 +102,8 @@ def test_refresh_sequence_decodes_only_what_changed(place, tmp_path):
     _write(inp, "b.tsv", b[:6] + _lines(100, 4))                          # B changed
     r4 = run(_args(inp, f"{runs}/r4", models, "--previous", f"{runs}/r2"))
     assert _decoded(r4) == ["b.tsv"] and r4["counts"]["records_read_per_shard"]["b.tsv"] == 10
-    assert {f.get("root") for f in r4["files"]["paraphrases"] if f["input_shard"] == "a.tsv"} == {"r1"}
-    assert {f.get("root") for f in r4["files"]["paraphrases"] if f["input_shard"] == "c.tsv"} == {"r2"}
+    assert {_held_by(f) for f in r4["files"]["paraphrases"] if f["input_shard"] == "a.tsv"} == {"r1"}
+    assert {_held_by(f) for f in r4["files"]["paraphrases"] if f["input_shard"] == "c.tsv"} == {"r2"}
 
     storage.delete(storage.join(inp, "b.tsv"))                            # B removed
     r5 = run(_args(inp, f"{runs}/r5", models, "--previous", f"{runs}/r4"))

@@ -21,9 +21,12 @@ def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tm
            "--forward_model", os.path.join(tiny_nmt_models, "cs-en"),
            "--backward_model", os.path.join(tiny_nmt_models, "en-cs"),
            "--num_sets", "1", "--num_samples", "2", "--dual_xent_threshold", "-1", "--score_threshold", "-1"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PARAGEN_PROGRESS_SECONDS": "0.2"})
     assert done.returncode == 0, done.stderr[-3000:]
     err = done.stderr
+    # inside a unit, lines say which and how far (the heartbeat: a long batch is not silence)
+    assert re.search(r"\[generate\] .*\| unit \d+: \d+ of \d+ pairs, \d+s", err), err[-3000:]
     assert re.search(r"generation run \S+: 1 shard\(s\) to decode \(30 records, \d+ work units\)", err)              # the pre-count
     assert re.search(r"\[read\] pairs_read=\d+", err)
     line = re.search(r"\[generate\] .*generate_pairs_in=(\d+).*\| ([\d.]+) pairs/s", err)
@@ -54,3 +57,57 @@ def test_progress_line_has_rate_share_and_eta():
     assert line.startswith("[generate] pairs=250 rejected_x=3 | ")
     assert "25.0 pairs/s" in line and "~25% of ~1,000" in line and "ETA 30s" in line
     assert format_seconds(3725) == "1h02m" and format_seconds(75) == "1m15s"
+
+
+def test_a_long_piece_of_work_is_not_silence(caplog):
+    """While a worker is inside one unit (or file), the heartbeat logs a line every few seconds even
+    though no count changes; none once it is idle."""
+    import logging
+    import time
+
+    from transforms.progress import Progress
+
+    p = Progress("generate", every_seconds=0.2, rate_of="pairs")
+    with caplog.at_level(logging.INFO, logger="paragen.progress"):
+        p.working("unit 3: 0 of 500 pairs")
+        time.sleep(1.0)
+        busy = [r.getMessage() for r in caplog.records]
+        p.idle()
+        time.sleep(0.6)
+    assert len(busy) >= 2 and all("unit 3: 0 of 500 pairs" in m for m in busy), busy
+    assert len(caplog.records) - len(busy) <= 1          # at most one line that was being written
+
+
+def test_progress_interval_follows_the_environment(monkeypatch):
+    from transforms.progress import progress_seconds
+
+    monkeypatch.setenv("PARAGEN_PROGRESS_SECONDS", "2.5")
+    assert progress_seconds() == 2.5
+    monkeypatch.delenv("PARAGEN_PROGRESS_SECONDS")
+    assert progress_seconds() in (5.0, 30.0)
+
+
+def test_the_filter_job_reports_progress_while_it_scores_a_file(tmp_path, monkeypatch, caplog):
+    import logging
+    import time
+
+    from beam_pipelines.filter import run
+    from tests.toydata import paraphrase_rows, toy_paraphrases, write_generation_run
+
+    gen = write_generation_run(tmp_path / "gen", paraphrase_rows(toy_paraphrases(9000, seed=2)), shards=1)
+    cfg = tmp_path / "f.yaml"
+    cfg.write_text("filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.9}}\n")
+    monkeypatch.setenv("PARAGEN_PROGRESS_SECONDS", "0.1")
+    # scoring made slower (the real scores, half a second more per batch), as a big file would be
+    import filtering.scoring as scoring
+
+    real = scoring.score_table
+
+    def slow_score_table(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(scoring, "score_table", slow_score_table)
+    with caplog.at_level(logging.INFO, logger="paragen.progress"):
+        run(["--input", gen, "--output", str(tmp_path / "f"), "--config", str(cfg), "--no_report"])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[filter]")]
+    assert any(re.search(r"rows=\d+ .*\| cs-en/00000/part-\S+\.parquet: [\d,]+ rows", m) for m in lines), lines

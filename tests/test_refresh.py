@@ -11,7 +11,7 @@ import pytest
 
 from beam_pipelines.refresh import LATEST, LOCK, run as refresh
 from common import storage
-from common.cli import UsageError
+from common.cli import JobFailed, UsageError
 from paracorpus.commit import committed_files
 from tests.object_stores import s3_store  # noqa: F401  (fixture)
 
@@ -51,7 +51,8 @@ def test_refreshes_on_a_local_disk(tmp_path, tiny_nmt_models):
     (inp / "a.tsv").write_text(_lines(0, 10))
     filt = [f"--filter_args=--config {cfg} --no_report"]
     r1 = refresh(["--root", root, "--keep", "1", *filt, "--", *_job(str(inp), tiny_nmt_models)])
-    assert _latest(root) == r1["run_id"] and os.readlink(os.path.join(root, "latest")) == f"runs/{r1['run_id']}"
+    assert _latest(root) == r1["run_id"]
+    assert json.load(open(os.path.join(root, "latest", "_manifest.json")))["run_id"] == r1["run_id"]
     assert _readable(root, r1["run_id"])
 
     (inp / "b.tsv").write_text(_lines(10, 10))
@@ -69,12 +70,13 @@ def test_refreshes_on_a_local_disk(tmp_path, tiny_nmt_models):
 
     # a failure in each stage: latest stays on a whole, readable run; the failed run is pruned later
     (inp / "c.tsv").write_text(_lines(20, 6))
-    with pytest.raises(UsageError, match="filter job failed"):
-        refresh(["--root", root, "--filter_args=--config nope.yaml", "--", *_job(str(inp), tiny_nmt_models)])
+    with pytest.raises(JobFailed, match=r"filter job failed \(exit 1\)"):
+        refresh(["--root", root, *filt, "--filter_cmd", "false", "--", *_job(str(inp), tiny_nmt_models)])
     bad_models = _job(str(inp), tiny_nmt_models)
     bad_models[bad_models.index("--forward_model") + 1] = str(tmp_path / "no-model")
-    with pytest.raises(UsageError, match="generation job failed"):
+    with pytest.raises(JobFailed, match=r"generation job failed \(exit 2\): --forward_model: .*no-model") as info:
         refresh(["--root", root, *filt, "--", *bad_models])
+    assert info.value.code == 2
     assert _latest(root) == r2["run_id"] and _readable(root, r2["run_id"])
     logs = os.listdir(os.path.join(root, "logs"))
     assert any("no-model" in open(os.path.join(root, "logs", f)).read() for f in logs)
@@ -150,9 +152,18 @@ def test_filter_args_are_words_not_shell_code(tmp_path):
               "json.dump({'files': {}}, open(o+'/_manifest.json','w'))\"")
     rec_filter = ("python3 -c \"import sys,os,json; a=sys.argv[1:]; o=a[a.index('--output')+1]; os.makedirs(o); "
                   "json.dump(a, open(o+'/args.json','w')); sys.exit(2 if any(';' in x for x in a) else 0)\"")
-    with pytest.raises(UsageError, match="filter job failed"):
+    # the words are the filter job's options: checked before anything runs, 'touch' and the path
+    # are refused as stray values, and nothing was run by a shell
+    with pytest.raises(UsageError, match=f"unknown option.*'touch'.*'{marker}'"):
         refresh(["--root", str(tmp_path / "root"), "--job_cmd", ok_job, "--filter_cmd", rec_filter,
                  f"--filter_args=--config x; touch {marker}", "--", "--input", "in"])
-    assert not marker.exists() and not (tmp_path / "root" / LATEST).exists()
+    assert not marker.exists() and not (tmp_path / "root").exists()
+    # a ';' inside one word (a config file so named) reaches the filter job as part of that word
+    odd = tmp_path / "f; touch pwned.yaml"
+    odd.write_text(FILTER)
+    with pytest.raises(JobFailed, match="filter job failed"):
+        refresh(["--root", str(tmp_path / "root"), "--job_cmd", ok_job, "--filter_cmd", rec_filter,
+                 f"--filter_args=--config '{odd}'", "--", "--input", "in"])
+    assert not os.path.exists("pwned") and not (tmp_path / "root" / LATEST).exists()
     run_dir = next((tmp_path / "root" / "runs").iterdir())
-    assert "x;" in json.load(open(run_dir / "filtered" / "args.json"))
+    assert str(odd) in json.load(open(run_dir / "filtered" / "args.json"))

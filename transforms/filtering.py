@@ -36,9 +36,8 @@ class ScoreFile(beam.DoFn):
         for f in self.cfg.filters:
             f.setup()
         self._fit_ids = frozenset(self.fit_ids)
-        # a progress line per scored file (the counters above are the job's record)
-        self.progress = Progress("filter", every_seconds=3600.0, rate_of="rows", unit="rows",
-                                 expected=self.expected_rows)
+        # progress lines while files are scored (the counters above are the job's record)
+        self.progress = Progress("filter", rate_of="rows", unit="rows", expected=self.expected_rows)
 
     def process(self, item):
         from filtering.scoring import score_file
@@ -47,7 +46,17 @@ class ScoreFile(beam.DoFn):
         stem = rel_path[:-len(".parquet")] if rel_path.endswith(".parquet") else rel_path
         rel_out = f"scored/{stem}-{attempt_id()}.parquet"
         dst = storage.join(self.output, rel_out)
-        stats = score_file(src, dst, self.cfg, self._fit_ids)
+        done = 0
+        self.progress.working(f"{rel_path}: 0 rows")
+
+        def on_batch(batch_stats):
+            nonlocal done
+            done += batch_stats["rows"]
+            self.progress.working(f"{rel_path}: {done:,} rows")
+            self.progress.add("rows", batch_stats["rows"])
+            self.progress.add("kept", batch_stats["kept"])
+        stats = score_file(src, dst, self.cfg, self._fit_ids, on_batch=on_batch)
+        self.progress.idle()
         self.rows.inc(stats["rows"])
         self.kept.inc(stats["kept"])
         self.files.inc()
@@ -55,9 +64,7 @@ class ScoreFile(beam.DoFn):
             if key.startswith("reason:"):
                 Metrics.counter("filter", "rejected_" + key[7:].replace("<", "_below_").replace(">", "_above_")).inc(n)
         self.progress.add("files", 1)
-        self.progress.add("rows", stats["rows"])
-        self.progress.add("kept", stats["kept"])
-        self.progress.flush()
+        self.progress.flush()                 # a line per file done, beside the heartbeat's
         yield {**stats, "files": [{"path": rel_out, "rows": stats["rows"], "bytes": storage.size(dst)}]}
 
 

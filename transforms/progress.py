@@ -1,13 +1,21 @@
-"""Progress for long runs: Beam counters plus a log line per worker at most every few seconds.
+"""Progress for long runs: Beam counters plus a log line per worker every few seconds.
 
 A line shows this worker's running totals and, for the stage's main count (``rate_of``), its
-rate and, when the job told the stage how many items to expect per worker, an ETA::
+rate and, when the job told the stage how many items to expect per worker, an ETA; while the
+worker is inside a long piece of work (a unit, a file) it also says what and for how long::
 
-    [generate] pairs_generated=1280 paraphrases=6102 rejected_dual_xent=31 | 8.5 pairs/s, ~26% of ~5,000, ETA 7m40s
+    [generate] pairs_generated=1280 paraphrases=6102 | 8.5 pairs/s, ~26% of ~5,000, ETA 7m40s | unit 42: 128 of 500 pairs, 14s
+
+Lines come at least every ``PARAGEN_PROGRESS_SECONDS`` (default 5 s when stderr is a terminal,
+30 s in a log file) while work goes on, from a heartbeat thread, so a decoding batch that takes
+half a minute is not half a minute of silence.
 """
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 import time
 
 import apache_beam as beam
@@ -25,17 +33,32 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def progress_seconds() -> float:
+    """Seconds between progress lines: $PARAGEN_PROGRESS_SECONDS, else 5 on a terminal, 30 in a log."""
+    value = os.environ.get("PARAGEN_PROGRESS_SECONDS")
+    if value:
+        try:
+            return max(0.1, float(value))
+        except ValueError:
+            pass
+    return 5.0 if sys.stderr.isatty() else 30.0
+
+
 class Progress:
     """Counts into Beam metrics and logs running totals of this worker periodically."""
 
-    def __init__(self, stage: str, every_seconds: float = 10.0, rate_of: str | None = None,
+    def __init__(self, stage: str, every_seconds: float | None = None, rate_of: str | None = None,
                  unit: str = "pairs", expected: int | None = None):
         self.stage = stage
-        self.every = every_seconds
+        self.every = progress_seconds() if every_seconds is None else every_seconds
         self.rate_of, self.unit, self.expected = rate_of, unit, expected
         self._counters: dict = {}
         self._totals: dict[str, int] = {}
         self._start = self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self._doing: str | None = None           # what the worker is busy with, for the heartbeat
+        self._doing_since = 0.0
+        self._heartbeat: threading.Thread | None = None
 
     def inc(self, name: str, n: int = 1) -> None:
         """Add N to the Beam counter NAME and to this worker's running total."""
@@ -49,27 +72,54 @@ class Progress:
 
     def add(self, name: str, n: int = 1) -> None:
         """Add N to this worker's running total NAME only (no Beam counter)."""
-        self._totals[name] = self._totals.get(name, 0) + n
-        now = time.monotonic()
-        if now - self._last >= self.every:
-            self._last = now
+        with self._lock:
+            self._totals[name] = self._totals.get(name, 0) + n
+        if time.monotonic() - self._last >= self.every:
             self.flush()
 
+    def working(self, what: str) -> None:
+        """Say what the worker is busy with now (a unit, a file); until idle(), the heartbeat
+        logs a line every few seconds even when no count changes."""
+        with self._lock:
+            if self._doing is None:
+                self._doing_since = time.monotonic()
+            self._doing = what
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._beat, name=f"paragen-progress-{self.stage}", daemon=True)
+            self._heartbeat.start()
+
+    def idle(self) -> None:
+        with self._lock:
+            self._doing = None
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(min(self.every, 1.0))
+            if self._doing is not None and time.monotonic() - self._last >= self.every:
+                self.flush()
+
     def line(self) -> str:
-        body = " ".join(f"{k}={v}" for k, v in sorted(self._totals.items()))
-        done = self._totals.get(self.rate_of, 0) if self.rate_of else 0
-        elapsed = time.monotonic() - self._start
-        if not done or elapsed <= 0:
-            return f"[{self.stage}] {body}"
-        rate = done / elapsed
-        tail = f"{rate:.1f} {self.unit}/s"
-        if self.expected and self.expected > 0:
-            share = min(done / self.expected, 1.0)
-            tail += f", ~{share:.0%} of ~{self.expected:,}"
-            if done < self.expected:
-                tail += f", ETA {format_seconds((self.expected - done) / rate)}"
-        return f"[{self.stage}] {body} | {tail}"
+        with self._lock:
+            totals, doing, since = dict(self._totals), self._doing, self._doing_since
+        body = " ".join(f"{k}={v}" for k, v in sorted(totals.items()))
+        now = time.monotonic()
+        done = totals.get(self.rate_of, 0) if self.rate_of else 0
+        elapsed = now - self._start
+        parts = [f"[{self.stage}] {body}".rstrip()]
+        if done and elapsed > 0:
+            rate = done / elapsed
+            tail = f"{rate:.1f} {self.unit}/s"
+            if self.expected and self.expected > 0:
+                share = min(done / self.expected, 1.0)
+                tail += f", ~{share:.0%} of ~{self.expected:,}"
+                if done < self.expected:
+                    tail += f", ETA {format_seconds((self.expected - done) / rate)}"
+            parts.append(tail)
+        if doing:
+            parts.append(f"{doing}, {format_seconds(now - since)}")
+        return " | ".join(parts)
 
     def flush(self) -> None:
-        if self._totals:
+        self._last = time.monotonic()
+        if self._totals or self._doing:
             log.info("%s", self.line())

@@ -76,8 +76,17 @@ class UnitTranslatorHandler(ModelHandler):
             self._progress.inc(f"workers_{model.forward.device.type}_{model.forward.precision}")
         for unit, elements in batch:
             start = time.time()
-            result = generate_unit(list(elements), model.steps, self.cfg.batch_pairs, self.config_hash,
-                                   on_batch=lambda n: self._progress.inc("generate_pairs_in", n))
+            elements = list(elements)
+            pairs, done = sum(1 for tag, _ in elements if tag == PAIR), 0
+            self._progress.working(f"unit {unit}: 0 of {pairs} pairs")
+
+            def on_batch(n, unit=unit, pairs=pairs):
+                nonlocal done
+                done += n
+                self._progress.working(f"unit {unit}: {done} of {pairs} pairs")
+                self._progress.inc("generate_pairs_in", n)
+            result = generate_unit(elements, model.steps, self.cfg.batch_pairs, self.config_hash, on_batch=on_batch)
+            self._progress.idle()
             for name, n in result.counters.items():
                 self._progress.inc(name, n)
             for r in result.rejects:

@@ -1,0 +1,84 @@
+"""A remote store that cannot be reached is one line naming its endpoint, within a bounded time,
+for inputs, model directories and outputs alike; hdfs:// without Hadoop is one line too."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common import storage
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (connections are refused at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def unreachable(monkeypatch):
+    port = _closed_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("PARAGEN_STORAGE_TIMEOUT", "2")
+    return f"127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/corpus/", "gs://bucket/corpus/"])
+def test_an_unreachable_store_is_one_line_naming_it_within_the_timeout(unreachable, url):
+    from common.shards import discover_shards
+
+    start = time.monotonic()
+    with pytest.raises(storage.StorageError) as info:
+        discover_shards([url], "cs", "en")
+    message = str(info.value)
+    assert unreachable in message and "\n" not in message and "PARAGEN_STORAGE_TIMEOUT" in message
+    # pyarrow's default for GCS retries for about 15 minutes; two seconds were asked for
+    assert time.monotonic() - start < 30
+
+
+def _one_line_from_the_job(unreachable, tmp_path, where, model):
+    inp = tmp_path / "in.tsv"
+    inp.write_text("ahoj\thello\n")
+    args = {"--input": str(inp), "--output": str(tmp_path / "out"), "--forward_model": model}
+    args[where] = "s3://bucket/x"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate",
+                           *[x for kv in args.items() for x in kv]], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.strip().splitlines() if " WARNING " not in line]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: s3://bucket/x") and unreachable in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_generation_job_says_so_in_one_line_for_a_model(unreachable, tmp_path):
+    _one_line_from_the_job(unreachable, tmp_path, "--forward_model", None)
+
+
+@pytest.mark.slow
+def test_the_generation_job_says_so_in_one_line_for_an_input(unreachable, tmp_path, tiny_nmt_models):
+    _one_line_from_the_job(unreachable, tmp_path, "--input", os.path.join(tiny_nmt_models, "cs-en"))
+
+
+def test_hdfs_without_hadoop_is_one_line(monkeypatch):
+    for name in ("HADOOP_HOME", "ARROW_LIBHDFS_DIR", "JAVA_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(storage.StorageError, match="hdfs:// needs Hadoop's libhdfs and Java"):
+        storage.isdir("hdfs://namenode:8020/corpus")
+
+
+def test_the_timeout_must_be_a_number_of_seconds(monkeypatch):
+    for bad in ("soon", "0", "-5"):
+        monkeypatch.setenv("PARAGEN_STORAGE_TIMEOUT", bad)
+        with pytest.raises(storage.StorageError, match="PARAGEN_STORAGE_TIMEOUT"):
+            storage.timeout_seconds()
+    monkeypatch.setenv("PARAGEN_STORAGE_TIMEOUT", "7.5")
+    assert storage.timeout_seconds() == 7.5
