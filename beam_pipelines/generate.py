@@ -6,7 +6,7 @@
 One pair's path: ReadShard (transforms/io.py, common/shards.py) -> Clean (paracorpus/steps.py
 CleanStep through transforms/steps.py) -> Deduplicate -> GroupByKey on the pair's work unit -> RunInference with
 UnitTranslatorHandler (transforms/units.py -> paracorpus/units.py -> paracorpus/paraphrasing.py ->
-models/nmt.py, paracorpus/clustering.py) -> WriteUnit (paracorpus/units.py; columns in
+models/nmt/translator.py, paracorpus/clustering.py) -> WriteUnit (paracorpus/units.py; columns in
 paracorpus/schema.py) -> the run's manifest, written last (paracorpus/commit.py).
 
 Everything that can be checked is checked before anything is written: options (unknown ones are
@@ -308,11 +308,11 @@ def _write_summary(keyed, work: str) -> int:
 
 def check_models(forward: str, backward: str | None, src_lang: str, tgt_lang: str):
     """(forward meta, backward meta or None, src_lang, tgt_lang) after checking each model
-    directory (files, checkpoint config: models/checkpoint.py) and that the forward model translates
+    directory (files, checkpoint config: models/nmt/checkpoint.py) and that the forward model translates
     src_lang -> tgt_lang and the backward one tgt_lang -> src_lang. The languages are always
     explicit (with defaults) rather than read from the models: read from a swapped forward model,
     they would make the swap look right."""
-    from models.model_dir import check_model_dir
+    from models.nmt.model_dir import check_model_dir
 
     metas = {}
     for option, path in (("--forward_model", forward), ("--backward_model", backward)):
@@ -348,7 +348,7 @@ def resolve_device(device: str | None, precision: str, runner: str) -> tuple[str
     Elsewhere the workers resolve 'auto' themselves and the manifest's counters say what they used."""
     import torch
 
-    from models.nmt import cpu_has_native_bf16, resolve_precision
+    from models.nmt.translator import cpu_has_native_bf16, resolve_precision
 
     if not is_local(runner):
         return device, precision

@@ -50,9 +50,9 @@ def lines(path: str, limit: int | None = None, skip: int = 0) -> list[str]:
 
 
 def part_align(a, bitext: str) -> None:
-    from models.alignment_recovery import markdown, recover_alignment
-    from models.bilingual_encoder import load_bilingual_encoder
-    from models.pair_classifier import make_negatives, train_pair_classifier
+    from models.bitext.alignment import markdown, recover_alignment
+    from models.bitext.bilingual_encoder import load_bilingual_encoder
+    from models.bitext.pair_classifier import make_negatives, train_pair_classifier
 
     for lang in ("cs", "de", "fr"):
         enc_dir = a.encoders.format(lang=lang)
@@ -95,7 +95,7 @@ def _rows(out: str, table: str) -> list[dict]:
 
 def _tsv_rows(path: str) -> list[tuple[str, str, int]]:
     """(french, english, label) of a divergence dev file (header: english french label agreement)."""
-    from models.divergence import read_dev_tsv
+    from models.bitext.divergence import read_dev_tsv
 
     return [(fr, en, y) for en, fr, y in read_dev_tsv(path, "en", "fr")]
 
@@ -104,9 +104,9 @@ def part_filter(a, bitext: str, tmp: str) -> None:
     """The generation job on a fr-en bitext: the first --pairs Multi30k pairs, 10% of them replaced
     by misaligned pairs, plus the 100 labelled OpenSubtitles dev pairs; without and with the
     bitext filter (fr-en encoder + en-fr divergence detector)."""
-    from models.bilingual_encoder import load_bilingual_encoder
-    from models.divergence import load_divergence_detector
-    from models.similarity import cosine_pairs
+    from models.bitext.bilingual_encoder import load_bilingual_encoder
+    from models.bitext.divergence import load_divergence_detector
+    from models.bitext.similarity import cosine_pairs
     from common.text import tokenize
     from filtering.text_scores import ngram_overlap
 

@@ -57,7 +57,7 @@ def ensure_models(models: str | None, bitext: str) -> str:
         return models
     out = os.path.join(ROOT, "runs", "bench-cluster-models")
     if not os.path.isfile(os.path.join(out, "en-cs", "model.pt")):
-        from models.train_nmt import train_models
+        from models.nmt.train import train_models
 
         print(f"training two small models on 3,000 pairs of {bitext} into {out} ...", flush=True)
         train_models(read_pairs(bitext, 3000, skip=25000), out, "cs", "en", vocab_size=2000, layers=1, dim=128,

@@ -14,7 +14,7 @@ ROC AUC (no threshold) and the F1 with the threshold tuned on the whole set (an 
 With 100 pairs a set, the F1 moves by several points with the sample: each F1 comes with a 95%
 interval from stratified bootstrap resamples of the dev pairs (out-of-fold predictions kept), and
 the share of resamples in which the model beats each baseline (a paired comparison).
---model DIR scores a detector saved by `python -m models.train_divergence` instead of training.
+--model DIR scores a detector saved by `python -m models.bitext.train_divergence` instead of training.
 Prints Markdown; the paper's test-set figures (300 pairs each): model 80 / 77, embedding-cosine
 baseline 64 / 60 (commoncrawl / opensubs).
 
@@ -52,7 +52,7 @@ def stratified_folds(labels: np.ndarray, k: int, rng: np.random.Generator) -> li
 def out_of_fold(scores, labels, k: int = 5, repeats: int = 10, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per shuffle of a stratified k-fold split: (the fold of each item, its prediction with the
     threshold tuned on the other k-1 folds)."""
-    from models.divergence import tune_threshold
+    from models.bitext.divergence import tune_threshold
 
     scores, labels = np.asarray(scores, float), np.asarray(labels, int)
     rng = np.random.default_rng(seed)
@@ -71,7 +71,7 @@ def fold_mean_f1(oof: list[tuple[np.ndarray, np.ndarray]], labels, weights: np.n
     """The cross-validated macro F1 (mean over folds, then over shuffles) of out_of_fold's
     predictions; WEIGHTS (B, n), how often each item is drawn in B bootstrap resamples, gives one
     value per resample (None: the sample itself, one value). A class counts in a fold's macro F1
-    when it occurs among the fold's labels or predictions, as in models.divergence.macro_f1."""
+    when it occurs among the fold's labels or predictions, as in models.bitext.divergence.macro_f1."""
     labels = np.asarray(labels, int)
     w = np.ones((1, len(labels))) if weights is None else np.asarray(weights, float)
     per_shuffle = []
@@ -144,7 +144,7 @@ def read_parallel(prefix: str, limit: int | None) -> tuple[list[str], list[str]]
 def report_dev_sets(devs: dict, detector, embeddings, a) -> None:
     """Print the table: each method's cross-validated macro F1 with its bootstrap interval, the
     upper bound and ROC AUC on each dev set, then how often the model beats each baseline."""
-    from models.divergence import embedding_cosine_scores, length_ratio_scores, tokenize, tune_threshold
+    from models.bitext.divergence import embedding_cosine_scores, length_ratio_scores, tokenize, tune_threshold
 
     rows, wins = [], []
     for name, dev in devs.items():
@@ -181,7 +181,7 @@ def main() -> None:
     import torch
 
     from common.cli import UsageError
-    from models.divergence import (BilingualEmbeddings, DivergenceConfig, load_divergence_detector, read_dev_tsv,
+    from models.bitext.divergence import (BilingualEmbeddings, DivergenceConfig, load_divergence_detector, read_dev_tsv,
                                    tokenize, train_divergence)
 
     d = DivergenceConfig()
@@ -207,7 +207,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10, help="shuffles of the cross-validation (default 10)")
     ap.add_argument("--save", metavar="DIR", help="also save the trained detector here")
     ap.add_argument("--model", metavar="DIR",
-                    help="score with this saved detector (python -m models.train_divergence) instead of training "
+                    help="score with this saved detector (python -m models.bitext.train_divergence) instead of training "
                          "one; the embedding-cosine baseline then uses its word vectors")
     ap.add_argument("--bootstrap", type=int, default=2000,
                     help="stratified bootstrap resamples of each dev set for the 95%% intervals (default 2000)")
@@ -245,7 +245,7 @@ def main() -> None:
 
     t0 = time.time()
     src_tok, tgt_tok = [tokenize(s) for s in src], [tokenize(t) for t in tgt]
-    from models.divergence import word_alignments
+    from models.bitext.divergence import word_alignments
     t_align = time.time()
     alignments = word_alignments(src_tok, tgt_tok, a.seed)
     align_s = time.time() - t_align

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from embeddings.data import PairSource  # noqa: E402
 from embeddings.sts import evaluate, sentence_bleu_similarity  # noqa: E402
 from embeddings.train import TrainConfig, train  # noqa: E402
-from models.sentence_encoder import load_encoder  # noqa: E402
+from models.sentence.sentence_encoder import load_encoder  # noqa: E402
 
 
 def _raw_pairs(bitext: str, lines: int) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""Benchmark of nearest-neighbour mining (models/similarity.py): faiss exact and IVF vs numpy.
+"""Benchmark of nearest-neighbour mining (models/bitext/similarity.py): faiss exact and IVF vs numpy.
 
     python bench/bench_mining.py [--n 100000] [--d 512] [--exact_queries 5000] [--threads 2] [--nprobe P]
     python bench/bench_mining.py --encoder runs/bilingual-cs-en --bitext ../shared/data/bitext/multi30k/train
@@ -35,7 +35,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from models import similarity  # noqa: E402
+from models.bitext import similarity  # noqa: E402
 
 
 def synthetic_bitext(n: int, d: int, seed: int, topics: int = 2000, noise: float = 0.8
@@ -52,7 +52,7 @@ def synthetic_bitext(n: int, d: int, seed: int, topics: int = 2000, noise: float
 
 
 def encoded_bitext(encoder_dir: str, prefix: str, src_lang: str, tgt_lang: str, n: int, seed: int):
-    from models.bilingual_encoder import load_bilingual_encoder
+    from models.bitext.bilingual_encoder import load_bilingual_encoder
 
     def lines(lang):
         with gzip.open(f"{prefix}.{lang}.gz", "rt", encoding="utf-8") as f:

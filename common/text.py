@@ -6,6 +6,7 @@ control characters are treated as whitespace.
 from __future__ import annotations
 
 import json
+import os
 import re
 import unicodedata
 from collections import Counter
@@ -92,3 +93,32 @@ def load_sentencepiece(path: str, what: str = "sentencepiece model"):
         raise ValueError(f"{path}: not a {what} ({str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})") \
             from None
 
+
+def train_spm(texts: list[str], prefix: str, vocab_size: int) -> str:
+    """Joint unigram sentencepiece model at PREFIX.model / PREFIX.vocab.
+
+    A vocabulary larger than a tiny corpus supports shrinks (hard_vocab_limit=False); one smaller
+    than the corpus's character set grows to the smallest size sentencepiece accepts."""
+    import sentencepiece as spm
+
+    path = prefix + ".train.txt"
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(t + "\n" for t in texts)
+    try:
+        for _attempt in range(2):
+            try:
+                spm.SentencePieceTrainer.train(input=path, model_prefix=prefix, vocab_size=vocab_size,
+                                               model_type="unigram", character_coverage=1.0,
+                                               hard_vocab_limit=False, minloglevel=2,
+                                               num_threads=1)  # one thread: deterministic
+                break
+            except RuntimeError as e:
+                need = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
+                if not need or _attempt:
+                    raise
+                print(f"      vocab_size {vocab_size} is below the {need.group(1)} characters and meta "
+                      f"pieces of the corpus; using {int(need.group(1)) + 8}", flush=True)
+                vocab_size = int(need.group(1)) + 8
+    finally:
+        os.remove(path)
+    return prefix + ".model"

@@ -154,7 +154,7 @@ def run(argv=None) -> int:
         raise UsageError(str(exc)) from None
     encoder = None
     if a.model:
-        from models.sentence_encoder import load_encoder
+        from models.sentence.sentence_encoder import load_encoder
 
         encoder = load_encoder(a.model)
     rows, stats = adjusted_pmi(source, a.max_tokens, a.min_count, encoder, a.min_score)

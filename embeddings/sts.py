@@ -156,7 +156,7 @@ def run(argv=None) -> dict:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if a.model:
-        from models.sentence_encoder import load_encoder
+        from models.sentence.sentence_encoder import load_encoder
 
         sim, title = load_encoder(a.model).similarity, a.model
     else:

@@ -8,7 +8,7 @@
 Loss: margin δ on cosine similarity against the hardest negative of a mega-batch (embeddings/
 mining.py); Adam; one checkpoint per epoch under OUT/checkpoints/epoch-N; the epoch with the best
 development STS Pearson (the last epoch without a dev set) is copied to OUT, so OUT loads with
-models.sentence_encoder.load_encoder.
+models.sentence.sentence_encoder.load_encoder.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import torch
 
 from embeddings.data import PairSource, scramble, shuffled
 from embeddings.mining import hardest_negatives, margin_loss
-from models.encoders import is_order_sensitive, parse_spec
-from models.sentence_encoder import SentenceEncoder
+from models.sentence.encoders import is_order_sensitive, parse_spec
+from models.sentence.sentence_encoder import SentenceEncoder
 from common import storage
 from common.atomic import copy_file, write_json
 from common.cli import UsageError

@@ -4,7 +4,7 @@ filter score (fluent, human-like paraphrases score high).
 
 Two variants over the embedding job's encoders: ``word`` (word averaging) and ``lstm`` (average
 of LSTM states), each followed by a logistic layer. Saved as an encoder directory
-(models/sentence_encoder.py) plus ``head.pt`` (a state dict, loaded with weights_only=True).
+(models/sentence/sentence_encoder.py) plus ``head.pt`` (a state dict, loaded with weights_only=True).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import random
 import numpy as np
 import torch
 
-from models.checkpoint import load_tensor_file
-from models.sentence_encoder import SentenceEncoder, load_encoder
+from models.safety import load_tensor_file
+from models.sentence.sentence_encoder import SentenceEncoder, load_encoder
 from common.atomic import replacing
 
 

@@ -288,7 +288,7 @@ class ParaphraseScoreFilter(Filter):
             raise ValueError("filter 'paraphrase_score' needs model: an encoder directory (python -m embeddings.train)")
 
     def setup(self):
-        from models.sentence_encoder import load_encoder
+        from models.sentence.sentence_encoder import load_encoder
 
         self._enc = load_encoder(storage.local_copy(self.params["model"]))
 
@@ -328,7 +328,7 @@ class TreeEditFilter(Filter):
 
 class _BitextFilter(Filter):
     """Base of the filters that score the foreign source against the English reference and the
-    paraphrase with a bitext model (models/bitext_scoring.py); the rows' src_lang / tgt_lang say
+    paraphrase with a bitext model (models/bitext/scoring.py); the rows' src_lang / tgt_lang say
     which language each side is in."""
     PREFIX = ""
 
@@ -368,7 +368,7 @@ class BitextSimilarityFilter(_BitextFilter):
                              "(paragen-train-bilingual)")
 
     def setup(self):
-        from models.bitext_scoring import SimilarityScorer
+        from models.bitext.scoring import SimilarityScorer
 
         self._scorer = SimilarityScorer(self.params["encoder"], self.params["mlp"])
 
@@ -386,7 +386,7 @@ class DivergenceFilter(_BitextFilter):
                              "(paragen-train-divergence)")
 
     def setup(self):
-        from models.bitext_scoring import EquivalenceScorer
+        from models.bitext.scoring import EquivalenceScorer
 
         self._scorer = EquivalenceScorer(self.params["model"])
 

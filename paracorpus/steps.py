@@ -76,7 +76,7 @@ class BitextFilterConfig:
 
 
 class _BitextStep(ScoringStep):
-    """Scores (source, reference) with a models.bitext_scoring scorer; LANGS: the languages of
+    """Scores (source, reference) with a models.bitext.scoring scorer; LANGS: the languages of
     the two sides, in that order (the scorer may have been trained the other way round)."""
     NAME = "bitext_filter"
 
@@ -110,8 +110,8 @@ def bitext_steps(cfg: BitextFilterConfig, langs: tuple[str, str], device: str | 
     kept) equivalence. SHA256 ({"bitext_encoder" | "bitext_mlp" | "divergence": {file: sha256}},
     what the driver recorded in the run's manifest) makes every file be checked before it is
     loaded, as the NMT models are."""
-    from models.bitext_scoring import EquivalenceScorer, SimilarityScorer
-    from models.model_dir import verified_model_dir
+    from models.bitext.scoring import EquivalenceScorer, SimilarityScorer
+    from models.safety import verified_model_dir
 
     def local(path, name):
         return verified_model_dir(path, sha256[name]) if path and sha256 and name in sha256 else path

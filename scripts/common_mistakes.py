@@ -90,9 +90,9 @@ CASES = [
          ("--model", "$WORK/pickled-encoder", "--sts_dir", "$WORK/sts", "--json", "$OUT")),
     Case("lexicon: --model without --min_score", "embeddings.lexicon",
          ("--input", "$WORK/gen", "--model", "$WORK/encoder", "--output", "$OUT")),
-    Case("train-nmt: --tsv file missing", "models.train_nmt",
+    Case("train-nmt: --tsv file missing", "models.nmt.train",
          ("--tsv", "$WORK/nope.tsv", "--output", "$OUT")),
-    Case("train-nmt: --src_file without --tgt_file", "models.train_nmt",
+    Case("train-nmt: --src_file without --tgt_file", "models.nmt.train",
          ("--src_file", "$WORK/corpus.cs", "--output", "$OUT")),
     # a second round of hostile use
     Case("a second --input that is an empty directory", "beam_pipelines.generate",
@@ -124,12 +124,12 @@ CASES = [
     Case("refresh: a filter config that does not exist", "beam_pipelines.refresh",
          ("--root", "$OUT", "--filter_args=--config $WORK/nope.yaml", "--", *_gen()[:2], *_gen()[4:])),
     Case("refresh: --keep 0", "beam_pipelines.refresh", ("--root", "$OUT", "--keep", "0", "--", *_gen()[:2])),
-    Case("train-nmt: the same language on both sides", "models.train_nmt",
+    Case("train-nmt: the same language on both sides", "models.nmt.train",
          ("--tsv", "$WORK/in.tsv", "--src_lang", "en", "--tgt_lang", "en", *_NMT)),
-    Case("train-nmt: --vocab_size 0", "models.train_nmt", ("--tsv", "$WORK/in.tsv", "--vocab_size", "0", *_NMT)),
-    Case("train-nmt: --max_epoch -1", "models.train_nmt", ("--tsv", "$WORK/in.tsv", "--max_epoch", "-1", *_NMT)),
-    Case("train-nmt: an empty file", "models.train_nmt", ("--tsv", "$WORK/empty.tsv", *_NMT)),
-    Case("train-nmt: a comma-separated file", "models.train_nmt", ("--tsv", "$WORK/commas.csv", *_NMT)),
+    Case("train-nmt: --vocab_size 0", "models.nmt.train", ("--tsv", "$WORK/in.tsv", "--vocab_size", "0", *_NMT)),
+    Case("train-nmt: --max_epoch -1", "models.nmt.train", ("--tsv", "$WORK/in.tsv", "--max_epoch", "-1", *_NMT)),
+    Case("train-nmt: an empty file", "models.nmt.train", ("--tsv", "$WORK/empty.tsv", *_NMT)),
+    Case("train-nmt: a comma-separated file", "models.nmt.train", ("--tsv", "$WORK/commas.csv", *_NMT)),
 ]
 
 
@@ -139,7 +139,7 @@ def _setup(work: str, models: str) -> None:
     import pyarrow.parquet as pq
     import torch
 
-    from models.fairseq_compat import allow_fairseq_checkpoints
+    from models.nmt.checkpoint import allow_fairseq_checkpoints
 
     with open(EXAMPLE, encoding="utf-8") as f:
         lines = f.readlines()[:20]
@@ -222,7 +222,7 @@ class _Pickled:
 def _skip(case: Case) -> str | None:
     import torch
 
-    from models.nmt import cpu_has_native_bf16
+    from models.nmt.translator import cpu_has_native_bf16
 
     if case.when == "no_gpu" and torch.cuda.is_available():
         return "this machine has a GPU"
@@ -265,7 +265,7 @@ def run_case(index: int, case: Case, work: str, models: str) -> dict:
 def _command(module: str) -> str:
     return {"beam_pipelines.generate": "paragen-generate", "beam_pipelines.filter": "paragen-filter",
             "embeddings.train": "paragen-train-embeddings", "embeddings.sts": "paragen-sts",
-            "embeddings.lexicon": "paragen-lexicon", "models.train_nmt": "paragen-train-nmt",
+            "embeddings.lexicon": "paragen-lexicon", "models.nmt.train": "paragen-train-nmt",
             "beam_pipelines.refresh": "paragen-refresh"}[module]
 
 

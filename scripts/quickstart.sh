@@ -8,7 +8,7 @@ PY=.venv/bin/python
 MODELS=runs/example-models
 if [ ! -f "$MODELS/cs-en/model.pt" ] || [ ! -f "$MODELS/en-cs/model.pt" ]; then
   echo "== training tiny cs->en and en->cs models on examples/cs-en.example.tsv (a few minutes on 2 cores)"
-  $PY -m models.train_nmt --tsv examples/cs-en.example.tsv --src_lang cs --tgt_lang en --output "$MODELS" \
+  $PY -m models.nmt.train --tsv examples/cs-en.example.tsv --src_lang cs --tgt_lang en --output "$MODELS" \
       --vocab_size 800 --layers 2 --dim 128 --ffn_dim 256 --heads 4 --max_epoch 10 --max_tokens 1024 \
       --lr 0.002 --dropout 0.1 --valid_size 200 --bleu_samples 200
 fi

@@ -23,8 +23,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def tiny_nmt_models(tmp_path_factory):
-    """OUT dir with cs-en/ and en-cs/ model dirs (python -m models.train_nmt layout)."""
-    from models.train_nmt import train_models
+    """OUT dir with cs-en/ and en-cs/ model dirs (python -m models.nmt.train layout)."""
+    from models.nmt.train import train_models
     from tests.toydata import toy_bitext
 
     reuse = os.environ.get("PARAGEN_TEST_MODELS")    # a directory this fixture made before (for development)
@@ -38,14 +38,14 @@ def tiny_nmt_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fwd(tiny_nmt_models):
     """The tiny cs-en model, loaded once (the process-wide cache the job uses too)."""
-    from models.nmt import load_translator
+    from models.nmt.translator import load_translator
 
     return load_translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu")
 
 
 @pytest.fixture(scope="session")
 def bwd(tiny_nmt_models):
-    from models.nmt import load_translator
+    from models.nmt.translator import load_translator
 
     return load_translator(os.path.join(tiny_nmt_models, "en-cs"), device="cpu")
 

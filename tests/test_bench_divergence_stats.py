@@ -1,12 +1,12 @@
 """The statistics of bench/bench_divergence.py: cross-validated macro F1 and its bootstrap
-interval, checked against a direct computation with models.divergence's own F1 and threshold."""
+interval, checked against a direct computation with models.bitext.divergence's own F1 and threshold."""
 import importlib.util
 import os
 
 import numpy as np
 import pytest
 
-from models.divergence import macro_f1, tune_threshold
+from models.bitext.divergence import macro_f1, tune_threshold
 
 _spec = importlib.util.spec_from_file_location(
     "bench_divergence", os.path.join(os.path.dirname(__file__), "..", "bench", "bench_divergence.py"))

@@ -1,5 +1,5 @@
-"""The bilingual sentence encoder (models/bilingual_encoder.py) and its command line
-(models/train_bilingual.py): shapes, padding-independent max-pooling, training, safe loading."""
+"""The bilingual sentence encoder (models/bitext/bilingual_encoder.py) and its command line
+(models/bitext/train_bilingual.py): shapes, padding-independent max-pooling, training, safe loading."""
 import gzip
 import json
 import os
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.bilingual_encoder import (BilingualConfig, BilingualEncoder, alignment_loss, load_bilingual_encoder,
+from models.bitext.bilingual_encoder import (BilingualConfig, BilingualEncoder, alignment_loss, load_bilingual_encoder,
                                       pad_batch, train_bilingual, train_sentencepiece)
-from models.checkpoint import UnsafeModelError
+from models.safety import UnsafeModelError
 from tests.toydata import toy_bitext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,7 +222,7 @@ def test_alignment_loss_puts_translations_together(tmp_path):
     """The paper's objective alone vs with the alignment loss, same data and seed: with it, a
     sentence's translation is much closer than other sentences (cosine), and the per-epoch dev
     alignment error is reported and lower."""
-    from models.similarity import cosine_pairs
+    from models.bitext.similarity import cosine_pairs
 
     pairs = toy_bitext(300, seed=1)
     dev = list(dict(toy_bitext(120, seed=9)).items())          # distinct Czech sentences
@@ -245,7 +245,7 @@ def test_alignment_loss_puts_translations_together(tmp_path):
 
 @pytest.mark.slow
 def test_cli_trains_and_refuses_to_overwrite(tmp_path):
-    from models.train_bilingual import run
+    from models.bitext.train_bilingual import run
 
     pairs = toy_bitext(200, seed=4)
     lines = [f"{cs}\t{en}" for cs, en in pairs] + ["no tab here", " \tA dog sleeps ."]
@@ -267,7 +267,7 @@ def test_cli_trains_and_refuses_to_overwrite(tmp_path):
     assert enc.langs == ("cs", "en") and enc.encode(["Žena čeká ."], "cs").shape == (1, 24)
 
     before = (out / "config.json").stat().st_mtime_ns
-    done = subprocess.run([sys.executable, "-m", "models.train_bilingual", *args], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "models.bitext.train_bilingual", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "error:" in done.stderr and "already exists" in done.stderr and "--overwrite" in done.stderr
@@ -275,7 +275,7 @@ def test_cli_trains_and_refuses_to_overwrite(tmp_path):
 
 
 def test_cli_refuses_bad_options(tmp_path):
-    from models.train_bilingual import run
+    from models.bitext.train_bilingual import run
     from common.cli import UsageError
 
     tsv = tmp_path / "b.tsv"

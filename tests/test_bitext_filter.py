@@ -1,4 +1,4 @@
-"""The bitext filter (paracorpus/steps.py, models/bitext_scoring.py) with real tiny models (a bilingual encoder, its MLP, a
+"""The bitext filter (paracorpus/steps.py, models/bitext/scoring.py) with real tiny models (a bilingual encoder, its MLP, a
 divergence detector) trained on the synthetic bitext: its decisions, the generation job's stage
 on the DirectRunner and on a Dask cluster, the filter job's filters, and the mistakes refused."""
 import json
@@ -33,10 +33,10 @@ def bitext_models(tmp_path_factory):
     encoder filters is measured in bench/bench_bitext.py on real data.)"""
     import torch
 
-    from models.bilingual_encoder import BilingualConfig, load_bilingual_encoder, train_bilingual
-    from models.divergence import DivergenceConfig, tokenize, train_divergence
-    from models.similarity import cosine_pairs
-    from models.train_pair_classifier import run as train_mlp
+    from models.bitext.bilingual_encoder import BilingualConfig, load_bilingual_encoder, train_bilingual
+    from models.bitext.divergence import DivergenceConfig, tokenize, train_divergence
+    from models.bitext.similarity import cosine_pairs
+    from models.bitext.train_pair_classifier import run as train_mlp
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("bitext-models")
@@ -104,7 +104,7 @@ def test_the_filter_rejects_most_misaligned_pairs_and_keeps_most_aligned_ones(bi
 
 
 def test_the_mlp_gives_probabilities_of_the_encoders_embeddings(bitext_models):
-    from models.bitext_scoring import SimilarityScorer
+    from models.bitext.scoring import SimilarityScorer
 
     mlp = SimilarityScorer(bitext_models["encoder"], bitext_models["mlp"])
     cosine = SimilarityScorer(bitext_models["encoder"])
@@ -221,7 +221,7 @@ def test_a_bitext_model_changed_since_the_job_started_is_refused(tmp_path, bitex
     import shutil
 
     from beam_pipelines.generate import directory_sha256
-    from models.checkpoint import UnsafeModelError
+    from models.safety import UnsafeModelError
     from paracorpus.steps import BitextFilterConfig, bitext_steps
 
     enc = tmp_path / "enc"

@@ -80,7 +80,7 @@ def _bucket_generation(bucket, out, *extra):
 
 @pytest.mark.slow
 def test_generation_filter_and_embeddings_on_a_bucket(bucket, local_runs, tmp_path):
-    from models.sentence_encoder import load_encoder
+    from models.sentence.sentence_encoder import load_encoder
 
     gen = f"{bucket}/runs/gen"
     manifest = _bucket_generation(bucket, gen)
@@ -120,8 +120,8 @@ def test_generation_on_a_dask_cluster_with_a_bucket(bucket, local_runs, dask_clu
 @pytest.mark.slow
 def test_a_model_changed_in_the_bucket_during_a_run_is_refused(bucket, tmp_path):
     """Workers check the copies they load against the sha256 the driver recorded."""
-    from models.checkpoint import UnsafeModelError
-    from models.model_dir import check_model_dir, local_model_dir
+    from models.safety import UnsafeModelError
+    from models.nmt.model_dir import check_model_dir, local_model_dir
 
     model = f"{bucket}/models/cs-en"
     recorded = check_model_dir(model)["sha256"]

@@ -1,4 +1,4 @@
-"""Semantic-divergence detection (models/divergence.py, models/train_divergence.py) on tiny
+"""Semantic-divergence detection (models/bitext/divergence.py, models/bitext/train_divergence.py) on tiny
 synthetic bitext: a word-for-word substitution "language" whose correct alignment is known."""
 import os
 import random
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.checkpoint import UnsafeModelError
-from models.divergence import (Dictionary, DivergenceConfig, InteractionModel, bilingual_dictionary, coverage,
+from models.safety import UnsafeModelError
+from models.bitext.divergence import (Dictionary, DivergenceConfig, InteractionModel, bilingual_dictionary, coverage,
                                dictionary_from_counts, embedding_cosine_scores, greedy_matching, length_ratio,
                                length_ratio_scores, link_counts, load_divergence_detector, macro_f1,
                                synthetic_examples, tokenize, train_divergence, tune_threshold, word_alignments)
@@ -215,7 +215,7 @@ def test_macro_f1_and_tune_threshold_by_hand():
 def test_baselines():
     assert np.allclose(length_ratio_scores([["a"] * 4, ["a"], []], [["b"] * 2, ["b"], ["c"]]), [0.5, 1.0, 0.0])
     from common.text import Vocabulary
-    from models.divergence import BilingualEmbeddings
+    from models.bitext.divergence import BilingualEmbeddings
 
     sv, tv = Vocabulary(["<pad>", "<unk>", "a", "b"]), Vocabulary(["<pad>", "<unk>", "A", "B"])
     e = BilingualEmbeddings(sv, tv, np.array([[0, 0], [0, 0], [1, 0], [0, 1]], np.float32),
@@ -241,7 +241,7 @@ def test_confident_scores_keep_their_order():
     from collections import Counter
 
     from common.text import Vocabulary
-    from models.divergence import DivergenceDetector
+    from models.bitext.divergence import DivergenceDetector
 
     torch.manual_seed(0)
     src, tgt = substitution_corpus(12, seed=4)
@@ -323,7 +323,7 @@ def test_save_load_round_trip_and_refusals(trained, tmp_path):
 
 @pytest.mark.slow
 def test_command_line_trains_tunes_and_refuses_to_overwrite(tmp_path, capsys):
-    from models.train_divergence import main, run
+    from models.bitext.train_divergence import main, run
 
     src, tgt = substitution_corpus(120, seed=2)
     (tmp_path / "c.en").write_text("".join(" ".join(s) + "\n" for s in src))

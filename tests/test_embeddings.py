@@ -22,8 +22,8 @@ from embeddings.mining import hardest_negatives, margin_loss
 from embeddings.sts import evaluate, markdown, read_sts_dir, sentence_bleu_similarity
 from common.text import Vocabulary, char_trigrams, tokenize
 from embeddings.train import TrainConfig, megabatch_step, train
-from models.encoders import KINDS, parse_spec
-from models.sentence_encoder import SentenceEncoder, load_encoder
+from models.sentence.encoders import KINDS, parse_spec
+from models.sentence.sentence_encoder import SentenceEncoder, load_encoder
 from tests.toydata import toy_paraphrases, toy_sts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -363,7 +363,7 @@ def test_loading_refuses_pickled_objects_and_incomplete_dirs(tmp_path):
 
     with open(tmp_path / "n" / "weights.pt", "wb") as f:
         pickle.dump({"x": Evil()}, f)
-    from models.checkpoint import UnsafeModelError
+    from models.safety import UnsafeModelError
 
     with pytest.raises(UnsafeModelError, match="refused: it holds pickled Python objects"):
         load_encoder(str(tmp_path / "n"))

@@ -83,7 +83,7 @@ def test_bag_of_pieces_by_hand_and_with_a_sentencepiece_model(tmp_path):
     assert ts.bag_of_pieces_similarity(["▁A", "▁man", ","], ["▁a", "▁guy", "."]) == pytest.approx(1 / 3)
     assert ts.bag_of_pieces_similarity([",", "."], ["!"]) == 0.0                      # only punctuation
     assert ts.bag_of_pieces_similarity(["▁x"], ["▁X"]) == 1.0
-    from models.train_nmt import train_spm
+    from common.text import train_spm
 
     spm_path = train_spm([s for p in toy_paraphrases(300, seed=2) for s in p], str(tmp_path / "spm"), 60)
     f = FILTERS["bag_of_pieces"](spm_model=spm_path)
@@ -178,7 +178,7 @@ def test_classifier_accuracy_is_balanced_so_no_signal_scores_near_chance(tmp_pat
 
 def test_paraphrase_score_is_the_encoder_cosine(tmp_path):
     from embeddings.train import TrainConfig, train
-    from models.sentence_encoder import load_encoder
+    from models.sentence.sentence_encoder import load_encoder
 
     train(toy_paraphrases(300, seed=1), str(tmp_path / "enc"), TrainConfig(dim=16, epochs=1, progress=False),
           log=lambda m: None)

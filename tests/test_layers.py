@@ -1,5 +1,7 @@
 """The project's packages form layers: each imports only the layers below it, so there is no
-import cycle between top-level packages (docs/architecture.md draws them)."""
+import cycle between top-level packages (docs/architecture.md draws them). Inside ``models``, the
+subpackages ``nmt``, ``bitext`` and ``sentence`` never import one another, and no module of the
+project imports itself back through others (no file-level cycle)."""
 import ast
 import os
 
@@ -65,3 +67,63 @@ def test_the_layers_have_no_cycle():
 def test_every_top_level_package_is_in_a_layer():
     packages = {d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "__init__.py"))}
     assert packages == set(ALLOWED), packages ^ set(ALLOWED)
+
+
+MODEL_PARTS = {"nmt", "bitext", "sentence"}       # models.<part>: none imports another
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """{module: project modules it imports} for every module of the project, function-level
+    imports included; 'from a.b import c' counts as importing a.b.c when that is a module."""
+    modules = {}
+    for package in ALLOWED:
+        for dirpath, _, names in os.walk(os.path.join(ROOT, package)):
+            for name in names:
+                if name.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(dirpath, name), ROOT)[:-3].replace(os.sep, ".")
+                    modules[rel.removesuffix(".__init__")] = os.path.join(dirpath, name)
+    graph = {}
+    for module, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                         for a in node.names}
+        graph[module] = deps - {module}
+    return graph
+
+
+def test_model_subpackages_do_not_import_one_another():
+    wrong = sorted(f"{m} -> {d}" for m, deps in _module_imports().items() for d in deps
+                   if m.split(".")[:1] == ["models"] and len(m.split(".")) > 2 and len(d.split(".")) > 2
+                   and d.startswith("models.") and m.split(".")[1] in MODEL_PARTS
+                   and d.split(".")[1] in MODEL_PARTS and m.split(".")[1] != d.split(".")[1])
+    assert not wrong, wrong
+
+
+def test_no_module_imports_itself_back():
+    graph = _module_imports()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(module, stack):
+        state[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[module] = 2
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, cycles
+
+
+def test_every_model_subpackage_says_what_it_holds():
+    for part in (*sorted(MODEL_PARTS), ""):
+        init = os.path.join(ROOT, "models", part, "__init__.py")
+        doc = ast.get_docstring(ast.parse(open(init, encoding="utf-8").read()))
+        assert doc and len(doc) > 80, init

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from models.nmt import SampleRequest, Translator, load_translator
+from models.nmt.translator import SampleRequest, Translator, load_translator
 
 
 def _contains(seq, phrase):
@@ -92,7 +92,7 @@ def _reference_nll(t, source: str, target: str) -> float:
 
 @pytest.mark.slow
 def test_score_equals_fairseq_forward_with_padding_and_blocks(bwd, sources, monkeypatch):
-    import models.nmt as nmt
+    import models.nmt.translator as nmt
 
     # Candidates of very different lengths in one batch (padded), and blocks of 7 positions so
     # the projection runs in several blocks with a short last one.
@@ -144,7 +144,7 @@ def test_missing_model_dir_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_precision_is_validated(tiny_nmt_models):
-    from models.nmt import resolve_precision
+    from models.nmt.translator import resolve_precision
 
     assert resolve_precision("auto", "cpu") == "fp32"
     assert resolve_precision("auto", "cuda") == "fp16"

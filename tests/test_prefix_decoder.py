@@ -1,11 +1,11 @@
-"""models/prefix_decoder.py against fairseq's own decoder, on a tiny model trained in this session."""
+"""models/nmt/prefix_decoder.py against fairseq's own decoder, on a tiny model trained in this session."""
 import copy
 
 import pytest
 import torch
 
-from models.nmt import SampleRequest
-from models.prefix_decoder import FairseqPrefixDecoder, PrefixDecoder, prefix_decoder, unsupported_reason
+from models.nmt.translator import SampleRequest
+from models.nmt.prefix_decoder import FairseqPrefixDecoder, PrefixDecoder, prefix_decoder, unsupported_reason
 
 pytestmark = pytest.mark.slow    # every test needs the tiny NMT models (trained once per session)
 

@@ -2,7 +2,6 @@
 inputs that yield nothing, settings that would reject every record, unparseable configs and model
 files, a training run with nothing to train on."""
 import gzip
-import json
 import os
 import subprocess
 import sys
@@ -81,7 +80,7 @@ def test_bitext_thresholds_must_be_numbers():
     ((), "ahoj,hello\nnazdar,hi\n", "no training pairs"),
 ])
 def test_train_nmt_refuses_before_creating_its_output(tmp_path, extra, content, message):
-    from models.train_nmt import run
+    from models.nmt.train import run
 
     data = tmp_path / "train.tsv"
     data.write_text("ahoj\thello\nnazdar\thi\n" if content is None else content)
@@ -106,8 +105,8 @@ def test_a_filter_config_nested_too_deeply_is_one_line(tmp_path):
 
 
 def test_a_model_json_nested_too_deeply_is_one_line(tmp_path):
-    from models.checkpoint import UnsafeModelError
-    from models.model_dir import read_model_meta
+    from models.safety import UnsafeModelError
+    from models.nmt.model_dir import read_model_meta
 
     for name in ("model.pt", "spm.model"):
         (tmp_path / name).write_bytes(b"x")
@@ -118,7 +117,7 @@ def test_a_model_json_nested_too_deeply_is_one_line(tmp_path):
 
 def test_garbage_sentencepiece_and_dictionary_files_are_named(tmp_path):
     from common.text import load_sentencepiece
-    from models.model_dir import dictionary_size
+    from models.nmt.model_dir import dictionary_size
 
     garbage = tmp_path / "spm.model"
     garbage.write_bytes(b"\x00not a model" * 10)

@@ -1,5 +1,5 @@
 """Similarities, k-NN mining, the MLP pair classifier and alignment recovery
-(models/similarity.py, models/pair_classifier.py, models/alignment_recovery.py).
+(models/bitext/similarity.py, models/bitext/pair_classifier.py, models/bitext/alignment.py).
 
 Everything is checked against a brute-force numpy computation written here, on small random
 vectors; nothing reads ../shared.
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from models import similarity
-from models.alignment_recovery import (main as align_main, bootstrap_interval, nearest_by_edit_distance,
-                                       nearest_by_length, recover_alignment)
-from models.checkpoint import UnsafeModelError
-from models.pair_classifier import (PairClassifier, load_pair_classifier, make_negatives, random_negatives,
+from models.bitext import similarity
+from models.bitext.align import main as align_main
+from models.bitext.alignment import bootstrap_interval, nearest_by_edit_distance, nearest_by_length, recover_alignment
+from models.safety import UnsafeModelError
+from models.bitext.pair_classifier import (PairClassifier, load_pair_classifier, make_negatives, random_negatives,
                                     train_pair_classifier, worst_negatives)
 from common.cli import UsageError
 
@@ -379,7 +379,7 @@ def levenshtein(s, t):
 
 
 def test_edit_distance_and_length_baselines_equal_brute_force(monkeypatch):
-    import models.alignment_recovery as ar
+    import models.bitext.alignment as ar
 
     rng = np.random.default_rng(14)
     alphabet = list("abcde ")
@@ -453,9 +453,9 @@ def test_cli_reports_input_mistakes_before_loading_a_model(tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_end_to_end_with_a_tiny_bilingual_encoder(tmp_path, capsys):
     try:
-        from models.bilingual_encoder import BilingualConfig, train_bilingual
+        from models.bitext.bilingual_encoder import BilingualConfig, train_bilingual
     except ImportError as exc:
-        pytest.skip(f"models.bilingual_encoder is not available yet ({exc})")
+        pytest.skip(f"models.bitext.bilingual_encoder is not available yet ({exc})")
     import gzip
 
     from tests.toydata import toy_bitext

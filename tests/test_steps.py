@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from common.steps import Rejected, Rule, ScoringStep, Step, StepResult, decide, run_steps
-from models.nmt import Hypothesis
+from models.nmt.translator import Hypothesis
 from paracorpus.cleaning import CleaningConfig, CleanPair
 from paracorpus.config import PRESETS
 from paracorpus.steps import CleanStep, DualXentStep, ParaphraseStep, PieceLimitStep, decoding_steps

@@ -1,4 +1,4 @@
-"""models.train_nmt: sentencepiece + fairseq training recipe, its output layout and BLEU.
+"""models.nmt.train: sentencepiece + fairseq training recipe, its output layout and BLEU.
 
 The tiny cs-en / en-cs models come from the session fixture ``tiny_nmt_models`` (conftest.py),
 trained once on the synthetic bitext of tests/toydata.py. Nothing here reads ../shared.
@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from models.train_nmt import evaluate_bleu, hold_out, read_bitext, train_spm
+from common.text import train_spm
+from models.nmt.train import evaluate_bleu, hold_out, read_bitext
 from tests.toydata import toy_bitext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +23,7 @@ DIRS = {"cs-en": ("cs", "en"), "en-cs": ("en", "cs")}
 
 
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "models.train_nmt", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "models.nmt.train", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -44,7 +45,7 @@ def test_cli_rejects_half_given_files(tmp_path):
 
 
 def test_fairseq_compat_usage_error():
-    r = subprocess.run([sys.executable, "-m", "models.fairseq_compat", "bogus"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "models.nmt.fairseq_compat", "bogus"], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode != 0 and "usage" in r.stderr
 
@@ -133,7 +134,7 @@ def test_output_layout(tiny_nmt_models):
 def test_checkpoint_loads_with_weights_only(tiny_nmt_models):
     import torch
 
-    from models.fairseq_compat import allow_fairseq_checkpoints
+    from models.nmt.checkpoint import allow_fairseq_checkpoints
 
     path = os.path.join(tiny_nmt_models, "cs-en", "model.pt")
     # The one non-tensor class a fairseq-fixed checkpoint pickles is argparse.Namespace.

@@ -36,7 +36,7 @@ def toy_bitext(n: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def toy_alignments(pairs: list[tuple[str, str]], tokenize) -> tuple[list, list]:
-    """The known word alignment of toy_bitext PAIRS as word_alignments (models/divergence.py)
+    """The known word alignment of toy_bitext PAIRS as word_alignments (models/bitext/divergence.py)
     gives it, both directions alike: every word of a Czech slot (subject, verb, place) linked to
     every word of that slot's English phrase, and the final marks to each other. Tests pass it to
     train_divergence instead of running eflomal, which takes no seed."""

@@ -44,7 +44,7 @@ class UnitTranslatorHandler(ModelHandler):
         self._progress = None
 
     def load_model(self) -> _Models:
-        from models.nmt import load_translator
+        from models.nmt.translator import load_translator
 
         if self.torch_threads:      # several worker processes share this machine's cores
             import torch

@@ -1,7 +1,7 @@
 """Loading a fairseq translation checkpoint without letting anything in it run code.
 
 ``torch.load(weights_only=True)`` only unpickles tensors, plain containers and the allowlisted
-``argparse.Namespace`` (models/fairseq_compat.py), but that is not enough: while fairseq builds a
+``argparse.Namespace`` (allow_fairseq_checkpoints, below), but that is not enough: while fairseq builds a
 model it calls ``eval()`` on string fields of the checkpoint's config (``adaptive_softmax_cutoff``
 through ``utils.eval_str_list``, the xFormers attention config through ``eval_str_dict``; other
 architectures ``eval`` their layer specs), imports ``user_dir`` modules, reads embedding files
@@ -27,12 +27,10 @@ import argparse
 import ast
 import math
 import os
-import pickle
-import re
 import zipfile
 from dataclasses import dataclass
 
-from common.cli import UsageError
+from models.safety import UnsafeModelError, weights_only_load
 
 ARCHS = frozenset({"transformer", "transformer_tiny", "transformer_iwslt_de_en", "transformer_wmt_en_de",
                    "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
@@ -41,8 +39,18 @@ ACTIVATIONS = frozenset({"relu", "gelu", "gelu_fast", "gelu_accurate", "tanh", "
 _MAX_INT = 1 << 31
 
 
-class UnsafeModelError(UsageError):
-    """A model file or config that is refused before any of it reaches fairseq."""
+_DONE = False
+
+
+def allow_fairseq_checkpoints() -> None:
+    """Register the globals fairseq checkpoints need with torch's safe unpickler (idempotent)."""
+    global _DONE
+    if _DONE:
+        return
+    import torch
+
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    _DONE = True
 
 
 @dataclass(frozen=True)
@@ -221,28 +229,11 @@ def _weights(state) -> dict:
 def load_state(path: str, mmap: bool = False) -> dict:
     """Unpickle PATH with torch's weights-only loader; a file holding any other Python object
     (a pickled model, code) is refused with UnsafeModelError, never unpickled."""
-    from models.fairseq_compat import allow_fairseq_checkpoints
-
     allow_fairseq_checkpoints()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
     # mmap needs torch's zip format; a legacy (plain pickle) file is read whole
-    return _weights_only_load(path, mmap=mmap and zipfile.is_zipfile(path))
-
-
-def _weights_only_load(path: str, mmap: bool = False):
-    """torch.load(weights_only=True), its refusals turned into one-line UnsafeModelErrors."""
-    import torch
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as exc:
-        # torch's message suggests weights_only=False; only its diagnosis is worth repeating
-        found = re.search(r"Unsupported (global: GLOBAL \S+|operand \S+)", str(exc))
-        raise UnsafeModelError(f"{path}: refused: it holds pickled Python objects other than tensors"
-                               + (f" (unpickling stopped at: {found.group(1)})" if found else "")) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as exc:
-        raise UnsafeModelError(f"{path}: not a readable PyTorch file ({str(exc).splitlines()[0]})") from None
+    return weights_only_load(path, mmap=mmap and zipfile.is_zipfile(path))
 
 
 def check_checkpoint(path: str, with_weights: bool = False):
@@ -288,17 +279,3 @@ def sanitized_copy(src: str, dst: str) -> None:
              "extra_state": {"train_iterator": None}}
     with replacing(dst) as tmp:
         torch.save(clean, tmp)
-
-
-def load_tensor_file(path: str) -> dict:
-    """A state dict file written by torch.save({name: tensor}) (encoder and classifier weights):
-    loaded weights-only, refused with UnsafeModelError if it holds anything but named tensors."""
-    import torch
-
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    state = _weights_only_load(path)
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in state.items()):
-        raise UnsafeModelError(f"{path}: not a state dict of named tensors")
-    return state

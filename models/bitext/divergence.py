@@ -40,7 +40,7 @@ The decision threshold on P(equivalent) is tuned for macro F1 on development dat
 
 Directory layout (:meth:`DivergenceDetector.save`): ``src_words.json`` and ``tgt_words.json``
 (vocabularies as JSON lists), ``weights.pt`` (a plain state dict of tensors, read weights-only
-through models.checkpoint.load_tensor_file: nothing beyond tensors is ever unpickled) and
+through models.safety.load_tensor_file: nothing beyond tensors is ever unpickled) and
 ``config.json`` (sizes, languages, threshold, format version), written last: its presence marks
 a whole model.
 """
@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.text import Vocabulary
-from models.checkpoint import load_tensor_file
+from models.safety import load_tensor_file
 from common.atomic import replacing, write_json, write_text
 from common.cli import UsageError
 
@@ -625,9 +625,9 @@ def _validated_config(cfg, path: str) -> tuple[DivergenceConfig, float, dict]:
 
 
 def load_divergence_detector(path: str, device: str | None = None) -> DivergenceDetector:
-    """Load a directory written by DivergenceDetector.save (or python -m models.train_divergence);
+    """Load a directory written by DivergenceDetector.save (or python -m models.bitext.train_divergence);
     a bucket URL is copied to the local cache first (common.storage.local_copy)."""
-    from models.model_dir import open_model_dir
+    from models.safety import open_model_dir
 
     path, raw = open_model_dir(path, FILES, "divergence model")
     cfg, threshold, extra = _validated_config(raw, path)

@@ -5,7 +5,7 @@
 
 Directory layout: ``config.json`` (encoder spec, sizes, format version), ``words.json`` and
 ``trigrams.json`` (vocabularies as JSON lists) and ``weights.pt`` (a plain state dict of tensors,
-loaded with ``torch.load(weights_only=True)`` through models.checkpoint.load_tensor_file: nothing
+loaded with ``torch.load(weights_only=True)`` through models.safety.load_tensor_file: nothing
 beyond tensors is ever unpickled).
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from common.text import MAX_TOKENS, Vocabulary, sentence_trigrams, tokenize
-from models.checkpoint import load_tensor_file
-from models.encoders import Features, build_module, parse_spec
+from models.safety import load_tensor_file
+from models.sentence.encoders import Features, build_module, parse_spec
 from common.atomic import replacing, write_json, write_text
 
 FORMAT_VERSION = 1

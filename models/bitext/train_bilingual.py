@@ -1,4 +1,4 @@
-"""Train a bilingual sentence encoder (Kim et al. 2019; models/bilingual_encoder.py) on bitext.
+"""Train a bilingual sentence encoder (Kim et al. 2019; models/bitext/bilingual_encoder.py) on bitext.
 
     paragen-train-bilingual --input ../shared/data/bitext/multi30k/train --src_lang cs --tgt_lang en \\
         --dev ../shared/data/bitext/multi30k/val --output runs/bilingual-cs-en --epochs 3
@@ -14,7 +14,7 @@ Besides the paper's two losses, translation batches add an in-batch alignment lo
 pairs rather than millions, the paper's objective leaves the two encoders' spaces unaligned.
 
 OUT holds config.json (written last), weights.pt, spm.model and training.json; it loads with
-models.bilingual_encoder.load_bilingual_encoder. OUT may be a bucket URL: the model is trained in
+models.bitext.bilingual_encoder.load_bilingual_encoder. OUT may be a bucket URL: the model is trained in
 a local temporary directory, then uploaded, config.json last.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def read_monolingual(path: str) -> tuple[list[str], int]:
 def build_parser() -> argparse.ArgumentParser:
     import dataclasses
 
-    from models.bilingual_encoder import ALIGN_WEIGHT, BilingualConfig
+    from models.bitext.bilingual_encoder import ALIGN_WEIGHT, BilingualConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(BilingualConfig)}
     ap = argparse.ArgumentParser(prog="paragen-train-bilingual", description=__doc__,
@@ -132,7 +132,7 @@ def _has_content(path: str) -> bool:
 def run(argv=None) -> dict:
     import torch
 
-    from models.bilingual_encoder import BilingualConfig, check_training_options, train_bilingual
+    from models.bitext.bilingual_encoder import BilingualConfig, check_training_options, train_bilingual
     from common.cli import check_output_location
 
     a = build_parser().parse_args(argv)

@@ -6,18 +6,18 @@ A model directory (written by ``paragen-train-nmt``) holds ``model.pt``, ``model
 ``s3://``), it is copied once per machine into a local cache (``$PARAGEN_CACHE``, default
 ``~/.cache/paragen``), under a lock so that worker processes sharing a machine download it
 once, and every file is checked against the sha256 the driver recorded in the run's manifest
-before the safe loader (models/checkpoint.py) reads it: a model changed in the bucket while a job
+before the safe loader (models/nmt/checkpoint.py) reads it: a model changed in the bucket while a job
 runs is refused, not mixed in.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 from common import storage
 from common.text import load_sentencepiece
-from models.checkpoint import UnsafeModelError, check_checkpoint
+from models.nmt.checkpoint import check_checkpoint
+from models.safety import UnsafeModelError, sha256_local
 
 MODEL_FILES = ("model.pt", "model.json", "spm.model")
 
@@ -28,7 +28,7 @@ def model_file_names(meta: dict) -> list[str]:
 
 
 def read_model_meta(model_dir: str) -> dict:
-    """MODEL_DIR/model.json (written by models.train_nmt), after checking the directory holds a
+    """MODEL_DIR/model.json (written by models.nmt.train), after checking the directory holds a
     whole model and that its language codes are plain codes (they name dict.<lang>.txt files)."""
     from common.names import check_lang_code
 
@@ -58,14 +58,6 @@ def read_model_meta(model_dir: str) -> dict:
     return meta
 
 
-def _sha256_local(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
     """A local directory holding MODEL_DIR: MODEL_DIR itself when it is local, else a copy in the
     cache (common.storage.local_copy), downloaded once per machine. EXPECTED ({file name:
@@ -74,41 +66,7 @@ def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
         return storage.resolve(model_dir)[1]
     target = storage.local_copy(model_dir, model_file_names(read_model_meta(model_dir)))
     for name, sha in sorted((expected or {}).items()):
-        got = _sha256_local(os.path.join(target, name))
-        if got != sha:
-            raise UnsafeModelError(f"{model_dir}/{name} changed since the job started (sha256 {got[:12]}..., "
-                                   f"the manifest recorded {sha[:12]}...)")
-    return target
-
-
-def open_model_dir(path: str, files, what: str) -> tuple[str, dict]:
-    """(local directory, parsed config.json) of a model directory of any kind that must hold
-    FILES: PATH itself, or for a bucket URL a copy of FILES in the cache. A missing file is
-    FileNotFoundError naming WHAT the directory should be; a config.json that is not JSON is
-    UnsafeModelError. The caller validates the config's fields."""
-    if storage.is_url(path):
-        path = storage.local_copy(path, names=list(files))
-    missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
-    if missing:
-        raise FileNotFoundError(f"{path} is not a {what} directory: missing {', '.join(missing)}")
-    config_path = os.path.join(path, "config.json")
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            return path, json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:     # json.JSONDecodeError is a ValueError
-        raise UnsafeModelError(f"{config_path}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise UnsafeModelError(f"{config_path}: not valid JSON (nested too deeply)") from None
-
-
-def verified_model_dir(model_dir: str, expected: dict) -> str:
-    """A local directory holding the files EXPECTED names ({file name: sha256}, recorded by the
-    driver) of MODEL_DIR, local or a URL (copied to the cache), each checked: a model changed
-    since the job started is refused with UnsafeModelError, never mixed into a run. For model
-    directories of any kind (the bitext models); NMT directories use local_model_dir."""
-    target = storage.local_copy(model_dir, sorted(expected))
-    for name, sha in sorted(expected.items()):
-        got = _sha256_local(os.path.join(target, name))
+        got = sha256_local(os.path.join(target, name))
         if got != sha:
             raise UnsafeModelError(f"{model_dir}/{name} changed since the job started (sha256 {got[:12]}..., "
                                    f"the manifest recorded {sha[:12]}...)")
@@ -129,7 +87,7 @@ def dictionary_size(path: str) -> int:
 
 def check_model_dir(model_dir: str) -> dict:
     """Everything about MODEL_DIR that can be checked without building the model: its files, its
-    languages, its checkpoint (see models.checkpoint.check_checkpoint). Returns model.json plus
+    languages, its checkpoint (see models.nmt.checkpoint.check_checkpoint). Returns model.json plus
     max_source_positions, max_target_positions and sha256 (file name -> digest) of the local
     copy that was checked (the copy in the cache for a bucket URL)."""
     meta = read_model_meta(model_dir)
@@ -148,4 +106,4 @@ def check_model_dir(model_dir: str) -> dict:
                                    f"but the checkpoint's {table} has {rows} rows: not this model's dictionary")
     return {**meta, "max_source_positions": getattr(cfg, "max_source_positions", None) or 1024,
             "max_target_positions": getattr(cfg, "max_target_positions", None) or 1024,
-            "sha256": {name: _sha256_local(os.path.join(local, name)) for name in model_file_names(meta)}}
+            "sha256": {name: sha256_local(os.path.join(local, name)) for name in model_file_names(meta)}}

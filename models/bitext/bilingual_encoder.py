@@ -27,7 +27,7 @@ use (names, numbers) start from one vector.
 
 Directory layout: ``config.json`` (:class:`BilingualConfig`, written last: it marks a whole
 model), ``weights.pt`` (a plain state dict, loaded weights-only through
-models.checkpoint.load_tensor_file), ``spm.model``; ``training.json`` (the training report) is
+models.safety.load_tensor_file), ``spm.model``; ``training.json`` (the training report) is
 not needed to load.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from models.checkpoint import UnsafeModelError, load_tensor_file
+from models.safety import UnsafeModelError, load_tensor_file
 from common.atomic import replacing, write_json
 
 FORMAT_VERSION = 1
@@ -276,7 +276,7 @@ def load_bilingual_encoder(path: str, device: str | None = None) -> BilingualEnc
     the config's shapes exactly."""
     import sentencepiece as spm
 
-    from models.model_dir import open_model_dir
+    from models.safety import open_model_dir
 
     path, data = open_model_dir(path, FILES, "bilingual encoder")
     cfg = BilingualConfig.from_dict(data, os.path.join(path, "config.json"))
@@ -317,7 +317,7 @@ def train_sentencepiece(texts: Sequence[str], vocab_size: int, rng: random.Rando
     SPM_MAX_SENTENCES), loaded. The vocabulary shrinks if the text cannot fill it."""
     import sentencepiece as spm
 
-    from models.train_nmt import train_spm
+    from common.text import train_spm
 
     if len(texts) > SPM_MAX_SENTENCES:
         texts = rng.sample(list(texts), SPM_MAX_SENTENCES)
@@ -416,7 +416,7 @@ def train_bilingual(pairs: Iterable[tuple[str, str]], out_dir: str, cfg: Bilingu
 def dev_alignment_error(enc: BilingualEncoder, dev_pairs: Sequence[tuple[str, str]],
                         methods: Sequence[str] = ("cosine", "csls")) -> dict[str, float]:
     """Mean alignment-recovery error (both directions) of DEV_PAIRS by each of METHODS."""
-    from models.alignment_recovery import recover_alignment
+    from models.bitext.alignment import recover_alignment
 
     src, tgt = [s for s, _ in dev_pairs], [t for _, t in dev_pairs]
     res = recover_alignment(src, tgt, encoder=enc, methods=methods, baselines=())

@@ -6,10 +6,10 @@
 The pairs are aligned with eflomal (both directions); every aligned word pair goes into a
 bilingual dictionary; each pair is a positive and is given 5 negatives, cross pairs whose length
 ratio is at most 2 and of which at least half the words of each side have a translation in the
-other; a pairwise word-interaction model (models/divergence.py) learns to tell them apart. With
+other; a pairwise word-interaction model (models/bitext/divergence.py) learns to tell them apart. With
 --dev (tab-separated, header 'english french label ...', label 1 = equivalent) the decision
 threshold is tuned for macro F1 on those pairs; without, it is 0.5. OUT loads with
-models.divergence.load_divergence_detector.
+models.bitext.divergence.load_divergence_detector.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from models.divergence import DivergenceConfig, read_dev_tsv, tokenize, train_divergence
+from models.bitext.divergence import DivergenceConfig, read_dev_tsv, tokenize, train_divergence
 from common import storage
 from common.cli import UsageError, check_output_location, configure_logging
 

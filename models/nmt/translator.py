@@ -1,12 +1,12 @@
 """A fairseq transformer wrapped for the generation job: sampling with negative constraints,
 beam search, and forced-decoding scores.
 
-Model directory (written by ``python -m models.train_nmt``)::
+Model directory (written by ``python -m models.nmt.train``)::
 
     model.pt  dict.<src>.txt  dict.<tgt>.txt  spm.model  model.json
 
 Sampling is our own incremental decoding loop over fairseq's encoder and the decoder of
-models/prefix_decoder.py, which runs once per distinct prefix of a source's samples
+models/nmt/prefix_decoder.py, which runs once per distinct prefix of a source's samples
 (fairseq-generate refuses constraints with sampling, and its constraints are positive only).
 Each hypothesis carries its own banned phrases: a single-piece phrase is masked at every step, a
 multi-piece phrase's last piece is masked whenever the hypothesis ends with the phrase's prefix,
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.checkpoint import build_translation_model
-from models.model_dir import read_model_meta
-from models.onednn import pack_linears
-from models.prefix_decoder import prefix_decoder
-from models.topk import topk_rows
+from models.nmt.checkpoint import build_translation_model
+from models.nmt.model_dir import read_model_meta
+from models.nmt.onednn import pack_linears
+from models.nmt.prefix_decoder import prefix_decoder
+from models.nmt.topk import topk_rows
 
 log = logging.getLogger(__name__)
 # fairseq 0.12 passes a bool key-padding mask with a float attention mask; torch warns on every
@@ -139,7 +139,7 @@ def cpu_has_native_bf16() -> bool | None:
 MAX_LEN_A = 1.5
 MAX_LEN_B = 10
 BATCH_TOKENS = 24_000            # beam search and forced decoding: source + output tokens per batch
-# Sampled rows share prefixes (models/prefix_decoder.py): a sampling batch holds far fewer decoder
+# Sampled rows share prefixes (models/nmt/prefix_decoder.py): a sampling batch holds far fewer decoder
 # states than rows, so it gets a larger budget (one batch for a typical 64-pair call).
 SAMPLE_BATCH_TOKENS = 200_000
 
@@ -164,7 +164,7 @@ class Translator:
         if self.precision != "fp32":
             self.model.to(_DTYPES[self.precision])
         if self.device.type == "cpu":
-            pack_linears(self.model)                      # oneDNN products: see models/onednn.py
+            pack_linears(self.model)                      # oneDNN products: see models/nmt/onednn.py
         self.src_dict, self.tgt_dict = task.source_dictionary, task.target_dictionary
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.spm = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
@@ -175,7 +175,7 @@ class Translator:
         d = self.tgt_dict
         self.eos, self.pad, self.unk = d.eos(), d.pad(), d.unk()
         self._never = [i for i in {d.pad(), d.unk(), d.bos()} if i != d.eos()]
-        # Sampling decodes with models/prefix_decoder.py's PrefixDecoder where the model's
+        # Sampling decodes with models/nmt/prefix_decoder.py's PrefixDecoder where the model's
         # configuration allows it (False: fairseq's own incremental decoder, the reference).
         self.fast_decoder = True
 
@@ -412,7 +412,7 @@ class Translator:
         pos_of = torch.arange(n_rows, device=dev)           # global row -> position in active
         # Rows with the same source and prefix have the same decoder state and next-token
         # distribution, so the decoder, output projection, softmax and top-k run once per distinct
-        # prefix (a node; see models/prefix_decoder.py). Step 0 has one node per source.
+        # prefix (a node; see models/nmt/prefix_decoder.py). Step 0 has one node per source.
         node = torch.tensor(row_src, dtype=torch.long, device=dev)   # node of each active row
         decoder = prefix_decoder(model, encoder_out, max_len, fast=self.fast_decoder)
         row_limit = torch.tensor([self._max_len(len(src_cache[reqs[q].source])) for q in row_req], device=dev)
@@ -484,8 +484,8 @@ def load_translator(model_dir: str, device: str | None = None, sha256: dict | No
                     **kwargs) -> Translator:
     """Load a model once per process: Beam may create many DoFn instances in one worker.
     MODEL_DIR may be a bucket URL: it is copied to a local cache first and checked against
-    SHA256 ({file: digest}, recorded by the driver), see models/model_dir.py."""
-    from models.model_dir import local_model_dir
+    SHA256 ({file: digest}, recorded by the driver), see models/nmt/model_dir.py."""
+    from models.nmt.model_dir import local_model_dir
     from common import storage
 
     key = (storage.absolute(model_dir), device, tuple(sorted(kwargs.items())))

@@ -19,7 +19,7 @@ not in the paper, a config flag for comparison. The input order matters: a is al
 
 Directory: ``config.json`` (sizes, format version; validated on load, written last so that a
 directory holding one is whole) and ``weights.pt`` (a plain state dict of tensors, loaded
-weights-only through models.checkpoint.load_tensor_file: nothing else is ever unpickled).
+weights-only through models.safety.load_tensor_file: nothing else is ever unpickled).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from models.checkpoint import load_tensor_file
+from models.safety import load_tensor_file
 from common.atomic import replacing, write_json
 from common.cli import UsageError
 
@@ -140,7 +140,7 @@ class PairClassifier:
 def worst_negatives(noisy_a, noisy_b, fraction: float = 0.6) -> tuple[np.ndarray, np.ndarray]:
     """The FRACTION of the pairs (noisy_a[i], noisy_b[i]) of a noisy corpus with the lowest cosine:
     the paper's "worst 60%" negatives (pairs a crawl aligned that are most likely wrong)."""
-    from models.similarity import cosine_pairs
+    from models.bitext.similarity import cosine_pairs
 
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], not {fraction}")
@@ -243,7 +243,7 @@ def validate_config(cfg, path: str = "config.json") -> dict:
 def load_pair_classifier(path: str, device: str | None = None) -> PairClassifier:
     """Load a directory written by PairClassifier.save; a bucket URL is copied to the local cache
     first. The weights must be exactly the tensors the config describes."""
-    from models.model_dir import open_model_dir
+    from models.safety import open_model_dir
 
     path, cfg = open_model_dir(path, FILES, "pair classifier")
     known = validate_config(cfg, path)

@@ -1,30 +1,18 @@
-"""Loading fairseq checkpoints under torch >= 2.6 without turning safe loading off.
+"""fairseq's command-line tools (train, preprocess, generate, interactive) run with checkpoints
+loaded safely (models/nmt/checkpoint.py: allow_fairseq_checkpoints, validated configs).
+
+Loading fairseq checkpoints under torch >= 2.6 without turning safe loading off.
 
 torch.load defaults to weights_only=True, which refuses the argparse.Namespace that fairseq
 stores in a checkpoint. Allowlisting that one class keeps unpickling restricted to tensors,
 primitive containers and the listed globals. For the checkpoints fairseq-fixed 0.12.3.1 writes
-(training and models.train_nmt exports alike), torch.serialization.get_unsafe_globals_in_checkpoint
+(training and models.nmt.train exports alike), torch.serialization.get_unsafe_globals_in_checkpoint
 reports exactly ['argparse.Namespace']: "args" is None and "cfg" a plain dict whose "model"
 entry is the Namespace of the model's command-line arguments.
 """
 from __future__ import annotations
 
-import argparse
 import os
-
-_DONE = False
-
-
-def allow_fairseq_checkpoints() -> None:
-    """Register the globals fairseq checkpoints need with torch's safe unpickler (idempotent)."""
-    global _DONE
-    if _DONE:
-        return
-    import torch
-
-    torch.serialization.add_safe_globals([argparse.Namespace])
-    _DONE = True
-
 
 _COMMANDS = {"train": "fairseq_cli.train", "preprocess": "fairseq_cli.preprocess",
              "generate": "fairseq_cli.generate", "interactive": "fairseq_cli.interactive"}
@@ -43,8 +31,8 @@ def _option(argv: list[str], name: str, default=None):
 def _checked_argv(command: str, argv: list[str], workdir: str) -> list[str]:
     """ARGV with every checkpoint fairseq would load replaced by a sanitized copy in WORKDIR
     (generate, interactive: --path) or validated in place (train: the checkpoint it resumes from),
-    so fairseq's own loader never sees an unvalidated model config (see models/checkpoint.py)."""
-    from models.checkpoint import check_checkpoint, sanitized_copy
+    so fairseq's own loader never sees an unvalidated model config (see models/nmt/checkpoint.py)."""
+    from models.nmt.checkpoint import check_checkpoint, sanitized_copy
 
     argv = list(argv)
     if command in ("generate", "interactive"):
@@ -67,17 +55,17 @@ def _checked_argv(command: str, argv: list[str], workdir: str) -> list[str]:
 
 
 def main(argv=None) -> None:
-    """`python -m models.fairseq_compat train|preprocess|generate|interactive ARGS`: fairseq's CLI
+    """`python -m models.nmt.fairseq_compat train|preprocess|generate|interactive ARGS`: fairseq's CLI
     with checkpoints loaded safely: weights-only unpickling, and model configs validated first."""
     import importlib
     import sys
     import tempfile
 
-    from models.checkpoint import UnsafeModelError
+    from models.nmt.checkpoint import UnsafeModelError, allow_fairseq_checkpoints
 
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in _COMMANDS:
-        raise SystemExit(f"usage: python -m models.fairseq_compat {{{','.join(_COMMANDS)}}} [fairseq args]")
+        raise SystemExit(f"usage: python -m models.nmt.fairseq_compat {{{','.join(_COMMANDS)}}} [fairseq args]")
     allow_fairseq_checkpoints()
     with tempfile.TemporaryDirectory(prefix="paragen-ckpt-") as workdir:
         try:

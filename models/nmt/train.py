@@ -1,6 +1,6 @@
 """Train the two NMT models the generation job needs, from a bitext, and measure their BLEU.
 
-    python -m models.train_nmt --src_file train.cs.gz --tgt_file train.en.gz \\
+    python -m models.nmt.train --src_file train.cs.gz --tgt_file train.en.gz \\
         --src_lang cs --tgt_lang en --output runs/models --layers 3 --dim 256 --max_epoch 10
 
 Steps: joint sentencepiece (unigram) on both sides -> fairseq-preprocess (joined dictionary) ->
@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import time
 from common.atomic import copy_file, replacing, write_json
 from common.cli import UsageError
 from common.shards import bounded_lines, open_binary
+from common.text import train_spm
 
 log = logging.getLogger("paragen.train_nmt")
 
@@ -70,43 +70,13 @@ def _read_tsv_lines(path):  # tabs survive: _lines() collapses whitespace, so sp
         yield (" ".join(cells[0].split()), " ".join(cells[1].split())) if len(cells) == 2 else None
 
 
-def train_spm(texts: list[str], prefix: str, vocab_size: int) -> str:
-    """Joint unigram sentencepiece model at PREFIX.model / PREFIX.vocab.
-
-    A vocabulary larger than a tiny corpus supports shrinks (hard_vocab_limit=False); one smaller
-    than the corpus's character set grows to the smallest size sentencepiece accepts."""
-    import sentencepiece as spm
-
-    path = prefix + ".train.txt"
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(t + "\n" for t in texts)
-    try:
-        for _attempt in range(2):
-            try:
-                spm.SentencePieceTrainer.train(input=path, model_prefix=prefix, vocab_size=vocab_size,
-                                               model_type="unigram", character_coverage=1.0,
-                                               hard_vocab_limit=False, minloglevel=2,
-                                               num_threads=1)  # one thread: deterministic
-                break
-            except RuntimeError as e:
-                need = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
-                if not need or _attempt:
-                    raise
-                print(f"      vocab_size {vocab_size} is below the {need.group(1)} characters and meta "
-                      f"pieces of the corpus; using {int(need.group(1)) + 8}", flush=True)
-                vocab_size = int(need.group(1)) + 8
-    finally:
-        os.remove(path)
-    return prefix + ".model"
-
-
 def _fairseq(command: str, args: list[str], log_path: str, cpu_threads: int | None = None) -> None:
-    """Run a fairseq CLI through models.fairseq_compat (safe checkpoint loading), streaming its log.
+    """Run a fairseq CLI through models.nmt.fairseq_compat (safe checkpoint loading), streaming its log.
 
-    ``python -m models.fairseq_compat`` runs with the interpreter of this process (sys.executable),
+    ``python -m models.nmt.fairseq_compat`` runs with the interpreter of this process (sys.executable),
     so it is the fairseq of this virtualenv; the console scripts fairseq-train / fairseq-preprocess
     next to it run the same code but would load checkpoints without the allowlist."""
-    cmd = [sys.executable, "-m", "models.fairseq_compat", command, *args]
+    cmd = [sys.executable, "-m", "models.nmt.fairseq_compat", command, *args]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if cpu_threads:
@@ -126,7 +96,7 @@ def evaluate_bleu(model_dir: str, sources: list[str], references: list[str], bea
     against the untokenised REFERENCES. Returns bleu, signature, sentences and 5 examples."""
     import sacrebleu
 
-    from models.nmt import Translator
+    from models.nmt.translator import Translator
 
     t = Translator(model_dir, device=None)
     hyps = [h[0].text if h else "" for h in t.beam_search(sources, beam=beam, nbest=1)]
@@ -324,7 +294,7 @@ def _export_checkpoint(src: str, dst: str) -> None:
     that its config passes the same validation as every model the jobs load."""
     import torch
 
-    from models.checkpoint import load_state, model_config_of
+    from models.nmt.checkpoint import load_state, model_config_of
 
     state = load_state(src)
     model_config_of(state)

@@ -1,4 +1,4 @@
-"""Train the MLP pair classifier of Kim et al. 2019 (models/pair_classifier.py) over a bilingual
+"""Train the MLP pair classifier of Kim et al. 2019 (models/bitext/pair_classifier.py) over a bilingual
 encoder's embeddings.
 
     paragen-train-pair-classifier --encoder runs/bilingual-cs-en --input clean.tsv \\
@@ -49,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv=None) -> dict:
-    from models.bilingual_encoder import load_bilingual_encoder
-    from models.pair_classifier import make_negatives, train_pair_classifier
-    from models.train_bilingual import read_bitext
+    from models.bitext.bilingual_encoder import load_bilingual_encoder
+    from models.bitext.pair_classifier import make_negatives, train_pair_classifier
+    from models.bitext.train_bilingual import read_bitext
     from common.names import check_lang_code
 
     a = build_parser().parse_args(argv)

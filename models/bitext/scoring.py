@@ -1,7 +1,7 @@
 """Scores of a bitext pair (a sentence and its supposed translation) from the two bitext models:
-the bilingual sentence encoder (Kim et al. 2019, models/bilingual_encoder.py), optionally with
-its MLP pair classifier (models/pair_classifier.py), and the divergence detector (Vyas et al.
-2018, models/divergence.py).
+the bilingual sentence encoder (Kim et al. 2019, models/bitext/bilingual_encoder.py), optionally with
+its MLP pair classifier (models/bitext/pair_classifier.py), and the divergence detector (Vyas et al.
+2018, models/bitext/divergence.py).
 
 Both jobs use them: the generation job's bitext filter (paracorpus/steps.py) drops non-parallel
 and divergent pairs before back-translation (a pair that is not a translation only yields
@@ -11,7 +11,7 @@ filters (filtering/filters.py) score a run's pairs.
 Only pairwise scores are used here: cosine (or the MLP's probability) and P(equivalent). CSLS and
 the margin score depend on the other sentences of the corpus (their nearest neighbours), so a
 pair's score would change with the batch it is decoded in; they are for mining and alignment
-recovery (models/alignment_recovery.py), where the whole corpus is at hand.
+recovery (models/bitext/alignment.py), where the whole corpus is at hand.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class SimilarityScorer(_Oriented):
     pair is parallel (the paper's best scorer for corpus filtering)."""
 
     def __init__(self, encoder_dir: str, mlp_dir: str | None = None, device: str | None = None):
-        from models.bilingual_encoder import load_bilingual_encoder
-        from models.pair_classifier import load_pair_classifier
+        from models.bitext.bilingual_encoder import load_bilingual_encoder
+        from models.bitext.pair_classifier import load_pair_classifier
 
         self.encoder = load_bilingual_encoder(encoder_dir, device=device)
         self.mlp = load_pair_classifier(mlp_dir, device=device) if mlp_dir else None
@@ -49,7 +49,7 @@ class SimilarityScorer(_Oriented):
         self.method = "mlp" if self.mlp else "cosine"
 
     def score(self, a: Sequence[str], b: Sequence[str], a_lang: str, b_lang: str) -> np.ndarray:
-        from models.similarity import cosine_pairs
+        from models.bitext.similarity import cosine_pairs
 
         src, tgt = self.orient(list(a), list(b), a_lang, b_lang)
         ea, eb = self.encoder.encode(src, self.langs[0]), self.encoder.encode(tgt, self.langs[1])
@@ -61,7 +61,7 @@ class EquivalenceScorer(_Oriented):
     """The divergence detector's probability that the two sentences mean the same."""
 
     def __init__(self, model_dir: str, device: str | None = None):
-        from models.divergence import load_divergence_detector
+        from models.bitext.divergence import load_divergence_detector
 
         self.detector = load_divergence_detector(model_dir, device=device)
         super().__init__(self.detector.cfg.src_lang, self.detector.cfg.tgt_lang,

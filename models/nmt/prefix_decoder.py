@@ -20,7 +20,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from models.onednn import Linear, linear_of
+from models.nmt.onednn import Linear, linear_of
 
 
 def unsupported_reason(decoder) -> str | None:
