@@ -19,6 +19,9 @@ setup(
         # fairseq-fixed==0.12.3.1: fairseq 0.12.2 does not import on Python 3.11; installed by hash
         # from requirements-fairseq.txt (it must compile against the installed torch).
         "sentencepiece>=0.2,<0.3",           # subword segmentation shared by the NMT models
+        "sacremoses>=0.1,<0.3",              # Moses tokenization of imported fairseq models (as fairseq's hub)
+        "subword-nmt>=0.3.8,<0.4",           # subword-nmt BPE codes of imported models (e.g. WMT16)
+        # fastBPE==0.1.0 (fastBPE codes, e.g. WMT19) is built by hash from requirements-fairseq.txt
         "pyarrow>=20,<26",                   # Parquet, and the storage layer: local, S3, GCS (pyarrow.fs)
         "rapidfuzz>=3.14,<4",                # Levenshtein distance for candidate clustering
         "sacrebleu>=2.6,<3",                 # BLEU of the NMT models; sentence BLEU in the filter job
@@ -41,6 +44,8 @@ setup(
     entry_points={"console_scripts": [
         "paragen-generate=beam_pipelines.generate:main",
         "paragen-train-nmt=models.nmt.train:main",
+        "paragen-import-model=models.nmt.importing:main",
+        "paragen-translate=models.nmt.translate:main",
         "paragen-train-embeddings=embeddings.train:main",
         "paragen-sts=embeddings.sts:main",
         "paragen-lexicon=embeddings.lexicon:main",

@@ -445,11 +445,9 @@ def run(argv=None) -> dict:
     for shard in shards:
         check_shard(shard, src_column, tgt_column)
 
-    models = {"forward": {"path": storage.absolute(opts.forward_model), "sha256": fwd_meta["sha256"],
-                          "fingerprint": _fingerprint(fwd_meta["sha256"])}}
+    models = {"forward": _model_entry(opts.forward_model, fwd_meta)}
     if opts.backward_model:
-        models["backward"] = {"path": storage.absolute(opts.backward_model), "sha256": bwd_meta["sha256"],
-                              "fingerprint": _fingerprint(bwd_meta["sha256"])}
+        models["backward"] = _model_entry(opts.backward_model, bwd_meta)
     bitext = bitext_filter_config(opts)
     check_bitext_languages(bitext, src_lang, tgt_lang)
     for name, path in (("bitext_encoder", bitext.encoder), ("bitext_mlp", bitext.mlp),
@@ -601,6 +599,14 @@ def _warn_empty_shards(inputs: dict, run_id: str) -> None:
             log.warning("input shard %s gave no paraphrase: %s", name,
                         "no records" if not entry["records_read"] else
                         f"all {entry['records_read']:,} records rejected ({_top_reasons(counts['rejected_by_reason'])})")
+
+
+def _model_entry(path: str, meta: dict) -> dict:
+    """What the manifest records of a translation model: where it is, what runs it (engine,
+    members, tokenization) and the sha256 of every file, whose digest (the fingerprint) the
+    config hash covers."""
+    return {"path": storage.absolute(path), "engine": meta["engine"], "members": len(meta["members"]),
+            "tokenization": meta["tokenization"], "sha256": meta["sha256"], "fingerprint": _fingerprint(meta["sha256"])}
 
 
 def _fingerprint(sha256: dict) -> str:

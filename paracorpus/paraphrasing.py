@@ -60,7 +60,7 @@ def piece_limits(forward, backward, max_pieces: int) -> tuple[int, int]:
 
 def _candidates(pairs: list[CleanPair], forward, cfg: GenerationConfig, counters: dict):
     """Decode; return per pair a dict text -> best Candidate (distinct texts only)."""
-    from models.nmt.translator import SampleRequest
+    from models.nmt.engine import SampleRequest
 
     per_pair: list[dict[str, Candidate]] = [{} for _ in pairs]
     if cfg.mode == "sample":

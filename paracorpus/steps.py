@@ -131,20 +131,27 @@ def bitext_steps(cfg: BitextFilterConfig, langs: tuple[str, str], device: str | 
 
 # ---------------------------------------------------------------------------- decoding
 class PieceLimitStep(ScoringStep):
-    """Pieces per side under the generation models' segmentation (the models share one
-    sentencepiece model); LIMITS (source, reference) from paracorpus.paraphrasing.piece_limits."""
+    """Pieces per side as the models see them: the source is read by the forward model and
+    written by the backward one, the reference the other way round, and the two models may
+    segment differently (each has its own tokenization), so a side's count is the largest of
+    the models'. LIMITS (source, reference) from paracorpus.paraphrasing.piece_limits."""
     NAME = "segment"
     SCORES = {"source_pieces": "low", "reference_pieces": "low"}
     REASONS = {"source_pieces": "too_many_pieces_src", "reference_pieces": "too_many_pieces_tgt"}
 
-    def __init__(self, forward, limits: tuple[int, int]):
+    def __init__(self, forward, limits: tuple[int, int], backward=None):
         super().__init__([Rule("source_pieces", "low", max=limits[0]), Rule("reference_pieces", "low", max=limits[1])])
-        self.forward = forward
+        self.forward, self.backward = forward, backward
+
+    def _count(self, text: str, side: str) -> int:
+        counts = [len(self.forward.source_pieces(text) if side == "src" else self.forward.target_pieces(text))]
+        if self.backward is not None:      # the backward model reads the reference, writes the source
+            counts.append(len(self.backward.target_pieces(text) if side == "src" else self.backward.source_pieces(text)))
+        return max(counts)
 
     def score(self, batch):
-        return {"source_pieces": np.array([len(self.forward.pieces(p.source)) for p in batch], dtype=np.float64),
-                "reference_pieces": np.array([len(self.forward.pieces(p.reference)) for p in batch],
-                                             dtype=np.float64)}
+        return {"source_pieces": np.array([self._count(p.source, "src") for p in batch], dtype=np.float64),
+                "reference_pieces": np.array([self._count(p.reference, "tgt") for p in batch], dtype=np.float64)}
 
     def detail(self, score, op, value, bound):
         return f"{value:.0f} pieces {op} {bound:g}"
@@ -192,7 +199,7 @@ def decoding_steps(forward, backward, cfg: GenerationConfig, config_hash: str, l
     """What a work unit runs on its pairs, in order: the bitext filter's steps (BITEXT, from
     :func:`bitext_steps`), the piece limits, the dual cross-entropy filter (with a backward model
     and a threshold), paraphrasing."""
-    steps = [*bitext, PieceLimitStep(forward, limits)]
+    steps = [*bitext, PieceLimitStep(forward, limits, backward)]
     if cfg.dual_xent_threshold is not None and backward is not None:
         steps.append(DualXentStep(forward, backward, cfg.dual_xent_threshold))
     steps.append(ParaphraseStep(forward, backward, cfg, config_hash))

@@ -13,8 +13,8 @@ pip install -q --disable-pip-version-check "pip==25.3" "setuptools>=70" wheel
 # Build prerequisites of fairseq-fixed's C++/Cython extensions, then the locked set.
 pip install -q --disable-pip-version-check torch==2.13.0 numpy==2.4.6 Cython==3.3.1
 pip install -q --disable-pip-version-check -r requirements.txt
-if ! python -c "import fairseq" 2>/dev/null; then
-  echo "building fairseq-fixed (compiles extensions, a few minutes the first time)..." >&2
+if ! python -c "import fairseq, fastBPE" 2>/dev/null; then
+  echo "building fairseq-fixed and fastBPE (compiles extensions, a few minutes the first time)..." >&2
   pip install -q --disable-pip-version-check --no-build-isolation --no-deps -r requirements-fairseq.txt
 fi
 pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny fairseq models trained once per test session on synthetic bitext, and a
 real dask.distributed cluster on loopback."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -56,6 +57,34 @@ def sources():
     from tests.toydata import toy_bitext
 
     return [src for src, _ in toy_bitext(400, seed=3)[:6]]
+
+
+@pytest.fixture(scope="session")
+def fairseq_layouts(tmp_path_factory):
+    """{layout name: info dict} (tests/fairseq_fixtures.py), built once per session."""
+    from tests.fairseq_fixtures import layouts_for_tests
+
+    return layouts_for_tests(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def hub():
+    """LAYOUT -> fairseq's GeneratorHubInterface for it, loaded once, as users load it."""
+    from models.nmt.checkpoint import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    from fairseq.models.transformer import TransformerModel
+
+    loaded = {}
+
+    def load(info):
+        key = info["source"]
+        if key not in loaded:
+            logging.getLogger("fairseq").setLevel(logging.WARNING)
+            loaded[key] = TransformerModel.from_pretrained(**info["hub_kwargs"]).eval()
+        return loaded[key]
+
+    return load
 
 
 @pytest.fixture

@@ -82,8 +82,8 @@ def _reference_nll(t, source: str, target: str) -> float:
     """fairseq's own route, one pair at a time (no padding): full forward, normalised probabilities."""
     import torch
 
-    src = torch.tensor([t._ids(t.src_dict, source)])
-    tgt = torch.tensor([t._ids(t.tgt_dict, target)])
+    src = torch.tensor([t._ids(t.src_dict, source, "src")])
+    tgt = torch.tensor([t._ids(t.tgt_dict, target, "tgt")])
     prev = torch.cat([torch.tensor([[t.eos]]), tgt[:, :-1]], dim=1)
     with torch.inference_mode():
         lprobs = t.model.get_normalized_probs(t.model(src, torch.tensor([src.shape[1]]), prev), log_probs=True)
@@ -138,7 +138,7 @@ def test_beam_search_is_fairseq_nbest(fwd, bwd, sources):
 
 
 def test_missing_model_dir_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="model.pt"):
+    with pytest.raises(FileNotFoundError, match="missing model.json"):
         Translator(str(tmp_path))
 
 

@@ -18,7 +18,7 @@ def sources(sources):
 @torch.inference_mode()
 def test_features_match_fairseq_full_forward_through_splits_and_deaths(fwd, sources):
     model = fwd.model
-    src_tokens, src_lengths = fwd._collate_src([fwd._ids(fwd.src_dict, s) for s in sources])
+    src_tokens, src_lengths = fwd._collate_src([fwd._ids(fwd.src_dict, s, "src") for s in sources])
     enc = model.encoder.forward_torchscript({"src_tokens": src_tokens, "src_lengths": src_lengths})
     dec = PrefixDecoder(model.decoder, enc, max_len=12)
     gen = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from common.steps import Rejected, Rule, ScoringStep, Step, StepResult, decide, run_steps
-from models.nmt.translator import Hypothesis
+from models.nmt.engine import Hypothesis
 from paracorpus.cleaning import CleaningConfig, CleanPair
 from paracorpus.config import PRESETS
 from paracorpus.steps import CleanStep, DualXentStep, ParaphraseStep, PieceLimitStep, decoding_steps
@@ -26,6 +26,8 @@ class FakeTranslator:
 
     def pieces(self, text):
         return text.split()
+
+    source_pieces = target_pieces = pieces
 
     def score(self, sources, targets):
         self.calls += 1

@@ -44,16 +44,16 @@ class UnitTranslatorHandler(ModelHandler):
         self._progress = None
 
     def load_model(self) -> _Models:
-        from models.nmt.translator import load_translator
+        from models.nmt.loading import load_engine
 
         if self.torch_threads:      # several worker processes share this machine's cores
             import torch
 
             torch.set_num_threads(self.torch_threads)
-        forward = load_translator(self.forward_model, device=self.device, precision=self.precision,
-                                  sha256=self.model_sha256.get("forward"))
-        backward = (load_translator(self.backward_model, device=self.device, precision=self.precision,
-                                    sha256=self.model_sha256.get("backward")) if self.backward_model else None)
+        forward = load_engine(self.forward_model, device=self.device, precision=self.precision,
+                              sha256=self.model_sha256.get("forward"))
+        backward = (load_engine(self.backward_model, device=self.device, precision=self.precision,
+                                sha256=self.model_sha256.get("backward")) if self.backward_model else None)
         bitext = []
         if self.bitext is not None and self.bitext.enabled:
             bitext = bitext_steps(self.bitext, self.langs, device=self.device, sha256=self.model_sha256)

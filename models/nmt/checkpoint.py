@@ -214,7 +214,7 @@ def model_config_of(state) -> argparse.Namespace:
     raise UnsafeModelError("checkpoint has neither 'args' nor 'cfg.model': not a fairseq checkpoint")
 
 
-def _weights(state) -> dict:
+def weights_of(state) -> dict:
     import torch
 
     weights = state.get("model")
@@ -242,7 +242,7 @@ def check_checkpoint(path: str, with_weights: bool = False):
     or UnsafeModelError / FileNotFoundError."""
     state = load_state(path, mmap=True)
     cfg = model_config_of(state)
-    weights = _weights(state)
+    weights = weights_of(state)
     return (cfg, weights) if with_weights else cfg
 
 
@@ -254,7 +254,7 @@ def build_translation_model(model_dir: str, src_lang: str, tgt_lang: str):
 
     state = load_state(os.path.join(model_dir, "model.pt"))
     args = model_config_of(state)
-    weights = _weights(state)
+    weights = weights_of(state)
     del state
     task = TranslationTask.setup_task(TranslationConfig(data=model_dir, source_lang=src_lang, target_lang=tgt_lang))
     model = task.build_model(args)
@@ -273,7 +273,7 @@ def sanitized_copy(src: str, dst: str) -> None:
     args = model_config_of(state)
     args.task = "translation"
     clean = {"args": None, "cfg": {"model": args, "task": {"_name": "translation"}},
-             "model": _weights(state),
+             "model": weights_of(state),
              "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "FairseqAdam",
                                     "lr_scheduler_state": {}, "num_updates": 0}],
              "extra_state": {"train_iterator": None}}

@@ -1,61 +1,134 @@
 """NMT model directories, local or in a bucket: what they hold, how they are checked, and the
 local copy a worker loads.
 
-A model directory (written by ``paragen-train-nmt``) holds ``model.pt``, ``model.json``,
-``spm.model`` and ``dict.<lang>.txt`` for its two languages. Given as a URL (``gs://``,
-``s3://``), it is copied once per machine into a local cache (``$PARAGEN_CACHE``, default
-``~/.cache/paragen``), under a lock so that worker processes sharing a machine download it
-once, and every file is checked against the sha256 the driver recorded in the run's manifest
-before the safe loader (models/nmt/checkpoint.py) reads it: a model changed in the bucket while a job
-runs is refused, not mixed in.
+Two layouts, told apart by ``model.json``:
+
+* written by ``paragen-train-nmt`` (format 1): ``model.pt`` (a fairseq checkpoint),
+  ``spm.model``, ``dict.<src>.txt``, ``dict.<tgt>.txt`` and ``model.json`` naming the languages;
+* written by ``paragen-import-model`` (format 2, models/nmt/importing.py): one or more members
+  (an ensemble), each ``memberN.pt`` (named tensors only, nothing else pickled) and
+  ``memberN.json`` (its checked model config), the two dictionaries, the tokenization's files
+  (``bpecodes`` or ``sentencepiece.bpe.model``) and ``model.json``, which names the direction,
+  the members, the tokenization and the sha256 of every file.
+
+:func:`read_model_meta` gives both as one description (members, tokenization, files).
+
+Given as a URL (``gs://``, ``s3://``), a model directory is copied once per machine into a local
+cache (``$PARAGEN_CACHE``, default ``~/.cache/paragen``), under a lock so that worker processes
+sharing a machine download it once, and every file is checked against the sha256 the driver
+recorded in the run's manifest before the safe loader reads it: a model changed in the bucket
+while a job runs is refused, not mixed in.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
 from common import storage
-from common.text import load_sentencepiece
-from models.nmt.checkpoint import check_checkpoint
-from models.safety import UnsafeModelError, sha256_local
+from models.nmt.checkpoint import check_checkpoint, validate_model_config
+from models.safety import UnsafeModelError, sha256_local, weights_only_load
 
-MODEL_FILES = ("model.pt", "model.json", "spm.model")
+META = "model.json"
+FORMAT_TRAINED, FORMAT_IMPORTED = 1, 2
+ENGINES = ("fairseq",)
+MAX_MEMBERS = 16
+# the fields that make two members the same architecture (an ensemble of different ones is refused)
+STRUCTURE = ("encoder_embed_dim", "decoder_embed_dim", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
+             "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+             "encoder_normalize_before", "decoder_normalize_before", "encoder_learned_pos", "decoder_learned_pos",
+             "share_all_embeddings", "share_decoder_input_output_embed", "no_token_positional_embeddings",
+             "layernorm_embedding", "decoder_output_dim", "decoder_input_dim", "activation_fn")
 
 
 def model_file_names(meta: dict) -> list[str]:
-    """Every file of a model directory whose model.json is META."""
-    return sorted({*MODEL_FILES, f"dict.{meta['src_lang']}.txt", f"dict.{meta['tgt_lang']}.txt"})
+    """Every file of a model directory described by META (read_model_meta)."""
+    return list(meta["files"])
+
+
+def _read_json(model_dir: str, name: str) -> object:
+    try:
+        return json.loads(storage.read_bytes(storage.join(model_dir, name)).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UnsafeModelError(f"{model_dir}/{name} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise UnsafeModelError(f"{model_dir}/{name} is not valid JSON (nested too deeply)") from None
+
+
+def _plain_name(model_dir: str, name, what: str) -> str:
+    """NAME, a file name model.json gives, if it is one plain file name of the directory."""
+    from common.names import check_path_component
+
+    if not isinstance(name, str):
+        raise UnsafeModelError(f"{model_dir}/{META}: {what} must be a file name, not {name!r}")
+    try:
+        return check_path_component(name, f"{model_dir}/{META} {what}")
+    except ValueError as exc:
+        raise UnsafeModelError(str(exc)) from None
 
 
 def read_model_meta(model_dir: str) -> dict:
-    """MODEL_DIR/model.json (written by models.nmt.train), after checking the directory holds a
-    whole model and that its language codes are plain codes (they name dict.<lang>.txt files)."""
+    """MODEL_DIR/model.json as one description of either layout, after checking that the
+    directory holds every file it names and that its language codes are plain codes:
+    {"format", "engine", "src_lang", "tgt_lang", "members": [{"weights", "config"}], "tokenization":
+    {"tokenizer", "bpe", "codes"}, "files": [...]} plus what model.json said besides."""
     from common.names import check_lang_code
+    from models.nmt.tokenization import BPES, TOKENIZERS
 
     if not storage.isdir(model_dir):
-        raise FileNotFoundError(f"{model_dir}: no such model directory (train one with paragen-train-nmt)")
-    missing = [f for f in MODEL_FILES if not storage.isfile(storage.join(model_dir, f))]
-    if missing:
-        raise FileNotFoundError(f"{model_dir}: not an NMT model directory, missing {', '.join(missing)} "
-                                "(train one with paragen-train-nmt)")
-    try:
-        meta = json.loads(storage.read_bytes(storage.join(model_dir, "model.json")).decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UnsafeModelError(f"{model_dir}/model.json is not valid JSON ({exc})") from None
-    except RecursionError:
-        raise UnsafeModelError(f"{model_dir}/model.json is not valid JSON (nested too deeply)") from None
+        raise FileNotFoundError(f"{model_dir}: no such model directory (train one with paragen-train-nmt, or "
+                                "import one with paragen-import-model)")
+    if not storage.isfile(storage.join(model_dir, META)):
+        raise FileNotFoundError(f"{model_dir}: not an NMT model directory, missing {META} (train one with "
+                                "paragen-train-nmt, or import a fairseq model with paragen-import-model)")
+    meta = _read_json(model_dir, META)
     if not isinstance(meta, dict) or not meta.get("src_lang") or not meta.get("tgt_lang"):
-        raise UnsafeModelError(f"{model_dir}/model.json must name src_lang and tgt_lang "
+        raise UnsafeModelError(f"{model_dir}/{META} must name src_lang and tgt_lang "
                                "(the dict.<lang>.txt files alone do not say the direction)")
     try:
         for key in ("src_lang", "tgt_lang"):
-            check_lang_code(meta[key], f"{model_dir}/model.json {key}")
+            check_lang_code(meta[key], f"{model_dir}/{META} {key}")
     except ValueError as exc:
         raise UnsafeModelError(str(exc)) from None
-    for lang in (meta["src_lang"], meta["tgt_lang"]):
-        if not storage.isfile(storage.join(model_dir, f"dict.{lang}.txt")):
-            raise FileNotFoundError(f"{model_dir}: missing dict.{lang}.txt")
-    return meta
+    src, tgt = meta["src_lang"], meta["tgt_lang"]
+    form = meta.get("format", FORMAT_TRAINED)
+    if form == FORMAT_TRAINED:
+        members = [{"weights": "model.pt", "config": None}]
+        tokenization = {"tokenizer": "none", "bpe": "spm", "codes": "spm.model"}
+        engine = "fairseq"
+    elif form == FORMAT_IMPORTED:
+        engine = meta.get("engine")
+        if engine not in ENGINES:
+            raise UnsafeModelError(f"{model_dir}/{META}: engine {engine!r} is not one of {', '.join(ENGINES)}")
+        raw = meta.get("members")
+        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MEMBERS:
+            raise UnsafeModelError(f"{model_dir}/{META}: members must be a list of 1 to {MAX_MEMBERS}")
+        members = [{"weights": _plain_name(model_dir, m.get("weights") if isinstance(m, dict) else m, "member weights"),
+                    "config": _plain_name(model_dir, m.get("config") if isinstance(m, dict) else None,
+                                          "member config")} for m in raw]
+        tok = meta.get("tokenization")
+        if not isinstance(tok, dict) or tok.get("tokenizer") not in TOKENIZERS or tok.get("bpe") not in BPES:
+            raise UnsafeModelError(f"{model_dir}/{META}: tokenization must give tokenizer ({', '.join(TOKENIZERS)}) "
+                                   f"and bpe ({', '.join(BPES)})")
+        codes = tok.get("codes")
+        tokenization = {"tokenizer": tok["tokenizer"], "bpe": tok["bpe"],
+                        "codes": _plain_name(model_dir, codes, "tokenization codes") if codes is not None else None}
+        if (tokenization["bpe"] == "none") != (tokenization["codes"] is None):
+            raise UnsafeModelError(f"{model_dir}/{META}: bpe {tokenization['bpe']!r} with codes {codes!r}")
+    else:
+        raise UnsafeModelError(f"{model_dir}/{META}: format {form!r} is not 1 (paragen-train-nmt) or 2 "
+                               "(paragen-import-model); made by a newer version?")
+    files = [META, f"dict.{src}.txt", f"dict.{tgt}.txt"]
+    for m in members:
+        files += [m["weights"]] + ([m["config"]] if m["config"] else [])
+    if tokenization["codes"]:
+        files.append(tokenization["codes"])
+    files = sorted(dict.fromkeys(files))
+    missing = [f for f in files if not storage.isfile(storage.join(model_dir, f))]
+    if missing:
+        raise FileNotFoundError(f"{model_dir}: not a whole NMT model directory, missing {', '.join(missing)}")
+    return {**meta, "format": form, "engine": engine, "members": members, "tokenization": tokenization,
+            "files": files}
 
 
 def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
@@ -63,8 +136,9 @@ def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
     cache (common.storage.local_copy), downloaded once per machine. EXPECTED ({file name:
     sha256}, from the run's manifest) is checked file by file; a mismatch raises UnsafeModelError."""
     if storage.is_local(model_dir):
-        return storage.resolve(model_dir)[1]
-    target = storage.local_copy(model_dir, model_file_names(read_model_meta(model_dir)))
+        target = storage.resolve(model_dir)[1]
+    else:
+        target = storage.local_copy(model_dir, model_file_names(read_model_meta(model_dir)))
     for name, sha in sorted((expected or {}).items()):
         got = sha256_local(os.path.join(target, name))
         if got != sha:
@@ -85,25 +159,119 @@ def dictionary_size(path: str) -> int:
         raise UnsafeModelError(f"{path}: not a fairseq dictionary ({str(exc).splitlines()[0][:200]})") from None
 
 
-def check_model_dir(model_dir: str) -> dict:
-    """Everything about MODEL_DIR that can be checked without building the model: its files, its
-    languages, its checkpoint (see models.nmt.checkpoint.check_checkpoint). Returns model.json plus
-    max_source_positions, max_target_positions and sha256 (file name -> digest) of the local
-    copy that was checked (the copy in the cache for a bucket URL)."""
-    meta = read_model_meta(model_dir)
-    local = local_model_dir(model_dir)
-    cfg, weights = check_checkpoint(os.path.join(local, "model.pt"), with_weights=True)
-    try:
-        load_sentencepiece(os.path.join(local, "spm.model"))
-    except ValueError as exc:
-        raise UnsafeModelError(str(exc)) from None
-    # the dictionaries must be fairseq's and fit the embeddings, or the model fails on a worker
-    for lang, table in ((meta["src_lang"], "encoder.embed_tokens.weight"), (meta["tgt_lang"], "decoder.embed_tokens.weight")):
+def member_config(local: str, member: dict) -> argparse.Namespace:
+    """The validated model config of MEMBER of the local model directory LOCAL."""
+    if member["config"] is None:
+        return check_checkpoint(os.path.join(local, member["weights"]))
+    with open(os.path.join(local, member["config"]), encoding="utf-8") as f:
+        try:
+            raw = json.load(f)
+        except (ValueError, RecursionError) as exc:
+            raise UnsafeModelError(f"{local}/{member['config']}: not valid JSON ({str(exc)[:100]})") from None
+    if not isinstance(raw, dict):
+        raise UnsafeModelError(f"{local}/{member['config']}: not a model config (a JSON object)")
+    return validate_model_config(raw)
+
+
+def member_weights(local: str, member: dict, mmap: bool = True) -> dict:
+    """MEMBER's tensors by name (memory-mapped by default: cheap on a driver)."""
+    import zipfile
+
+    import torch
+
+    path = os.path.join(local, member["weights"])
+    if member["config"] is None:
+        return check_checkpoint(path, with_weights=True)[1]
+    state = weights_only_load(path, mmap=mmap and zipfile.is_zipfile(path))
+    if not isinstance(state, dict) or not state or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise UnsafeModelError(f"{path}: not a state dict of named tensors")
+    return state
+
+
+def structure_of(cfg: argparse.Namespace) -> dict:
+    """The fields that make a member's architecture (see STRUCTURE)."""
+    return {name: getattr(cfg, name, None) for name in STRUCTURE}
+
+
+def check_members(configs: list, where: str) -> None:
+    """Refuse an ensemble whose members are not one architecture (one line naming the first
+    difference)."""
+    first = structure_of(configs[0])
+    for i, cfg in enumerate(configs[1:], start=2):
+        other = structure_of(cfg)
+        diff = [k for k in STRUCTURE if first[k] != other[k]]
+        if diff:
+            raise UnsafeModelError(f"{where}: member {i} is another architecture than member 1 "
+                                   f"({diff[0]} {other[diff[0]]!r} vs {first[diff[0]]!r}); an ensemble's members "
+                                   "must be the same model trained with other seeds")
+
+
+def check_dictionaries(local: str, meta: dict, weights: dict, where: str) -> None:
+    """The dictionaries must be fairseq's and fit every member's embeddings, or the model fails
+    on a worker."""
+    for lang, table in ((meta["src_lang"], "encoder.embed_tokens.weight"),
+                        (meta["tgt_lang"], "decoder.embed_tokens.weight")):
         size = dictionary_size(os.path.join(local, f"dict.{lang}.txt"))
         rows = weights[table].shape[0] if table in weights else None
         if rows is not None and rows != size:
-            raise UnsafeModelError(f"{model_dir}/dict.{lang}.txt has {size} symbols with fairseq's 4 special ones, "
+            raise UnsafeModelError(f"{where}/dict.{lang}.txt has {size} symbols with fairseq's 4 special ones, "
                                    f"but the checkpoint's {table} has {rows} rows: not this model's dictionary")
-    return {**meta, "max_source_positions": getattr(cfg, "max_source_positions", None) or 1024,
-            "max_target_positions": getattr(cfg, "max_target_positions", None) or 1024,
+
+
+def check_model_dir(model_dir: str) -> dict:
+    """Everything about MODEL_DIR that can be checked without building the model: its files, its
+    languages, every member's config and tensors, that the members are one architecture, that
+    the dictionaries fit them, and that the tokenization's files are what model.json says.
+    Returns read_model_meta's description plus max_source_positions, max_target_positions
+    (of the most limited member) and sha256 (file name -> digest) of the local copy that was
+    checked (the copy in the cache for a bucket URL)."""
+    from models.nmt.tokenization import check_codes
+
+    meta = read_model_meta(model_dir)
+    local = local_model_dir(model_dir)
+    configs = []
+    for member in meta["members"]:
+        cfg = member_config(local, member)
+        check_dictionaries(local, meta, member_weights(local, member), model_dir)
+        configs.append(cfg)
+    check_members(configs, model_dir)
+    tok = meta["tokenization"]
+    if tok["codes"]:
+        try:
+            check_codes(os.path.join(local, tok["codes"]), tok["bpe"])
+        except ValueError as exc:
+            raise UnsafeModelError(str(exc)) from None
+
+    def positions(name):
+        return min(getattr(c, name, None) or 1024 for c in configs)
+    return {**meta, "max_source_positions": positions("max_source_positions"),
+            "max_target_positions": positions("max_target_positions"),
             "sha256": {name: sha256_local(os.path.join(local, name)) for name in model_file_names(meta)}}
+
+
+def build_members(local: str, meta: dict) -> tuple[list, object]:
+    """([model per member], task) of the local model directory LOCAL described by META: fairseq
+    builds each member from its validated config only, for the translation task with our own
+    settings and the directory's dictionaries, and loads its tensors with strict=True. CPU; the
+    caller moves the models."""
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    from models.nmt.checkpoint import load_state, model_config_of, weights_of
+    from models.safety import load_tensor_file
+
+    task = TranslationTask.setup_task(TranslationConfig(data=local, source_lang=meta["src_lang"],
+                                                        target_lang=meta["tgt_lang"]))
+    models = []
+    for member in meta["members"]:
+        path = os.path.join(local, member["weights"])
+        if member["config"] is None:                       # a fairseq checkpoint (paragen-train-nmt)
+            state = load_state(path)
+            args, weights = model_config_of(state), weights_of(state)
+            del state
+        else:
+            args, weights = member_config(local, member), load_tensor_file(path)
+        model = task.build_model(args)
+        model.load_state_dict(weights, strict=True, model_cfg=args)
+        models.append(model)
+    return models, task

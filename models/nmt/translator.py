@@ -1,35 +1,41 @@
-"""A fairseq transformer wrapped for the generation job: sampling with negative constraints,
-beam search, and forced-decoding scores.
+"""The fairseq engine (models/nmt/engine.py): a fairseq transformer, or an ensemble of them,
+wrapped for the generation job: sampling with negative constraints, beam search, and
+forced-decoding scores, with fairseq hub's text pipeline around them (Moses and BPE, or
+sentencepiece: models/nmt/tokenization.py).
 
-Model directory (written by ``python -m models.nmt.train``)::
+Model directory: models/nmt/model_dir.py (``paragen-train-nmt``'s, or ``paragen-import-model``'s
+with several members).
 
-    model.pt  dict.<src>.txt  dict.<tgt>.txt  spm.model  model.json
-
-Sampling is our own incremental decoding loop over fairseq's encoder and the decoder of
-models/nmt/prefix_decoder.py, which runs once per distinct prefix of a source's samples
+Sampling is our own incremental decoding loop over fairseq's encoders and the decoders of
+models/nmt/prefix_decoder.py, which run once per distinct prefix of a source's samples
 (fairseq-generate refuses constraints with sampling, and its constraints are positive only).
 Each hypothesis carries its own banned phrases: a single-piece phrase is masked at every step, a
 multi-piece phrase's last piece is masked whenever the hypothesis ends with the phrase's prefix,
 so a banned phrase can never be completed. Randomness is counter-based (Gumbel-max with a hash of
 (seed, request key, sample, step)), so a pair's samples do not depend on how pairs were batched
 or on which worker decoded them.
+
+Ensembles combine their members as fairseq's ``EnsembleModel`` and ``SequenceScorer`` do: at every
+step, the log of the mean of the members' probabilities (``logsumexp`` of their log-probabilities
+minus ``log M``), and the banned phrases apply to that combined distribution.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import threading
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from models.nmt.checkpoint import build_translation_model
-from models.nmt.model_dir import read_model_meta
+from models.nmt.engine import Engine, Hypothesis, SampleRequest
+from models.nmt.model_dir import build_members, read_model_meta
 from models.nmt.onednn import pack_linears
 from models.nmt.prefix_decoder import prefix_decoder
+from models.nmt.tokenization import Tokenization
 from models.nmt.topk import topk_rows
 
 log = logging.getLogger(__name__)
@@ -49,20 +55,7 @@ def _logit_blocks(features: torch.Tensor):
     return [slice(start, start + rows) for start in range(0, n, rows)]
 
 
-@dataclass(frozen=True)
-class SampleRequest:
-    source: str
-    key: str                                 # seeds the randomness: pair id + constraint set index
-    banned_words: tuple[str, ...] = ()
-    num_samples: int = 30
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    text: str
-    pieces: tuple[str, ...]
-    token_ids: tuple[int, ...]               # without the final </s>
-    nll: float                               # per-token NLL, </s> included (fairseq's convention)
+__all__ = ["Translator", "SampleRequest", "Hypothesis", "load_translator"]
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -87,13 +80,16 @@ def _gumbel(row_seeds: np.ndarray, step: int, k: int) -> torch.Tensor:
     return torch.from_numpy(-np.log(-np.log(uniform))).float()
 
 
-def model_fingerprint(model_dir: str) -> str:
+def model_fingerprint(model_dir: str, files: list[str]) -> str:
+    """A short id of a model directory's FILES (the model, its dictionaries and tokenization)."""
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(model_dir)):
-        if name == "model.pt" or name.startswith("dict.") or name == "spm.model":
-            with open(os.path.join(model_dir, name), "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
+    for name in sorted(files):
+        if name == "model.json":
+            continue
+        digest.update(name.encode() + b"\0")
+        with open(os.path.join(model_dir, name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()[:16]
 
 
@@ -144,14 +140,13 @@ BATCH_TOKENS = 24_000            # beam search and forced decoding: source + out
 SAMPLE_BATCH_TOKENS = 200_000
 
 
-class Translator:
-    """One direction of translation, loaded once per process (see :func:`load_translator`)."""
+class Translator(Engine):
+    """One direction of translation by one fairseq model or an ensemble, loaded once per process
+    (see :func:`load_translator`)."""
 
     def __init__(self, model_dir: str, device: str | None = None, max_len_a: float = MAX_LEN_A,
                  max_len_b: int = MAX_LEN_B, batch_tokens: int = BATCH_TOKENS,
                  sample_batch_tokens: int = SAMPLE_BATCH_TOKENS, precision: str = "auto"):
-        import sentencepiece as spm
-
         self.model_dir = model_dir
         self.meta = read_model_meta(model_dir)
         self.device = torch.device(device or default_device())
@@ -159,32 +154,47 @@ class Translator:
         self.precision = resolve_precision(precision, self.device.type)
         if self.precision == "bf16" and self.device.type == "cpu" and cpu_has_native_bf16() is False:
             log.warning("bf16 on a CPU without AVX512-BF16/AMX is emulated and several times slower than fp32")
-        model, task = build_translation_model(model_dir, src_lang, tgt_lang)   # validated config only
-        self.model = model.to(self.device).eval()
-        if self.precision != "fp32":
-            self.model.to(_DTYPES[self.precision])
-        if self.device.type == "cpu":
-            pack_linears(self.model)                      # oneDNN products: see models/nmt/onednn.py
+        models, task = build_members(model_dir, self.meta)           # validated configs only
+        self.models = []
+        for model in models:
+            model = model.to(self.device).eval()
+            if self.precision != "fp32":
+                model.to(_DTYPES[self.precision])
+            if self.device.type == "cpu":
+                pack_linears(model)                         # oneDNN products: see models/nmt/onednn.py
+            self.models.append(model)
+        self.model = self.models[0]
         self.src_dict, self.tgt_dict = task.source_dictionary, task.target_dictionary
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
-        self.spm = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "spm.model"))
+        tok = self.meta["tokenization"]
+        self.tokenization = Tokenization(tok["tokenizer"], tok["bpe"],
+                                         os.path.join(model_dir, tok["codes"]) if tok["codes"] else None,
+                                         src_lang, tgt_lang)
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.batch_tokens = batch_tokens
         self.sample_batch_tokens = sample_batch_tokens
-        self.fingerprint = model_fingerprint(model_dir)
+        self.fingerprint = model_fingerprint(model_dir, self.meta["files"])
         d = self.tgt_dict
         self.eos, self.pad, self.unk = d.eos(), d.pad(), d.unk()
         self._never = [i for i in {d.pad(), d.unk(), d.bos()} if i != d.eos()]
+        self._vocabulary = frozenset(d.symbols)
         # Sampling decodes with models/nmt/prefix_decoder.py's PrefixDecoder where the model's
         # configuration allows it (False: fairseq's own incremental decoder, the reference).
         self.fast_decoder = True
 
-    # ---------------------------------------------------------------- tokens
-    def pieces(self, text: str) -> list[str]:
-        return self.spm.encode(text, out_type=str)
+    def describe(self) -> dict:
+        return {"engine": "fairseq", "members": len(self.models), "tokenization": self.tokenization.describe(),
+                "precision": self.precision, "fingerprint": self.fingerprint}
 
-    def _ids(self, dictionary, text: str) -> list[int]:
-        return [dictionary.index(p) for p in self.pieces(text)] + [dictionary.eos()]
+    # ---------------------------------------------------------------- tokens
+    def source_pieces(self, text: str) -> list[str]:
+        return self.tokenization.encode(text, "src")
+
+    def target_pieces(self, text: str) -> list[str]:
+        return self.tokenization.encode(text, "tgt")
+
+    def _ids(self, dictionary, text: str, side: str) -> list[int]:
+        return [dictionary.index(p) for p in self.tokenization.encode(text, side)] + [dictionary.eos()]
 
     def _collate_src(self, id_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         lengths = torch.tensor([len(x) for x in id_lists])
@@ -195,29 +205,29 @@ class Translator:
 
     def decode_ids(self, ids) -> tuple[str, tuple[str, ...]]:
         pieces = tuple(self.tgt_dict[i] for i in ids)
-        return self.spm.decode_pieces(list(pieces)), pieces
+        return self.tokenization.decode(list(pieces), "tgt"), pieces
 
     def banned_phrases(self, words) -> list[tuple[int, ...]]:
-        """Target-token sequences to ban for these words (each surface variant, word-initial)."""
-        from common.text import surface_variants
-
+        """Target-token sequences to ban for these words: every form (as written, lower-cased,
+        capitalised, upper-cased) in every segmentation the dictionary can spell it with
+        (models/nmt/tokenization.py), so a sample cannot write the word another way."""
         phrases = []
         for word in words:
-            for form in surface_variants(word):
-                ids = tuple(self.tgt_dict.index(p) for p in self.pieces(form))
+            for pieces in self.tokenization.banned_phrases(word, self._vocabulary):
+                ids = tuple(self.tgt_dict.index(p) for p in pieces)
                 if ids and self.unk not in ids:
                     phrases.append(ids)
         return list(dict.fromkeys(phrases))
 
     @property
     def max_source_positions(self) -> int:
-        """Longest source, in pieces with </s>, the encoder's positions allow."""
-        return int(self.model.encoder.max_positions())
+        """Longest source, in pieces with </s>, every member's encoder positions allow."""
+        return min(int(m.encoder.max_positions()) for m in self.models)
 
     @property
     def max_target_positions(self) -> int:
-        """Longest output, in pieces with </s>, the decoder's positions allow."""
-        return int(self.model.decoder.max_positions())
+        """Longest output, in pieces with </s>, every member's decoder positions allow."""
+        return min(int(m.decoder.max_positions()) for m in self.models)
 
     def _max_len(self, src_len: int) -> int:
         """Output length limit for a source of SRC_LEN pieces, within the decoder's positions."""
@@ -247,8 +257,8 @@ class Translator:
     def score_batches(self, sources: list[str], targets: list[str]):
         """Forced-decoding batches, length-bucketed: (indices, src_tokens, src_lengths,
         prev_output_tokens, target); the target is right-padded and ends with </s>."""
-        src_ids = [self._ids(self.src_dict, s) for s in sources]
-        tgt_ids = [self._ids(self.tgt_dict, t) for t in targets]
+        src_ids = [self._ids(self.src_dict, s, "src") for s in sources]
+        tgt_ids = [self._ids(self.tgt_dict, t, "tgt") for t in targets]
         lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]
         # Target length in buckets of 4 pieces first, then source length: in dual scoring all
         # candidates of a pair share the target (the foreign source), so this order pads both
@@ -268,47 +278,55 @@ class Translator:
 
     @torch.inference_mode()
     def score(self, sources: list[str], targets: list[str]) -> list[float]:
-        """Per-token NLL of each target given its source (forced decoding, </s> included)."""
+        """Per-token NLL of each target given its source (forced decoding, </s> included); an
+        ensemble's token probability is the mean of its members' (fairseq's SequenceScorer)."""
         out = [0.0] * len(sources)
         for batch, src_tokens, src_lengths, prev, target in self.score_batches(sources, targets):
             mask = target.ne(self.pad)
-            if getattr(self.model.decoder, "adaptive_softmax", None) is None:
-                features, _ = self.model(src_tokens, src_lengths, prev, features_only=True)
-                tok_lp = torch.zeros(target.shape, device=self.device)
-                tok_lp[mask] = self._target_log_probs(features[mask], target[mask])
-            else:                                   # fairseq normalises an adaptive softmax itself
-                net_out = self.model(src_tokens, src_lengths, prev)
-                lprobs = self.model.get_normalized_probs(net_out, log_probs=True).float()
-                tok_lp = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask
-            nll = -tok_lp.sum(1) / mask.sum(1)
+            members = [self._member_token_log_probs(m, src_tokens, src_lengths, prev, target, mask)
+                       for m in self.models]
+            tok_lp = members[0] if len(members) == 1 else _mean_probability(torch.stack(members))
+            nll = -(tok_lp * mask).sum(1) / mask.sum(1)
             for row, i in enumerate(batch):
                 out[i] = float(nll[row])
         return out
 
-    def _target_log_probs(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _member_token_log_probs(self, model, src_tokens, src_lengths, prev, target, mask) -> torch.Tensor:
+        """log p(target token) at every position of one member (0 at padding)."""
+        if getattr(model.decoder, "adaptive_softmax", None) is None:
+            features, _ = model(src_tokens, src_lengths, prev, features_only=True)
+            tok_lp = torch.zeros(target.shape, device=self.device)
+            tok_lp[mask] = self._target_log_probs(model, features[mask], target[mask])
+            return tok_lp
+        net_out = model(src_tokens, src_lengths, prev)                # adaptive softmax: fairseq normalises
+        lprobs = model.get_normalized_probs(net_out, log_probs=True).float()
+        return lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask
+
+    def _target_log_probs(self, model, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """log p(target) at each real (non-pad) position: the output projection and log-softmax
         run on those positions only (not on padding) and, on the CPU, in blocks of `_LOGIT_ROWS`
         positions, so the batch's logits (positions x 8,008 words) are never held at once. Dual
         scoring is most of the job's time at S=5 x N=30 (~150 candidates per pair)."""
         out = torch.empty(targets.shape[0], device=features.device)
         for part in _logit_blocks(features):
-            lp = torch.log_softmax(self.model.decoder.output_layer(features[part]).float(), dim=-1)
+            lp = torch.log_softmax(model.decoder.output_layer(features[part]).float(), dim=-1)
             out[part] = lp.gather(1, targets[part, None]).squeeze(1)
         return out
 
     # ---------------------------------------------------------------- beam search
     @torch.inference_mode()
     def beam_search(self, sources: list[str], beam: int = 12, nbest: int = 1) -> list[list[Hypothesis]]:
-        """fairseq's own SequenceGenerator (the reference engine), n-best per source."""
+        """fairseq's own SequenceGenerator (the reference engine), n-best per source; an ensemble
+        through fairseq's EnsembleModel."""
         from fairseq.sequence_generator import SequenceGenerator
 
-        gen = SequenceGenerator([self.model], self.tgt_dict, beam_size=beam, max_len_a=self.max_len_a,
+        gen = SequenceGenerator(self.models, self.tgt_dict, beam_size=beam, max_len_a=self.max_len_a,
                                 max_len_b=self.max_len_b, normalize_scores=True, unk_penalty=0.0)
-        src_ids = [self._ids(self.src_dict, s) for s in sources]
+        src_ids = [self._ids(self.src_dict, s, "src") for s in sources]
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for batch in self._length_batches([len(x) for x in src_ids], rows_per_item=beam):
             src_tokens, src_lengths = self._collate_src([src_ids[i] for i in batch])
-            hypos = gen.generate([self.model], {"net_input": {"src_tokens": src_tokens,
+            hypos = gen.generate(self.models, {"net_input": {"src_tokens": src_tokens,
                                                               "src_lengths": src_lengths}})
             for row, i in enumerate(batch):
                 for h in hypos[row][:nbest]:
@@ -326,7 +344,7 @@ class Translator:
         src_cache: dict[str, list[int]] = {}
         for r in requests:
             if r.source not in src_cache:
-                src_cache[r.source] = self._ids(self.src_dict, r.source)
+                src_cache[r.source] = self._ids(self.src_dict, r.source, "src")
         results: list[list[Hypothesis]] = [[] for _ in requests]
         per_item = max((r.num_samples for r in requests), default=1)
         lengths = [len(src_cache[r.source]) for r in requests]
@@ -342,11 +360,11 @@ class Translator:
         </s>. On the CPU the nodes go through in blocks of `_LOGIT_ROWS`, so that a block's
         logits stay in cache (those of ~500 nodes over an 8,000-word vocabulary are 16 MB)."""
         n = features.shape[0]
-        vals = torch.empty(n, k, device=features.device)
-        idx = torch.empty(n, k, dtype=torch.long, device=features.device)
+        vals = torch.empty(n, k, device=self.device)
+        idx = torch.empty(n, k, dtype=torch.long, device=self.device)
         for part in _logit_blocks(features):
             limit = at_limit[part]
-            lp = torch.log_softmax(decoder.logits(features[part]).float(), dim=-1)
+            lp = decoder.log_probs(features, part)
             lp[:, self._never] = _NEG_INF
             if no_eos:
                 lp[:, self.eos] = _NEG_INF
@@ -358,7 +376,7 @@ class Translator:
         return vals, idx
 
     def _sample_batch(self, reqs, outs, src_cache, topk, seed, min_len):
-        model, dev = self.model, self.device
+        dev = self.device
         # Only sources with samples to draw: the decoder starts with one node per source.
         sources = list(dict.fromkeys(r.source for r in reqs if r.num_samples > 0))
         if not sources:                                      # every request asked for 0 samples
@@ -372,8 +390,6 @@ class Translator:
                 row_seed.append(_key_seed(seed, r.key, s))
         n_rows = len(row_req)
         src_tokens, src_lengths = self._collate_src([src_cache[s] for s in sources])
-        encoder_out = model.encoder.forward_torchscript({"src_tokens": src_tokens,
-                                                          "src_lengths": src_lengths})
         max_len = max(self._max_len(len(src_cache[s])) for s in sources)
         seeds = np.array(row_seed, dtype=np.uint64)
 
@@ -414,7 +430,9 @@ class Translator:
         # distribution, so the decoder, output projection, softmax and top-k run once per distinct
         # prefix (a node; see models/nmt/prefix_decoder.py). Step 0 has one node per source.
         node = torch.tensor(row_src, dtype=torch.long, device=dev)   # node of each active row
-        decoder = prefix_decoder(model, encoder_out, max_len, fast=self.fast_decoder)
+        decoder = EnsembleDecoder([
+            prefix_decoder(m, m.encoder.forward_torchscript({"src_tokens": src_tokens, "src_lengths": src_lengths}),
+                           max_len, fast=self.fast_decoder) for m in self.models])
         row_limit = torch.tensor([self._max_len(len(src_cache[reqs[q].source])) for q in row_req], device=dev)
         vocab = len(self.tgt_dict)
         for step in range(max_len + 1):
@@ -474,6 +492,43 @@ class Translator:
             parent = children // vocab                  # sorted, so nodes stay grouped by source
             if parent.numel() != n_nodes or bool((parent != torch.arange(n_nodes, device=dev)).any()):
                 decoder.reorder(parent)
+
+
+def _mean_probability(log_probs: torch.Tensor) -> torch.Tensor:
+    """log of the mean of the members' probabilities (dimension 0 holds the members), as
+    fairseq's EnsembleModel combines them."""
+    return torch.logsumexp(log_probs, dim=0) - math.log(log_probs.shape[0])
+
+
+class EnsembleDecoder:
+    """The prefix decoders of an ensemble's members driven together: one tree of nodes, each
+    member's state reordered alike, next-token log-probabilities combined (_mean_probability).
+    Features are one tensor per member (their sizes may differ); `log_probs` takes a row slice."""
+
+    def __init__(self, decoders: list):
+        self.decoders = decoders
+
+    def step(self, prefixes: torch.Tensor) -> "_Features":
+        return _Features([d.step(prefixes) for d in self.decoders])
+
+    def reorder(self, parent: torch.Tensor) -> None:
+        for d in self.decoders:
+            d.reorder(parent)
+
+    def log_probs(self, features: "_Features", part: slice) -> torch.Tensor:
+        members = [torch.log_softmax(d.logits(f[part]).float(), dim=-1) for d, f in zip(self.decoders, features.parts)]
+        return members[0] if len(members) == 1 else _mean_probability(torch.stack(members))
+
+
+class _Features:
+    """Each member's decoder features of the same nodes; len() and shape[0] are the nodes."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.shape, self.device = parts[0].shape, parts[0].device
+
+    def __len__(self):
+        return self.shape[0]
 
 
 _CACHE: dict = {}

@@ -1,0 +1,354 @@
+"""paragen-import-model: a model directory the jobs load, from the fairseq models users have.
+
+    paragen-import-model wmt19.de-en/ --src_lang de --tgt_lang en --output runs/models/de-en
+    paragen-import-model checkpoints/checkpoint_best.pt --data data-bin --src_lang cs --tgt_lang en \\
+        --bpe sentencepiece --bpe_codes spm/sentencepiece.bpe.model --output runs/models/cs-en
+
+SOURCE is either a fairseq hub archive directory (``model.pt`` or ``model1.pt`` ... ``modelN.pt``,
+``dict.<lang>.txt``, and ``bpecodes``/``code`` or ``sentencepiece.bpe.model``; members default to
+every ``model*.pt``) or a checkpoint file whose dictionaries are in ``--data`` (a fairseq-train
+``data-bin``). ``--checkpoints`` lists the members (an ensemble) by name.
+
+Everything is checked before anything is written, and a refusal is one line (exit status 2):
+
+* each checkpoint is unpickled weights-only (a file holding other Python objects is refused) and
+  its model config validated against the allowlist of models/nmt/checkpoint.py (code in a
+  config field is refused); only fairseq ``translation`` transformers are taken, and each member
+  is built and its tensors loaded strictly, as the jobs will;
+* members must be one architecture with one pair of dictionaries, and translate SRC -> TGT where
+  the checkpoint says which languages it was trained on; the dictionaries must be
+  ``dict.<src>.txt`` and ``dict.<tgt>.txt`` and fit the embeddings;
+* the tokenization is read from the archive where it is unambiguous (a subword-nmt codes file
+  starts with ``#version``, fastBPE codes have three columns, a sentencepiece model loads), or
+  from the checkpoint's own settings, and must be stated (``--tokenizer``, ``--bpe``) otherwise;
+  given codes must be codes of the kind stated.
+
+The directory written (models/nmt/model_dir.py, format 2) holds per member ``memberN.pt`` (named
+tensors only: the Namespace and training state fairseq pickles are not carried over) and
+``memberN.json`` (the checked config), the dictionaries, the codes (``bpecodes`` or
+``sentencepiece.bpe.model``) and, last, ``model.json``: direction, members, tokenization, where it
+came from and the sha256 of every file. Nothing is downloaded: fetch an archive once, elsewhere,
+and import it offline.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+from common.cli import UsageError, cli_main, configure_logging
+from models.nmt.checkpoint import load_state, model_config_of, weights_of
+from models.nmt.model_dir import FORMAT_IMPORTED, META, MAX_MEMBERS, check_members
+from models.nmt.tokenization import BPES, TOKENIZERS, check_codes, detect_bpe
+from models.safety import UnsafeModelError, sha256_local
+
+log = logging.getLogger("paragen.import")
+CODES_NAMES = ("bpecodes", "code", "sentencepiece.bpe.model")      # what fairseq's hub picks up
+CODES_TARGET = {"subword_nmt": "bpecodes", "fastbpe": "bpecodes", "sentencepiece": "sentencepiece.bpe.model",
+                "spm": "spm.model"}
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def find_members(source: str, checkpoints: str | None) -> tuple[str, list[str]]:
+    """(directory of the checkpoints, their file names) for SOURCE and --checkpoints."""
+    if os.path.isdir(source):
+        directory = source
+        names = ([c.strip() for c in checkpoints.split(",") if c.strip()] if checkpoints else
+                 sorted((os.path.basename(p) for p in glob.glob(os.path.join(source, "model*.pt"))), key=_natural))
+        if not names:
+            raise UsageError(f"{source}: no model*.pt in this directory; name the checkpoints with --checkpoints")
+    elif os.path.isfile(source):
+        directory = os.path.dirname(os.path.abspath(source))
+        names = [os.path.basename(source)] + ([c.strip() for c in checkpoints.split(",") if c.strip()]
+                                              if checkpoints else [])
+    else:
+        raise FileNotFoundError(f"{source}: no such archive directory or checkpoint file")
+    names = list(dict.fromkeys(names))
+    if len(names) > MAX_MEMBERS:
+        raise UsageError(f"{len(names)} checkpoints: an ensemble of at most {MAX_MEMBERS} is supported")
+    for name in names:
+        if os.path.basename(name) != name or not os.path.isfile(os.path.join(directory, name)):
+            raise FileNotFoundError(f"{os.path.join(directory, name)}: no such checkpoint (--checkpoints takes file "
+                                    f"names in {directory})")
+    return directory, names
+
+
+def _checkpoint_languages(state: dict) -> tuple[str | None, str | None]:
+    args, cfg = state.get("args"), state.get("cfg")
+    if isinstance(args, argparse.Namespace):
+        return getattr(args, "source_lang", None), getattr(args, "target_lang", None)
+    if isinstance(cfg, dict) and isinstance(cfg.get("task"), dict):
+        return cfg["task"].get("source_lang"), cfg["task"].get("target_lang")
+    return None, None
+
+
+def _checkpoint_text_settings(state: dict) -> tuple[str | None, str | None]:
+    """(tokenizer, bpe) the checkpoint's training settings name, where they do."""
+    args, cfg = state.get("args"), state.get("cfg")
+
+    def name(value):
+        if isinstance(value, dict):
+            value = value.get("_name")
+        return value if isinstance(value, str) else None
+    if isinstance(args, argparse.Namespace):
+        return name(getattr(args, "tokenizer", None)), name(getattr(args, "bpe", None))
+    if isinstance(cfg, dict):
+        return name(cfg.get("tokenizer")), name(cfg.get("bpe"))
+    return None, None
+
+
+def load_member(path: str, src_lang: str, tgt_lang: str) -> dict:
+    """One checkpoint, loaded safely and checked: {"config", "weights", "format", "tokenizer",
+    "bpe"}. UnsafeModelError (one line) names PATH."""
+    try:
+        state = load_state(path)
+        config = model_config_of(state)
+        weights = weights_of(state)
+    except UnsafeModelError as exc:
+        raise UnsafeModelError(f"{path}: {exc}" if path not in str(exc) else str(exc)) from None
+    langs = _checkpoint_languages(state)
+    if all(langs) and tuple(langs) != (src_lang, tgt_lang):
+        raise UnsafeModelError(f"{path} was trained to translate {langs[0]}->{langs[1]}, not {src_lang}->{tgt_lang}")
+    tokenizer, bpe = _checkpoint_text_settings(state)
+    return {"config": config, "weights": weights, "tokenizer": tokenizer, "bpe": bpe,
+            "format": "args" if isinstance(state.get("args"), argparse.Namespace) else "cfg"}
+
+
+def _dictionaries(data: str, src_lang: str, tgt_lang: str) -> dict:
+    paths = {lang: os.path.join(data, f"dict.{lang}.txt") for lang in (src_lang, tgt_lang)}
+    missing = [lang for lang, p in paths.items() if not os.path.isfile(p)]
+    if missing:
+        have = sorted(n[5:-4] for n in os.listdir(data) if n.startswith("dict.") and n.endswith(".txt")) \
+            if os.path.isdir(data) else []
+        raise UsageError(f"{data} has no dict.{missing[0]}.txt: the languages do not match the dictionaries "
+                         f"({'it has ' + ', '.join(have) if have else 'it has none'}; --src_lang/--tgt_lang name them)")
+    return paths
+
+
+def _looks_segmented(dict_path: str) -> str | None:
+    """'@@' or '▁' when the dictionary holds BPE or sentencepiece pieces, else None."""
+    with open(dict_path, encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f):
+            token = line.split(" ", 1)[0]
+            if token.endswith("@@"):
+                return "@@"
+            if token.startswith("\u2581"):
+                return "\u2581"
+            if i > 5000:
+                break
+    return None
+
+
+def resolve_tokenization(tokenizer: str | None, bpe: str | None, codes: str | None, search: list[str],
+                         from_checkpoint: tuple, tgt_dict: str) -> dict:
+    """{"tokenizer", "bpe", "codes"} from what was stated, the archive's files and the checkpoint's
+    settings; UsageError where it is ambiguous or contradictory."""
+    ck_tokenizer, ck_bpe = from_checkpoint
+    if codes is None and bpe != "none":
+        codes = next((os.path.join(d, n) for d in search for n in CODES_NAMES if os.path.isfile(os.path.join(d, n))),
+                     None)
+    if codes is not None and not os.path.isfile(codes):
+        raise FileNotFoundError(f"--bpe_codes {codes}: no such file")
+    if bpe is None:
+        if codes is not None:
+            try:
+                bpe = detect_bpe(codes)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        elif ck_bpe in BPES and ck_bpe != "none":
+            raise UsageError(f"the checkpoint was trained with bpe {ck_bpe!r}, but no codes file was found; "
+                             "give it with --bpe_codes")
+        else:
+            mark = _looks_segmented(tgt_dict)
+            if mark:
+                raise UsageError(f"{tgt_dict} holds {'BPE' if mark == '@@' else 'sentencepiece'} pieces but no codes "
+                                 "file was found: give --bpe_codes (or state --bpe none)")
+            bpe = "none"
+    if bpe != "none":
+        if codes is None:
+            raise UsageError(f"--bpe {bpe} needs its codes: give --bpe_codes")
+        try:
+            check_codes(codes, bpe)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        codes = None
+    if ck_bpe in ("subword_nmt", "fastbpe", "sentencepiece") and bpe != ck_bpe:
+        raise UsageError(f"the checkpoint was trained with bpe {ck_bpe!r}, but the codes say {bpe!r}")
+    if tokenizer is None:
+        if ck_tokenizer == "moses":
+            tokenizer = "moses"
+        elif ck_tokenizer == "space" or (ck_tokenizer is None and bpe in ("sentencepiece", "spm", "none")):
+            tokenizer = "none"
+        elif ck_tokenizer is None:
+            raise UsageError("how was the text tokenized before BPE? The archive does not say: state --tokenizer "
+                             "moses (fairseq's released BPE models) or --tokenizer none")
+        else:
+            raise UsageError(f"the checkpoint was trained with the tokenizer {ck_tokenizer!r}; supported: "
+                             f"{', '.join(TOKENIZERS)} (state --tokenizer to override)")
+    return {"tokenizer": tokenizer, "bpe": bpe, "codes": codes}
+
+
+def _build_and_load(config, weights, data: str, src_lang: str, tgt_lang: str, where: str) -> dict:
+    """Build the member as the jobs will and load its tensors strictly (a wrong tensor shape or
+    name is found now, not on a worker); its state dict as the model has it (tensor names of
+    older fairseq releases upgraded by fairseq on load)."""
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    try:
+        task = TranslationTask.setup_task(TranslationConfig(data=data, source_lang=src_lang, target_lang=tgt_lang))
+        model = task.build_model(config)
+        model.load_state_dict(weights, strict=True, model_cfg=config)
+    except (RuntimeError, ValueError, KeyError, AttributeError, TypeError, AssertionError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsafeModelError(f"{where}: does not load as a fairseq transformer with these dictionaries "
+                               f"({first[:300]})") from None
+    return model.state_dict()
+
+
+def _save_tensors(weights: dict, path: str) -> None:
+    import torch
+
+    from common.atomic import replacing
+
+    with replacing(path) as tmp:
+        torch.save({name: t.detach().clone().contiguous() for name, t in weights.items()}, tmp)
+
+
+def import_model(source: str, src_lang: str, tgt_lang: str, output: str, checkpoints: str | None = None,
+                 data: str | None = None, tokenizer: str | None = None, bpe: str | None = None,
+                 bpe_codes: str | None = None, overwrite: bool = False) -> dict:
+    """Check SOURCE and write the model directory OUTPUT (see the module doc); returns its
+    model.json. Nothing is written when a check fails."""
+    from common.cli import check_output_location
+    from common.names import check_lang_code
+    from models.nmt.model_dir import check_model_dir
+
+    src_lang, tgt_lang = check_lang_code(src_lang, "--src_lang"), check_lang_code(tgt_lang, "--tgt_lang")
+    if src_lang == tgt_lang:
+        raise UsageError(f"--src_lang and --tgt_lang are both {src_lang!r}")
+    if tokenizer is not None and tokenizer not in TOKENIZERS:
+        raise UsageError(f"--tokenizer {tokenizer!r}: one of {', '.join(TOKENIZERS)}")
+    if bpe is not None and bpe not in BPES:
+        raise UsageError(f"--bpe {bpe!r}: one of {', '.join(BPES)}")
+    output = check_output_location(output)
+    if os.path.exists(output) and os.listdir(output) and not overwrite:
+        raise UsageError(f"{output} already exists and is not empty; pass --overwrite to replace it")
+    directory, names = find_members(source, checkpoints)
+    data = data or (source if os.path.isdir(source) else directory)
+    if not os.path.isdir(data):
+        raise FileNotFoundError(f"--data {data}: no such directory (a fairseq-train data-bin with the dictionaries)")
+    dicts = _dictionaries(data, src_lang, tgt_lang)
+    parent = os.path.dirname(output)
+    os.makedirs(parent, exist_ok=True)
+    # members are written one at a time into a hidden staging directory beside OUTPUT (one
+    # member in memory at a time: a WMT19 member is 1 GB), which replaces OUTPUT at the end or
+    # is removed when a check fails
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.import-", dir=parent)
+    try:
+        entries, configs, tok = [], [], None
+        for i, name in enumerate(names, start=1):
+            path = os.path.join(directory, name)
+            log.info("checking %s", path)
+            member = load_member(path, src_lang, tgt_lang)
+            weights = _build_and_load(member["config"], member["weights"], data, src_lang, tgt_lang, path)
+            configs.append(member["config"])
+            check_members(configs, source)
+            if tok is None:             # the first member's training settings say how text was cut
+                search = list(dict.fromkeys(d for d in (source if os.path.isdir(source) else None, data, directory)
+                                            if d))
+                tok = resolve_tokenization(tokenizer, bpe, bpe_codes, search, (member["tokenizer"], member["bpe"]),
+                                           dicts[tgt_lang])
+            _save_tensors(weights, os.path.join(staging, f"member{i}.pt"))
+            with open(os.path.join(staging, f"member{i}.json"), "w", encoding="utf-8") as f:
+                json.dump(vars(member["config"]), f, indent=2, sort_keys=True)
+            entries.append({"weights": f"member{i}.pt", "config": f"member{i}.json", "from": name,
+                            "checkpoint_format": member["format"]})
+            del member, weights
+        for lang in (src_lang, tgt_lang):
+            shutil.copyfile(dicts[lang], os.path.join(staging, f"dict.{lang}.txt"))
+        codes_name = CODES_TARGET.get(tok["bpe"])
+        if tok["codes"]:
+            shutil.copyfile(tok["codes"], os.path.join(staging, codes_name))
+        files = sorted(os.listdir(staging))
+        meta = {"format": FORMAT_IMPORTED, "engine": "fairseq", "src_lang": src_lang, "tgt_lang": tgt_lang,
+                "members": entries,
+                "tokenization": {"tokenizer": tok["tokenizer"], "bpe": tok["bpe"],
+                                 "codes": codes_name if tok["codes"] else None},
+                "arch": configs[0].arch,
+                "imported_from": {"source": os.path.abspath(source), "checkpoints": names,
+                                  "data": os.path.abspath(data), "codes": os.path.abspath(tok["codes"])
+                                  if tok["codes"] else None,
+                                  "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                "sha256": {name: sha256_local(os.path.join(staging, name)) for name in files}}
+        with open(os.path.join(staging, META), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+        checked = check_model_dir(staging)               # what the jobs will check, on what was written
+        if os.path.exists(output):
+            aside = f"{output}.replaced-{os.getpid()}"
+            os.replace(output, aside)
+            os.replace(staging, output)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(staging, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("imported %d member(s), %s -> %s, tokenization %s + %s, positions %d/%d, into %s", len(entries),
+             src_lang, tgt_lang, tok["tokenizer"], tok["bpe"], checked["max_source_positions"],
+             checked["max_target_positions"], output)
+    return meta
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="paragen-import-model", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    ap.add_argument("source", metavar="SOURCE",
+                    help="a fairseq hub archive directory, or a checkpoint file (with --data)")
+    ap.add_argument("--src_lang", required=True, help="the language the model translates from (required)")
+    ap.add_argument("--tgt_lang", required=True, help="the language it translates into (required)")
+    ap.add_argument("--output", required=True, metavar="DIR", help="the model directory to write (required)")
+    ap.add_argument("--checkpoints", metavar="A.pt,B.pt",
+                    help="the members, by file name (default: every model*.pt of an archive; a checkpoint SOURCE "
+                         "alone)")
+    ap.add_argument("--data", metavar="DIR",
+                    help="where dict.<src>.txt and dict.<tgt>.txt are (default: the archive, or the checkpoint's "
+                         "directory): a fairseq-train data-bin")
+    ap.add_argument("--tokenizer", choices=TOKENIZERS,
+                    help="how text was tokenized before BPE: moses (sacremoses, as fairseq's moses tokenizer) or "
+                         "none (default: from the checkpoint's settings; required where they do not say and BPE "
+                         "codes are used)")
+    ap.add_argument("--bpe", choices=[b for b in BPES if b != "spm"],
+                    help="subword_nmt, fastbpe, sentencepiece or none (default: read from the codes file)")
+    ap.add_argument("--bpe_codes", metavar="FILE",
+                    help="the BPE codes or sentencepiece model (default: bpecodes, code or sentencepiece.bpe.model "
+                         "in the archive or --data)")
+    ap.add_argument("--overwrite", action="store_true", help="replace --output if it exists (default: refuse)")
+    return ap
+
+
+def run(argv=None) -> dict:
+    a = build_parser().parse_args(argv)
+    meta = import_model(a.source, a.src_lang, a.tgt_lang, a.output, a.checkpoints, a.data, a.tokenizer, a.bpe,
+                        a.bpe_codes, a.overwrite)
+    print(f"{a.output}: {len(meta['members'])} member(s) ({meta['arch']}), {meta['src_lang']}->{meta['tgt_lang']}, "
+          f"tokenizer {meta['tokenization']['tokenizer']}, bpe {meta['tokenization']['bpe']}", flush=True)
+    return meta
+
+
+def main(argv=None) -> int:
+    configure_logging()
+    return cli_main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
