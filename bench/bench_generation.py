@@ -184,6 +184,8 @@ def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) ->
                os.path.join(t.model_dir, "model.pt"), "--gen-subset", "test", "--sampling",
                "--sampling-topk", str(topk), "--beam", str(samples), "--nbest", str(samples),
                "--max-len-a", str(t.max_len_a), "--max-len-b", str(t.max_len_b), "--batch-size", "16",
+               # fairseq drops the last partial batch without this (fairseq #5036, #5351)
+               "--required-batch-size-multiple", "1",
                "--cpu", "--seed", "0", "--remove-bpe", "sentencepiece", "--source-lang", t.src_lang,
                "--target-lang", t.tgt_lang]
         # --batch-size 16 (480 decoder rows) was fairseq-generate's fastest of 4 / 16 / 60 here.
@@ -194,6 +196,8 @@ def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) ->
             raise RuntimeError(f"fairseq-generate failed:\n{done.stderr[-3000:]}")
         m = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s", done.stderr + done.stdout)
         n_hyps = sum(1 for line in done.stdout.splitlines() if line.startswith("H-"))
+        if n_hyps != samples * len(sources):       # the baseline must have done all the work
+            raise RuntimeError(f"fairseq-generate returned {n_hyps} hypotheses for {len(sources)} sources x {samples}")
         # P- lines hold one positional score per token, </s> included (its summary counts 1-best only).
         n_tokens = sum(len(line.split("\t")[1].split()) for line in done.stdout.splitlines() if line.startswith("P-"))
         secs = float(m.group(3)) if m else wall

@@ -130,6 +130,21 @@ CASES = [
     Case("train-nmt: --max_epoch -1", "models.nmt.train", ("--tsv", "$WORK/in.tsv", "--max_epoch", "-1", *_NMT)),
     Case("train-nmt: an empty file", "models.nmt.train", ("--tsv", "$WORK/empty.tsv", *_NMT)),
     Case("train-nmt: a comma-separated file", "models.nmt.train", ("--tsv", "$WORK/commas.csv", *_NMT)),
+    Case("import-model: a checkpoint of the other direction", "models.nmt.importing",
+         ("$MODELS/cs-en/model.pt", "--data", "$MODELS/cs-en", "--src_lang", "en", "--tgt_lang", "cs", *_NMT)),
+    Case("import-model: languages without dictionaries", "models.nmt.importing",
+         ("$MODELS/cs-en/model.pt", "--data", "$MODELS/cs-en", "--src_lang", "de", "--tgt_lang", "en", *_NMT)),
+    Case("import-model: a codes file that is not BPE codes", "models.nmt.importing",
+         ("$MODELS/cs-en/model.pt", "--data", "$MODELS/cs-en", "--src_lang", "cs", "--tgt_lang", "en",
+          "--bpe_codes", "$WORK/afile", *_NMT)),
+    Case("import-model: a checkpoint carrying code in its config", "models.nmt.importing",
+         ("$WORK/hostile-model/model.pt", "--data", "$WORK/hostile-model", "--src_lang", "cs", "--tgt_lang", "en",
+          *_NMT)),
+    Case("import-model: a pickled object as checkpoint", "models.nmt.importing",
+         ("$WORK/pickled-model/model.pt", "--data", "$WORK/pickled-model", "--src_lang", "cs", "--tgt_lang", "en",
+          *_NMT)),
+    Case("translate: --model that is not a model directory", "models.nmt.translate", ("--model", "$WORK/afile")),
+    Case("translate: --beam 0", "models.nmt.translate", ("--model", "$MODELS/cs-en", "--beam", "0")),
 ]
 
 
@@ -250,6 +265,7 @@ def run_case(index: int, case: Case, work: str, models: str) -> dict:
         else:
             env.pop(name, None)
     done = subprocess.run([sys.executable, "-m", case.module, *args], cwd=ROOT, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL,
                           timeout=600, env=env)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:") or ": error:" in line]
     message = errors[-1] if errors else (done.stderr.strip().splitlines() or [""])[-1]
@@ -266,7 +282,8 @@ def _command(module: str) -> str:
     return {"beam_pipelines.generate": "paragen-generate", "beam_pipelines.filter": "paragen-filter",
             "embeddings.train": "paragen-train-embeddings", "embeddings.sts": "paragen-sts",
             "embeddings.lexicon": "paragen-lexicon", "models.nmt.train": "paragen-train-nmt",
-            "beam_pipelines.refresh": "paragen-refresh"}[module]
+            "beam_pipelines.refresh": "paragen-refresh", "models.nmt.importing": "paragen-import-model",
+            "models.nmt.translate": "paragen-translate"}[module]
 
 
 def run_all(models: str, jobs: int = 2) -> list[dict]:

@@ -221,8 +221,8 @@ def _save_tensors(weights: dict, path: str) -> None:
 
     from common.atomic import replacing
 
-    with replacing(path) as tmp:
-        torch.save({name: t.detach().clone().contiguous() for name, t in weights.items()}, tmp)
+    with replacing(path) as tmp:           # tied embeddings stay one storage in the file
+        torch.save({name: t.detach() for name, t in weights.items()}, tmp)
 
 
 def import_model(source: str, src_lang: str, tgt_lang: str, output: str, checkpoints: str | None = None,

@@ -15,12 +15,15 @@ used for configurations the former does not cover and as its reference in tests.
 """
 from __future__ import annotations
 
+import logging
 import weakref
 
 import torch
 import torch.nn.functional as F
 
 from models.nmt.onednn import Linear, linear_of
+
+log = logging.getLogger("paragen.decoder")
 
 
 def unsupported_reason(decoder) -> str | None:
@@ -228,8 +231,18 @@ class FairseqPrefixDecoder:
         return self.model.decoder.output_layer(features)
 
 
+_TOLD: "weakref.WeakSet" = weakref.WeakSet()      # models whose fallback was logged
+
+
 def prefix_decoder(model, encoder_out: dict, max_len: int, fast: bool = True):
-    """The fastest decoder state this model supports."""
-    if fast and unsupported_reason(model.decoder) is None:
-        return PrefixDecoder(model.decoder, encoder_out, max_len)
+    """The fastest decoder state this model supports: PrefixDecoder, or fairseq's own incremental
+    decoder (correct, slower) for a configuration it does not cover, said once per model."""
+    if fast:
+        reason = unsupported_reason(model.decoder)
+        if reason is None:
+            return PrefixDecoder(model.decoder, encoder_out, max_len)
+        if model not in _TOLD:
+            _TOLD.add(model)
+            log.info("sampling with fairseq's incremental decoder (correct, slower): the fast decoder does not "
+                     "cover %s", reason)
     return FairseqPrefixDecoder(model, encoder_out)
