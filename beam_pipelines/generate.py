@@ -435,6 +435,7 @@ def run(argv=None) -> dict:
     if cfg.dual_xent_threshold is not None and not opts.backward_model:
         log.warning("no --backward_model: the dual cross-entropy filter and dual scoring are off")
     device, precision = resolve_device(opts.device, opts.precision, runner)
+    check_compute_types({"--forward_model": fwd_meta, "--backward_model": bwd_meta}, device, runner)
     src_column, tgt_column = opts.src_column or src_lang, opts.tgt_column or tgt_lang
     try:
         shards = discover_shards(inputs, src_lang, tgt_lang)
@@ -605,8 +606,29 @@ def _model_entry(path: str, meta: dict) -> dict:
     """What the manifest records of a translation model: where it is, what runs it (engine,
     members, tokenization) and the sha256 of every file, whose digest (the fingerprint) the
     config hash covers."""
-    return {"path": storage.absolute(path), "engine": meta["engine"], "members": len(meta["members"]),
-            "tokenization": meta["tokenization"], "sha256": meta["sha256"], "fingerprint": _fingerprint(meta["sha256"])}
+    entry = {"path": storage.absolute(path), "engine": meta["engine"], "members": max(1, len(meta["members"])),
+             "tokenization": meta["tokenization"], "sha256": meta["sha256"], "fingerprint": _fingerprint(meta["sha256"])}
+    if meta["engine"] == "ctranslate2":
+        entry.update(family=meta["family"], compute_type=meta["compute_type"])
+    return entry
+
+
+def check_compute_types(metas: dict, device: str | None, runner: str) -> None:
+    """Refuse a CTranslate2 model whose compute type this machine's device cannot run, where the
+    workers are this machine (elsewhere the workers' devices are not known here)."""
+    if not is_local(runner):
+        return
+    for option, meta in metas.items():
+        if meta is None or meta["engine"] != "ctranslate2":
+            continue
+        import ctranslate2
+
+        where = device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
+        supported = ctranslate2.get_supported_compute_types(where)
+        if meta["compute_type"] not in supported:
+            raise UsageError(f"{option}: compute type {meta['compute_type']} is not supported on this {where} "
+                             f"(supported: {', '.join(sorted(supported))}); import the model again with another "
+                             "--compute_type")
 
 
 def _fingerprint(sha256: dict) -> str:

@@ -51,9 +51,10 @@ class UnitTranslatorHandler(ModelHandler):
 
             torch.set_num_threads(self.torch_threads)
         forward = load_engine(self.forward_model, device=self.device, precision=self.precision,
-                              sha256=self.model_sha256.get("forward"))
+                              sha256=self.model_sha256.get("forward"), threads=self.torch_threads)
         backward = (load_engine(self.backward_model, device=self.device, precision=self.precision,
-                                sha256=self.model_sha256.get("backward")) if self.backward_model else None)
+                                sha256=self.model_sha256.get("backward"), threads=self.torch_threads)
+                    if self.backward_model else None)
         bitext = []
         if self.bitext is not None and self.bitext.enabled:
             bitext = bitext_steps(self.bitext, self.langs, device=self.device, sha256=self.model_sha256)
@@ -73,12 +74,15 @@ class UnitTranslatorHandler(ModelHandler):
         if self._progress is None:
             self._progress = Progress("generate", rate_of="generate_pairs_in", expected=self.expected_pairs)
             # which device and precision each worker really decoded with, for the run's manifest
-            self._progress.inc(f"workers_{model.forward.device.type}_{model.forward.precision}")
+            self._progress.inc(f"workers_{model.forward.device_type}_{model.forward.precision}")
         for unit, elements in batch:
             start = time.time()
             elements = list(elements)
             pairs, done = sum(1 for tag, _ in elements if tag == PAIR), 0
             self._progress.working(f"unit {unit}: 0 of {pairs} pairs")
+            for engine in (model.forward, model.backward):
+                if engine is not None:
+                    engine.start_unit(f"{self.config_hash}:{unit}")
 
             def on_batch(n, unit=unit, pairs=pairs):
                 nonlocal done

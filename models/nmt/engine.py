@@ -12,7 +12,8 @@ paracorpus/paraphrasing.py) use only what is here:
 * :meth:`Engine.source_pieces` / :meth:`Engine.target_pieces`: the pieces a model sees (length
   limits, clustering), and the positions it allows;
 * :meth:`Engine.describe`: what the manifest and the config hash record (engine, members,
-  tokenization, precision).
+  tokenization, precision);
+* :meth:`Engine.start_unit`: a work unit starts (per-unit randomness, for engines that need it).
 
 Text in and out is plain text: each engine tokenizes and detokenizes (models/nmt/tokenization.py).
 The fairseq engine is models/nmt/translator.py; models/nmt/loading.py's ``load_engine`` picks the
@@ -70,6 +71,12 @@ class Engine(abc.ABC):
     def target_pieces(self, text: str) -> list[str]:
         """TEXT (target language) as the model's pieces."""
 
+    @property
+    def device_type(self) -> str:
+        """'cpu' or 'cuda': where this engine decodes (recorded per worker in the manifest)."""
+        device = getattr(self, "device", "cpu")
+        return getattr(device, "type", str(device))
+
     def pieces(self, text: str) -> list[str]:
         """Target-side pieces: the segmentation Levenshtein clustering compares candidates in."""
         return self.target_pieces(text)
@@ -87,3 +94,8 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict:
         """What runs this direction: engine, members, tokenization, precision."""
+
+    def start_unit(self, key: str) -> None:
+        """A work unit KEY starts: an engine whose randomness cannot be keyed per pair (CTranslate2)
+        reseeds here, so that decoding the unit again gives the same samples. The fairseq
+        engine's randomness is keyed per pair: nothing to do."""

@@ -309,6 +309,106 @@ def import_model(source: str, src_lang: str, tgt_lang: str, output: str, checkpo
     return meta
 
 
+COMPUTE_TYPES = ("int8", "int8_float32", "float32", "float16", "int8_float16")
+
+
+def _clean_checkpoint(model_dir: str, member: dict, path: str) -> None:
+    """A fairseq checkpoint at PATH holding only MEMBER's validated config and tensors (what
+    CTranslate2's converter loads, with torch's weights-only unpickler)."""
+    import torch
+
+    from models.nmt.model_dir import member_config
+    from models.safety import load_tensor_file
+
+    config = member_config(model_dir, member)
+    config.task = "translation"
+    torch.save({"args": None, "cfg": {"model": config, "task": {"_name": "translation"}},
+                "model": load_tensor_file(os.path.join(model_dir, member["weights"]))}, path)
+
+
+def _ct2_files(converted: str, staging: str) -> list[str]:
+    """Move CTranslate2's output files from CONVERTED into STAGING; their names."""
+    from models.nmt.model_dir import CT2_MODEL_FILES, CT2_VOCABULARIES
+
+    names = sorted(os.listdir(converted))
+    unknown = [n for n in names if n not in CT2_MODEL_FILES + CT2_VOCABULARIES]
+    if unknown:
+        raise UnsafeModelError(f"CTranslate2's converter wrote files this version does not know: {unknown}")
+    for name in names:
+        os.replace(os.path.join(converted, name), os.path.join(staging, name))
+    return names
+
+
+def _write_ct2_meta(staging: str, meta: dict) -> dict:
+    files = sorted(n for n in os.listdir(staging) if n != META)
+    meta = {**meta, "sha256": {name: sha256_local(os.path.join(staging, name)) for name in files}}
+    with open(os.path.join(staging, META), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+def _publish(staging: str, output: str) -> None:
+    if os.path.exists(output):
+        aside = f"{output}.replaced-{os.getpid()}"
+        os.replace(output, aside)
+        os.replace(staging, output)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(staging, output)
+
+
+def import_fairseq_to_ct2(source: str, src_lang: str, tgt_lang: str, output: str, compute_type: str,
+                          overwrite: bool = False, **fairseq_options) -> dict:
+    """A fairseq model (anything import_model takes, one member) converted to CTranslate2 with its
+    own converter, from the checked tensors and config only (never the original pickle)."""
+    from common.cli import check_output_location
+    from models.nmt.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_dir import check_model_dir, member_config
+
+    output = check_output_location(output)
+    if os.path.exists(output) and os.listdir(output) and not overwrite:
+        raise UsageError(f"{output} already exists and is not empty; pass --overwrite to replace it")
+    parent = os.path.dirname(output)
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{os.path.basename(output)}.ct2-", dir=parent) as work:
+        checked = os.path.join(work, "fairseq")
+        fairseq_meta = import_model(source, src_lang, tgt_lang, checked, **fairseq_options)
+        if len(fairseq_meta["members"]) != 1:
+            raise UsageError(f"CTranslate2 runs one model, not an ensemble of {len(fairseq_meta['members'])}: name one "
+                             "member with --checkpoints, or import the ensemble for the fairseq engine")
+        member = fairseq_meta["members"][0]
+        clean = os.path.join(work, "clean.pt")
+        _clean_checkpoint(checked, member, clean)
+        allow_fairseq_checkpoints()
+        from ctranslate2.converters import FairseqConverter
+
+        staging = os.path.join(work, "staging")
+        try:
+            FairseqConverter(clean, checked, source_lang=src_lang, target_lang=tgt_lang).convert(
+                os.path.join(work, "converted"), quantization=compute_type, force=True)
+        except (ValueError, RuntimeError, NotImplementedError) as exc:
+            raise UsageError(f"{source}: CTranslate2 cannot convert this model "
+                             f"({str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__})") \
+                from None
+        os.makedirs(staging)
+        model_files = _ct2_files(os.path.join(work, "converted"), staging)
+        tok = fairseq_meta["tokenization"]
+        if tok["codes"]:
+            shutil.copyfile(os.path.join(checked, tok["codes"]), os.path.join(staging, tok["codes"]))
+        config = member_config(checked, member)
+        meta = _write_ct2_meta(staging, {
+            "format": FORMAT_IMPORTED, "engine": "ctranslate2", "family": "fairseq", "compute_type": compute_type,
+            "src_lang": src_lang, "tgt_lang": tgt_lang, "model_files": model_files, "tokenization": tok,
+            "arch": fairseq_meta["arch"],
+            "max_source_positions": int(getattr(config, "max_source_positions", None) or 1024),
+            "max_target_positions": int(getattr(config, "max_target_positions", None) or 1024),
+            "imported_from": {**fairseq_meta["imported_from"], "converter": "ctranslate2.converters.FairseqConverter"}})
+        check_model_dir(staging)
+        _publish(staging, output)
+    log.info("imported %s -> %s for CTranslate2 (%s) into %s", src_lang, tgt_lang, compute_type, output)
+    return meta
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="paragen-import-model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
@@ -332,16 +432,47 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bpe_codes", metavar="FILE",
                     help="the BPE codes or sentencepiece model (default: bpecodes, code or sentencepiece.bpe.model "
                          "in the archive or --data)")
+    ap.add_argument("--engine", choices=("fairseq", "ctranslate2"), default="fairseq",
+                    help="what runs the model: fairseq (ensembles; the reference) or ctranslate2 (one model, int8 or "
+                         "float kernels; also transformers Marian, M2M-100 and NLLB directories) (default fairseq)")
+    ap.add_argument("--compute_type", choices=COMPUTE_TYPES, default=None,
+                    help="CTranslate2's weights: int8 (default: fastest on a CPU), int8_float32, float32, and on a "
+                         "GPU float16, int8_float16")
+    ap.add_argument("--src_lang_code", metavar="TOKEN",
+                    help="a multilingual model's source language token, e.g. ces_Latn (NLLB) or __cs__ (M2M-100)")
+    ap.add_argument("--tgt_lang_code", metavar="TOKEN", help="its target language token, e.g. eng_Latn or __en__")
     ap.add_argument("--overwrite", action="store_true", help="replace --output if it exists (default: refuse)")
     return ap
 
 
 def run(argv=None) -> dict:
     a = build_parser().parse_args(argv)
-    meta = import_model(a.source, a.src_lang, a.tgt_lang, a.output, a.checkpoints, a.data, a.tokenizer, a.bpe,
-                        a.bpe_codes, a.overwrite)
-    print(f"{a.output}: {len(meta['members'])} member(s) ({meta['arch']}), {meta['src_lang']}->{meta['tgt_lang']}, "
-          f"tokenizer {meta['tokenization']['tokenizer']}, bpe {meta['tokenization']['bpe']}", flush=True)
+    if a.engine == "fairseq":
+        for option in ("compute_type", "src_lang_code", "tgt_lang_code"):
+            if getattr(a, option) is not None:
+                raise UsageError(f"--{option} is for --engine ctranslate2")
+        meta = import_model(a.source, a.src_lang, a.tgt_lang, a.output, a.checkpoints, a.data, a.tokenizer, a.bpe,
+                            a.bpe_codes, a.overwrite)
+        print(f"{a.output}: {len(meta['members'])} member(s) ({meta['arch']}), {meta['src_lang']}->{meta['tgt_lang']}, "
+              f"tokenizer {meta['tokenization']['tokenizer']}, bpe {meta['tokenization']['bpe']}", flush=True)
+        return meta
+    compute_type = a.compute_type or "int8"
+    if os.path.isfile(os.path.join(a.source, "config.json")) and not os.path.isfile(os.path.join(a.source, META)):
+        from models.nmt.transformers_import import import_transformers
+
+        for option in ("checkpoints", "data", "tokenizer", "bpe", "bpe_codes"):
+            if getattr(a, option) is not None:
+                raise UsageError(f"--{option} is for fairseq models; a transformers directory brings its tokenizer")
+        meta = import_transformers(a.source, a.src_lang, a.tgt_lang, a.output, compute_type, a.src_lang_code,
+                                   a.tgt_lang_code, a.overwrite)
+    else:
+        if a.src_lang_code or a.tgt_lang_code:
+            raise UsageError("--src_lang_code/--tgt_lang_code are for multilingual transformers models")
+        meta = import_fairseq_to_ct2(a.source, a.src_lang, a.tgt_lang, a.output, compute_type, a.overwrite,
+                                     checkpoints=a.checkpoints, data=a.data, tokenizer=a.tokenizer, bpe=a.bpe,
+                                     bpe_codes=a.bpe_codes)
+    print(f"{a.output}: CTranslate2 {meta['family']} model ({meta['compute_type']}), {meta['src_lang']}->"
+          f"{meta['tgt_lang']}", flush=True)
     return meta
 
 

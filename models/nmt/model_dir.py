@@ -31,7 +31,10 @@ from models.safety import UnsafeModelError, sha256_local, weights_only_load
 
 META = "model.json"
 FORMAT_TRAINED, FORMAT_IMPORTED = 1, 2
-ENGINES = ("fairseq",)
+ENGINES = ("fairseq", "ctranslate2")
+CT2_MODEL_FILES = ("model.bin", "config.json")          # plus its vocabulary files
+CT2_VOCABULARIES = ("shared_vocabulary.json", "source_vocabulary.json", "target_vocabulary.json",
+                    "shared_vocabulary.txt", "source_vocabulary.txt", "target_vocabulary.txt")
 MAX_MEMBERS = 16
 # the fields that make two members the same architecture (an ensemble of different ones is refused)
 STRUCTURE = ("encoder_embed_dim", "decoder_embed_dim", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
@@ -100,35 +103,70 @@ def read_model_meta(model_dir: str) -> dict:
         engine = meta.get("engine")
         if engine not in ENGINES:
             raise UnsafeModelError(f"{model_dir}/{META}: engine {engine!r} is not one of {', '.join(ENGINES)}")
-        raw = meta.get("members")
-        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MEMBERS:
-            raise UnsafeModelError(f"{model_dir}/{META}: members must be a list of 1 to {MAX_MEMBERS}")
-        members = [{"weights": _plain_name(model_dir, m.get("weights") if isinstance(m, dict) else m, "member weights"),
-                    "config": _plain_name(model_dir, m.get("config") if isinstance(m, dict) else None,
-                                          "member config")} for m in raw]
+        if engine == "fairseq":
+            raw = meta.get("members")
+            if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MEMBERS:
+                raise UnsafeModelError(f"{model_dir}/{META}: members must be a list of 1 to {MAX_MEMBERS}")
+            members = [{"weights": _plain_name(model_dir, m.get("weights") if isinstance(m, dict) else m,
+                                               "member weights"),
+                        "config": _plain_name(model_dir, m.get("config") if isinstance(m, dict) else None,
+                                              "member config")} for m in raw]
+        else:
+            members = []
+            _check_ct2_meta(model_dir, meta)
         tok = meta.get("tokenization")
         if not isinstance(tok, dict) or tok.get("tokenizer") not in TOKENIZERS or tok.get("bpe") not in BPES:
             raise UnsafeModelError(f"{model_dir}/{META}: tokenization must give tokenizer ({', '.join(TOKENIZERS)}) "
                                    f"and bpe ({', '.join(BPES)})")
-        codes = tok.get("codes")
+        codes, source_codes = tok.get("codes"), tok.get("source_codes")
         tokenization = {"tokenizer": tok["tokenizer"], "bpe": tok["bpe"],
                         "codes": _plain_name(model_dir, codes, "tokenization codes") if codes is not None else None}
+        if source_codes is not None:
+            tokenization["source_codes"] = _plain_name(model_dir, source_codes, "tokenization source codes")
         if (tokenization["bpe"] == "none") != (tokenization["codes"] is None):
             raise UnsafeModelError(f"{model_dir}/{META}: bpe {tokenization['bpe']!r} with codes {codes!r}")
     else:
         raise UnsafeModelError(f"{model_dir}/{META}: format {form!r} is not 1 (paragen-train-nmt) or 2 "
                                "(paragen-import-model); made by a newer version?")
-    files = [META, f"dict.{src}.txt", f"dict.{tgt}.txt"]
+    files = [META] + ([f"dict.{src}.txt", f"dict.{tgt}.txt"] if engine == "fairseq" else list(meta["model_files"]))
     for m in members:
         files += [m["weights"]] + ([m["config"]] if m["config"] else [])
-    if tokenization["codes"]:
-        files.append(tokenization["codes"])
+    for key in ("codes", "source_codes"):
+        if tokenization.get(key):
+            files.append(tokenization[key])
     files = sorted(dict.fromkeys(files))
     missing = [f for f in files if not storage.isfile(storage.join(model_dir, f))]
     if missing:
         raise FileNotFoundError(f"{model_dir}: not a whole NMT model directory, missing {', '.join(missing)}")
     return {**meta, "format": form, "engine": engine, "members": members, "tokenization": tokenization,
             "files": files}
+
+
+def _check_ct2_meta(model_dir: str, meta: dict) -> None:
+    """The fields a CTranslate2 model directory's model.json must have, checked (they name files
+    and go to CTranslate2 and into decoding)."""
+    from models.nmt.ct2 import COMPUTE_TYPES, FAMILIES
+
+    where = f"{model_dir}/{META}"
+    if meta.get("family") not in FAMILIES:
+        raise UnsafeModelError(f"{where}: family {meta.get('family')!r} is not one of {', '.join(FAMILIES)}")
+    if meta.get("compute_type") not in COMPUTE_TYPES:
+        raise UnsafeModelError(f"{where}: compute_type {meta.get('compute_type')!r} is not one of "
+                               f"{', '.join(COMPUTE_TYPES)}")
+    files = meta.get("model_files")
+    if not isinstance(files, list) or not set(CT2_MODEL_FILES) <= set(files) or not any(
+            f in CT2_VOCABULARIES for f in files) or any(f not in CT2_MODEL_FILES + CT2_VOCABULARIES for f in files):
+        raise UnsafeModelError(f"{where}: model_files must be model.bin, config.json and CTranslate2's vocabulary "
+                               "files, nothing else")
+    codes = meta.get("lang_codes")
+    if codes is not None:
+        if not isinstance(codes, dict) or set(codes) != {"src", "tgt"} or not all(
+                isinstance(c, str) and 0 < len(c) <= 32 and c.isprintable() and " " not in c for c in codes.values()):
+            raise UnsafeModelError(f"{where}: lang_codes must give src and tgt tokens")
+    for key in ("max_source_positions", "max_target_positions"):
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 2 <= value <= 1 << 20):
+            raise UnsafeModelError(f"{where}: {key} must be a positive integer")
 
 
 def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
@@ -230,6 +268,8 @@ def check_model_dir(model_dir: str) -> dict:
 
     meta = read_model_meta(model_dir)
     local = local_model_dir(model_dir)
+    if meta["engine"] == "ctranslate2":
+        return _check_ct2_dir(model_dir, local, meta)
     configs = []
     for member in meta["members"]:
         cfg = member_config(local, member)
@@ -248,6 +288,53 @@ def check_model_dir(model_dir: str) -> dict:
     return {**meta, "max_source_positions": positions("max_source_positions"),
             "max_target_positions": positions("max_target_positions"),
             "sha256": {name: sha256_local(os.path.join(local, name)) for name in model_file_names(meta)}}
+
+
+def _check_ct2_dir(model_dir: str, local: str, meta: dict) -> dict:
+    """check_model_dir for a CTranslate2 model: the tokenization's files, the vocabulary the
+    language codes must be in, CTranslate2's own config.json parses."""
+    from models.nmt.tokenization import check_codes
+
+    tok = meta["tokenization"]
+    for key in ("codes", "source_codes"):
+        if tok.get(key):
+            try:
+                check_codes(os.path.join(local, tok[key]), tok["bpe"])
+            except ValueError as exc:
+                raise UnsafeModelError(str(exc)) from None
+    try:
+        with open(os.path.join(local, "config.json"), encoding="utf-8") as f:
+            if not isinstance(json.load(f), dict):
+                raise ValueError("not an object")
+    except (ValueError, RecursionError) as exc:
+        raise UnsafeModelError(f"{model_dir}/config.json: not CTranslate2's config ({str(exc)[:100]})") from None
+    codes = meta.get("lang_codes")
+    if codes:
+        vocab = set(ct2_vocabulary(local, "target")) | set(ct2_vocabulary(local, "source"))
+        missing = [c for c in codes.values() if c not in vocab]
+        if missing:
+            raise UnsafeModelError(f"{model_dir}: language code {missing[0]!r} is not in the model's vocabulary")
+    return {**meta, "max_source_positions": int(meta.get("max_source_positions") or 1024),
+            "max_target_positions": int(meta.get("max_target_positions") or 1024),
+            "sha256": {name: sha256_local(os.path.join(local, name)) for name in model_file_names(meta)}}
+
+
+def ct2_vocabulary(local: str, side: str) -> list[str]:
+    """The tokens of a converted model's SIDE ("source" or "target") vocabulary (or its shared one)."""
+    for name in (f"{side}_vocabulary.json", "shared_vocabulary.json"):
+        path = os.path.join(local, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                vocab = json.load(f)
+            if not isinstance(vocab, list) or not all(isinstance(t, str) for t in vocab):
+                raise UnsafeModelError(f"{path}: not a list of tokens")
+            return vocab
+    for name in (f"{side}_vocabulary.txt", "shared_vocabulary.txt"):
+        path = os.path.join(local, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return [line.rstrip("\n") for line in f]
+    raise UnsafeModelError(f"{local}: no CTranslate2 {side} or shared vocabulary")
 
 
 def build_members(local: str, meta: dict) -> tuple[list, object]:

@@ -264,7 +264,8 @@ class Tokenization:
     BPES, CODES_PATH its codes or model; None for "none"), Moses rules of SRC_LANG for the source
     side and of TGT_LANG for the target side."""
 
-    def __init__(self, tokenizer: str, bpe: str, codes_path: str | None, src_lang: str, tgt_lang: str):
+    def __init__(self, tokenizer: str, bpe: str, codes_path: str | None, src_lang: str, tgt_lang: str,
+                 source_codes_path: str | None = None):
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, not {tokenizer!r}")
         if bpe not in BPES:
@@ -282,9 +283,16 @@ class Tokenization:
             codes_path = os.fspath(codes_path)
             check_codes(codes_path, bpe)
             digest = codes_sha256(codes_path)
+        if source_codes_path is not None:          # Marian: one sentencepiece model per side
+            if bpe not in ("spm", "sentencepiece"):
+                raise ValueError(f"a separate source model is for sentencepiece, not bpe {bpe!r}")
+            source_codes_path = os.fspath(source_codes_path)
+            check_codes(source_codes_path, bpe)
         self.tokenizer, self.bpe, self.codes_path = tokenizer, bpe, codes_path
+        self.source_codes_path = source_codes_path
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.codes_sha256 = digest
+        self.source_codes_sha256 = codes_sha256(source_codes_path) if source_codes_path else None
         self._lib: dict = {}                       # library objects, built on first use
 
     def __repr__(self) -> str:
@@ -301,8 +309,11 @@ class Tokenization:
 
     def describe(self) -> dict:
         """What decides the pieces, for a run's manifest."""
-        return {"tokenizer": self.tokenizer, "bpe": self.bpe, "codes_sha256": self.codes_sha256,
-                "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
+        out = {"tokenizer": self.tokenizer, "bpe": self.bpe, "codes_sha256": self.codes_sha256,
+               "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
+        if self.source_codes_path:
+            out["source_codes_sha256"] = self.source_codes_sha256
+        return out
 
     @property
     def fingerprint(self) -> str:
@@ -322,10 +333,12 @@ class Tokenization:
             obj = self._lib[(kind, lang)] = (MosesTokenizer if kind == "tok" else MosesDetokenizer)(lang)
         return obj
 
-    def _model(self):
-        obj = self._lib.get("bpe")
+    def _model(self, side: str = "tgt"):
+        key = "bpe:src" if side == "src" and self.source_codes_path else "bpe"
+        obj = self._lib.get(key)
         if obj is None:
-            obj = self._lib["bpe"] = _BUILDERS[self.bpe](self.codes_path)
+            path = self.source_codes_path if key == "bpe:src" else self.codes_path
+            obj = self._lib[key] = _BUILDERS[self.bpe](path)
         return obj
 
     # ---------------------------------------------------------------- encode / decode
@@ -337,10 +350,10 @@ class Tokenization:
             text = self._moses("tok", lang).tokenize(text, aggressive_dash_splits=True, return_str=True,
                                                      escape=True)
         if self.bpe == "spm":
-            return self._model().encode(text, out_type=str)
-        return _SPACES.sub(" ", self._apply_bpe(text)).strip().split()
+            return self._model(side).encode(text, out_type=str)
+        return _SPACES.sub(" ", self._apply_bpe(text, side)).strip().split()
 
-    def _apply_bpe(self, text: str) -> str:
+    def _apply_bpe(self, text: str, side: str = "src") -> str:
         if self.bpe == "subword_nmt":
             bpe = self._model()
             if len(bpe.cache) > _MAX_CACHED_WORDS:   # the cache only saves time: dropping it changes nothing
@@ -349,23 +362,23 @@ class Tokenization:
         if self.bpe == "fastbpe":
             return self._model().apply([text])[0]
         if self.bpe == "sentencepiece":
-            return " ".join(self._model().Encode(text, out_type=str))
+            return " ".join(self._model(side).Encode(text, out_type=str))
         return text
 
     def decode(self, pieces: Iterable[str], side: str = "tgt") -> str:
         """The text fairseq makes of PIECES on SIDE: BPE removed, then detokenized."""
         lang = self._lang(side)
-        text = self._undo_bpe(pieces)
+        text = self._undo_bpe(pieces, side)
         if self.tokenizer == "moses":
             text = self._moses("detok", lang).detokenize(text.split())
         return text
 
-    def _undo_bpe(self, pieces: Iterable[str]) -> str:
+    def _undo_bpe(self, pieces: Iterable[str], side: str = "tgt") -> str:
         if isinstance(pieces, str):
             raise TypeError("pieces must be a sequence of strings, not one string")
         pieces = [_unicode(p) for p in pieces]
         if self.bpe == "spm":
-            return self._model().decode_pieces(pieces)
+            return self._model(side).decode_pieces(pieces)
         # Dictionary.string: symbols joined with spaces, without <s> and </s> (a "</s>" word in a
         # text is binarized as the eos symbol, and printed as nothing)
         text = " ".join(p for p in pieces if p not in _DROPPED)
