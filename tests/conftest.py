@@ -68,6 +68,15 @@ def fairseq_layouts(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def transformers_models(tmp_path_factory):
+    """{name: info dict} of tiny Marian and M2M-100 models (tests/transformers_fixtures.py),
+    built once per session."""
+    from tests.transformers_fixtures import layouts_for_tests
+
+    return layouts_for_tests(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def hub():
     """LAYOUT -> fairseq's GeneratorHubInterface for it, loaded once, as users load it."""
     from models.nmt.checkpoint import allow_fairseq_checkpoints

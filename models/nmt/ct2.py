@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 
 from models.nmt.engine import Engine, Hypothesis, SampleRequest
@@ -58,6 +59,18 @@ BATCH = 32                              # sources per beam / scoring call
 
 def _seed_of(seed: int, key: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=4).digest(), "little")
+
+
+_LANG_TOKEN = {"m2m100": re.compile(r"__[A-Za-z_]+__|madeupword\d+"), "nllb": re.compile(r"[a-z]{3}_[A-Z][a-z]{3}|<mask>")}
+
+
+def _never_generated(token: str, family: str) -> bool:
+    """Tokens no output may hold, as the fairseq engine masks <pad>, <unk> and <s>: those, and a
+    multilingual model's language tokens (the target's is the forced first token, stripped)."""
+    if token in ("<s>", "<pad>", "<blank>", "<unk>"):
+        return True
+    pattern = _LANG_TOKEN.get(family)
+    return bool(pattern and pattern.fullmatch(token))
 
 
 def tokenization_of(meta: dict, model_dir: str) -> Tokenization:
@@ -95,6 +108,8 @@ class CT2Engine(Engine):
         self._translator = None
         self._lock = threading.Lock()
         self._vocabulary = frozenset(self._target_vocabulary())
+        # the target code too: the prefix forces it first, it must not come again
+        self._never = [[t] for t in sorted(self._vocabulary) if _never_generated(t, self.family)]
 
     # ---------------------------------------------------------------- model and randomness
     def _target_vocabulary(self) -> list[str]:
@@ -192,6 +207,7 @@ class CT2Engine(Engine):
                 results = translator.translate_batch([tokens[i] for i in batch],
                                                      target_prefix=[prefix] * len(batch) if prefix else None,
                                                      beam_size=beam, num_hypotheses=nbest,
+                                                     suppress_sequences=self._never or None,
                                                      max_decoding_length=self._max_len(longest) + (1 if prefix else 0))
                 for i, r in zip(batch, results):
                     outputs[i] = [self._output(h) for h in r.hypotheses]
@@ -222,7 +238,7 @@ class CT2Engine(Engine):
                 if r.num_samples <= 0:
                     drawn.append([])
                     continue
-                banned = self.banned_phrases(r.banned_words) if r.banned_words else None
+                banned = self._never + (self.banned_phrases(r.banned_words) if r.banned_words else [])
                 result = translator.translate_batch(
                     [self._source_tokens(r.source)], target_prefix=[prefix] if prefix else None, beam_size=1,
                     sampling_topk=topk, num_hypotheses=r.num_samples, suppress_sequences=banned or None,
