@@ -22,6 +22,8 @@ setup(
         "sacremoses>=0.1,<0.3",              # Moses tokenization of imported fairseq models (as fairseq's hub)
         "subword-nmt>=0.3.8,<0.4",           # subword-nmt BPE codes of imported models (e.g. WMT16)
         # fastBPE==0.1.0 (fastBPE codes, e.g. WMT19) is built by hash from requirements-fairseq.txt
+        "ctranslate2>=4.8.5,<4.9",           # the CTranslate2 engine (int8/float kernels; OPUS-MT, NLLB, M2M-100)
+        "transformers>=5.24,<5.25",          # converting Marian/M2M-100/NLLB directories for CTranslate2 (import only)
         "pyarrow>=20,<26",                   # Parquet, and the storage layer: local, S3, GCS (pyarrow.fs)
         "rapidfuzz>=3.14,<4",                # Levenshtein distance for candidate clustering
         "sacrebleu>=2.6,<3",                 # BLEU of the NMT models; sentence BLEU in the filter job

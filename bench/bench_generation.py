@@ -135,7 +135,7 @@ def engine_worker(spec: dict) -> dict:
 
 
 def ctranslate2_specs(t, sources: list[str], samples: int, topk: int, tmp: str) -> list:
-    """A second yardstick, when `ctranslate2` is installed (requirements-bench.txt): CTranslate2,
+    """A second yardstick: CTranslate2 (a dependency of the project since its CTranslate2 engine),
     a C++ inference engine, on the same model converted with its fairseq converter, float32 and
     int8. Unconstrained only: its `suppress_sequences` applies to a whole batch, not per pair.
     Same sources, k, N and length limit (per batch of 16 length-sorted sources, the limit of the
@@ -144,7 +144,7 @@ def ctranslate2_specs(t, sources: list[str], samples: int, topk: int, tmp: str) 
         import ctranslate2
         from ctranslate2.converters import FairseqConverter
     except ImportError:
-        print("(ctranslate2 not installed: no CTranslate2 rows; pip install -r requirements-bench.txt)\n")
+        print("(ctranslate2 not installed: no CTranslate2 rows)\n")
         return []
     from models.nmt.checkpoint import sanitized_copy
 

@@ -143,6 +143,14 @@ CASES = [
     Case("import-model: a pickled object as checkpoint", "models.nmt.importing",
          ("$WORK/pickled-model/model.pt", "--data", "$WORK/pickled-model", "--src_lang", "cs", "--tgt_lang", "en",
           *_NMT)),
+    Case("import-model: --compute_type without --engine ctranslate2", "models.nmt.importing",
+         ("$MODELS/cs-en/model.pt", "--data", "$MODELS/cs-en", "--src_lang", "cs", "--tgt_lang", "en",
+          "--compute_type", "int8", *_NMT)),
+    Case("import-model: a transformers directory asking for its own code", "models.nmt.importing",
+         ("$WORK/remote-code", "--src_lang", "cs", "--tgt_lang", "en", "--engine", "ctranslate2", *_NMT)),
+    Case("import-model: language tokens for a fairseq model", "models.nmt.importing",
+         ("$MODELS/cs-en/model.pt", "--data", "$MODELS/cs-en", "--src_lang", "cs", "--tgt_lang", "en",
+          "--engine", "ctranslate2", "--src_lang_code", "ces_Latn", *_NMT)),
     Case("translate: --model that is not a model directory", "models.nmt.translate", ("--model", "$WORK/afile")),
     Case("translate: --beam 0", "models.nmt.translate", ("--model", "$MODELS/cs-en", "--beam", "0")),
 ]
@@ -172,6 +180,9 @@ def _setup(work: str, models: str) -> None:
         f.write("[" * 100_000)
     with open(os.path.join(work, "pieces.yaml"), "w") as f:
         f.write("filters:\n  - name: bag_of_pieces\n")
+    os.makedirs(os.path.join(work, "remote-code"))
+    with open(os.path.join(work, "remote-code", "config.json"), "w") as f:
+        json.dump({"model_type": "marian", "auto_map": {"AutoModelForSeq2SeqLM": "modeling_x.Model"}}, f)
     os.makedirs(os.path.join(work, "garbage-run"))
     with open(os.path.join(work, "garbage-run", "_manifest.json"), "w") as f:
         f.write("[1, 2, 3]")

@@ -51,8 +51,6 @@ from models.nmt.model_dir import read_model_meta
 from models.nmt.tokenization import Tokenization
 
 log = logging.getLogger("paragen.ct2")
-FAMILIES = ("fairseq", "marian", "m2m100", "nllb")
-COMPUTE_TYPES = ("int8", "int8_float32", "float32", "float16", "int8_float16", "bfloat16", "int8_bfloat16")
 MAX_LEN_A, MAX_LEN_B = 1.5, 10          # as the fairseq engine (models/nmt/translator.py)
 BATCH = 32                              # sources per beam / scoring call
 
@@ -81,6 +79,31 @@ def tokenization_of(meta: dict, model_dir: str) -> Tokenization:
         return os.path.join(model_dir, name) if name else None
     return Tokenization(tok["tokenizer"], tok["bpe"], path(tok["codes"]), meta["src_lang"], meta["tgt_lang"],
                         source_codes_path=path(tok.get("source_codes")))
+
+
+def _call_groups(requests: list[SampleRequest], limits: list[int], size: int = BATCH) -> list[list[int]]:
+    """Indices of REQUESTS decoded by one call each, in order: a request with banned words alone
+    (suppress_sequences applies to a whole call), consecutive requests without any together (up to
+    SIZE, with the same number of samples and the same length limit LIMITS[i]: a call has one
+    limit, and a sample's must not depend on what it is batched with); none for requests asking
+    no samples."""
+    groups, run = [], []
+    for i, r in enumerate(requests):
+        if r.num_samples <= 0:
+            continue
+        if r.banned_words:
+            if run:
+                groups.append(run)
+                run = []
+            groups.append([i])
+            continue
+        if run and (len(run) == size or requests[run[0]].num_samples != r.num_samples or limits[run[0]] != limits[i]):
+            groups.append(run)
+            run = []
+        run.append(i)
+    if run:
+        groups.append(run)
+    return groups
 
 
 class CT2Engine(Engine):
@@ -228,23 +251,25 @@ class CT2Engine(Engine):
 
     def sample(self, requests: list[SampleRequest], topk: int = 10, seed: int = 0,
                min_len: int = 1) -> list[list[Hypothesis]]:
-        """One call per request (its banned words apply to it alone), in the given order, from
-        the unit's generator; NLLs by forced decoding."""
+        """One call per request with banned words (they apply to it alone), requests without
+        batched together (_call_groups), in the given order, from the unit's generator; NLLs by
+        forced decoding."""
         with self._lock:
             translator = self._get(seed)
             prefix = self._prefix()
-            drawn: list[list[list[str]]] = []
-            for r in requests:
-                if r.num_samples <= 0:
-                    drawn.append([])
-                    continue
-                banned = self._never + (self.banned_phrases(r.banned_words) if r.banned_words else [])
-                result = translator.translate_batch(
-                    [self._source_tokens(r.source)], target_prefix=[prefix] if prefix else None, beam_size=1,
-                    sampling_topk=topk, num_hypotheses=r.num_samples, suppress_sequences=banned or None,
-                    max_decoding_length=self._max_len(len(self.source_pieces(r.source)) + 1) + (1 if prefix else 0),
-                    min_decoding_length=min_len + (1 if prefix else 0))[0]
-                drawn.append([self._output(h) for h in result.hypotheses])
+            drawn: list[list[list[str]]] = [[] for _ in requests]
+            limits = [self._max_len(len(self.source_pieces(r.source)) + 1) for r in requests]
+            for group in _call_groups(requests, limits):
+                first = requests[group[0]]
+                banned = self._never + (self.banned_phrases(first.banned_words) if first.banned_words else [])
+                results = translator.translate_batch(
+                    [self._source_tokens(requests[i].source) for i in group],
+                    target_prefix=[prefix] * len(group) if prefix else None, beam_size=1, sampling_topk=topk,
+                    num_hypotheses=first.num_samples, suppress_sequences=banned or None,
+                    max_decoding_length=limits[group[0]] + (1 if prefix else 0),
+                    min_decoding_length=min_len + (1 if prefix else 0))
+                for i, result in zip(group, results):
+                    drawn[i] = [self._output(h) for h in result.hypotheses]
             flat = [(qi, h) for qi, hs in enumerate(drawn) for h in hs]
             distinct = list(dict.fromkeys((requests[qi].source, tuple(h)) for qi, h in flat))
             nll = dict(zip(distinct, self._score_tokens([self._source_tokens(s) for s, _ in distinct],

@@ -45,7 +45,8 @@ import time
 
 from common.cli import UsageError, cli_main, configure_logging
 from models.nmt.checkpoint import load_state, model_config_of, weights_of
-from models.nmt.model_dir import FORMAT_IMPORTED, META, MAX_MEMBERS, check_members
+from models.nmt.model_dir import (COMPUTE_TYPES, FORMAT_IMPORTED, META, MAX_MEMBERS, check_members, ct2_files,
+                                  publish_dir, write_meta)
 from models.nmt.tokenization import BPES, TOKENIZERS, check_codes, detect_bpe
 from models.safety import UnsafeModelError, sha256_local
 
@@ -294,22 +295,13 @@ def import_model(source: str, src_lang: str, tgt_lang: str, output: str, checkpo
         with open(os.path.join(staging, META), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
         checked = check_model_dir(staging)               # what the jobs will check, on what was written
-        if os.path.exists(output):
-            aside = f"{output}.replaced-{os.getpid()}"
-            os.replace(output, aside)
-            os.replace(staging, output)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(staging, output)
+        publish_dir(staging, output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("imported %d member(s), %s -> %s, tokenization %s + %s, positions %d/%d, into %s", len(entries),
              src_lang, tgt_lang, tok["tokenizer"], tok["bpe"], checked["max_source_positions"],
              checked["max_target_positions"], output)
     return meta
-
-
-COMPUTE_TYPES = ("int8", "int8_float32", "float32", "float16", "int8_float16")
 
 
 def _clean_checkpoint(model_dir: str, member: dict, path: str) -> None:
@@ -324,37 +316,6 @@ def _clean_checkpoint(model_dir: str, member: dict, path: str) -> None:
     config.task = "translation"
     torch.save({"args": None, "cfg": {"model": config, "task": {"_name": "translation"}},
                 "model": load_tensor_file(os.path.join(model_dir, member["weights"]))}, path)
-
-
-def _ct2_files(converted: str, staging: str) -> list[str]:
-    """Move CTranslate2's output files from CONVERTED into STAGING; their names."""
-    from models.nmt.model_dir import CT2_MODEL_FILES, CT2_VOCABULARIES
-
-    names = sorted(os.listdir(converted))
-    unknown = [n for n in names if n not in CT2_MODEL_FILES + CT2_VOCABULARIES]
-    if unknown:
-        raise UnsafeModelError(f"CTranslate2's converter wrote files this version does not know: {unknown}")
-    for name in names:
-        os.replace(os.path.join(converted, name), os.path.join(staging, name))
-    return names
-
-
-def _write_ct2_meta(staging: str, meta: dict) -> dict:
-    files = sorted(n for n in os.listdir(staging) if n != META)
-    meta = {**meta, "sha256": {name: sha256_local(os.path.join(staging, name)) for name in files}}
-    with open(os.path.join(staging, META), "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2)
-    return meta
-
-
-def _publish(staging: str, output: str) -> None:
-    if os.path.exists(output):
-        aside = f"{output}.replaced-{os.getpid()}"
-        os.replace(output, aside)
-        os.replace(staging, output)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.replace(staging, output)
 
 
 def import_fairseq_to_ct2(source: str, src_lang: str, tgt_lang: str, output: str, compute_type: str,
@@ -391,12 +352,12 @@ def import_fairseq_to_ct2(source: str, src_lang: str, tgt_lang: str, output: str
                              f"({str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__})") \
                 from None
         os.makedirs(staging)
-        model_files = _ct2_files(os.path.join(work, "converted"), staging)
+        model_files = ct2_files(os.path.join(work, "converted"), staging)
         tok = fairseq_meta["tokenization"]
         if tok["codes"]:
             shutil.copyfile(os.path.join(checked, tok["codes"]), os.path.join(staging, tok["codes"]))
         config = member_config(checked, member)
-        meta = _write_ct2_meta(staging, {
+        meta = write_meta(staging, {
             "format": FORMAT_IMPORTED, "engine": "ctranslate2", "family": "fairseq", "compute_type": compute_type,
             "src_lang": src_lang, "tgt_lang": tgt_lang, "model_files": model_files, "tokenization": tok,
             "arch": fairseq_meta["arch"],
@@ -404,7 +365,7 @@ def import_fairseq_to_ct2(source: str, src_lang: str, tgt_lang: str, output: str
             "max_target_positions": int(getattr(config, "max_target_positions", None) or 1024),
             "imported_from": {**fairseq_meta["imported_from"], "converter": "ctranslate2.converters.FairseqConverter"}})
         check_model_dir(staging)
-        _publish(staging, output)
+        publish_dir(staging, output)
     log.info("imported %s -> %s for CTranslate2 (%s) into %s", src_lang, tgt_lang, compute_type, output)
     return meta
 

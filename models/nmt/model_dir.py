@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 
 from common import storage
 from models.nmt.checkpoint import check_checkpoint, validate_model_config
@@ -32,6 +33,8 @@ from models.safety import UnsafeModelError, sha256_local, weights_only_load
 META = "model.json"
 FORMAT_TRAINED, FORMAT_IMPORTED = 1, 2
 ENGINES = ("fairseq", "ctranslate2")
+FAMILIES = ("fairseq", "marian", "m2m100", "nllb")           # what a CTranslate2 model was converted from
+COMPUTE_TYPES = ("int8", "int8_float32", "float32", "float16", "int8_float16")
 CT2_MODEL_FILES = ("model.bin", "config.json")          # plus its vocabulary files
 CT2_VOCABULARIES = ("shared_vocabulary.json", "source_vocabulary.json", "target_vocabulary.json",
                     "shared_vocabulary.txt", "source_vocabulary.txt", "target_vocabulary.txt")
@@ -145,8 +148,6 @@ def read_model_meta(model_dir: str) -> dict:
 def _check_ct2_meta(model_dir: str, meta: dict) -> None:
     """The fields a CTranslate2 model directory's model.json must have, checked (they name files
     and go to CTranslate2 and into decoding)."""
-    from models.nmt.ct2 import COMPUTE_TYPES, FAMILIES
-
     where = f"{model_dir}/{META}"
     if meta.get("family") not in FAMILIES:
         raise UnsafeModelError(f"{where}: family {meta.get('family')!r} is not one of {', '.join(FAMILIES)}")
@@ -362,3 +363,35 @@ def build_members(local: str, meta: dict) -> tuple[list, object]:
         model.load_state_dict(weights, strict=True, model_cfg=args)
         models.append(model)
     return models, task
+
+
+# ---------------------------------------------------------------- writing (paragen-import-model)
+def ct2_files(converted: str, staging: str) -> list[str]:
+    """Move CTranslate2's output files from CONVERTED into STAGING; their names."""
+    names = sorted(os.listdir(converted))
+    unknown = [n for n in names if n not in CT2_MODEL_FILES + CT2_VOCABULARIES]
+    if unknown:
+        raise UnsafeModelError(f"CTranslate2's converter wrote files this version does not know: {unknown}")
+    for name in names:
+        os.replace(os.path.join(converted, name), os.path.join(staging, name))
+    return names
+
+
+def write_meta(staging: str, meta: dict) -> dict:
+    """Write META as STAGING/model.json, with the sha256 of every other file of STAGING."""
+    files = sorted(n for n in os.listdir(staging) if n != META)
+    meta = {**meta, "sha256": {name: sha256_local(os.path.join(staging, name)) for name in files}}
+    with open(os.path.join(staging, META), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+def publish_dir(staging: str, output: str) -> None:
+    """Put the model directory STAGING in place of OUTPUT (the old one, if any, removed only then)."""
+    if os.path.exists(output):
+        aside = f"{output}.replaced-{os.getpid()}"
+        os.replace(output, aside)
+        os.replace(staging, output)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(staging, output)

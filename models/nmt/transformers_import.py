@@ -104,8 +104,7 @@ def import_transformers(source: str, src_lang: str, tgt_lang: str, output: str, 
     check fails."""
     from common.cli import check_output_location
     from common.names import check_lang_code
-    from models.nmt.importing import _ct2_files, _publish, _write_ct2_meta
-    from models.nmt.model_dir import check_model_dir, ct2_vocabulary
+    from models.nmt.model_dir import check_model_dir, ct2_files, ct2_vocabulary, publish_dir, write_meta
     from models.nmt.tokenization import check_codes
 
     src_lang, tgt_lang = check_lang_code(src_lang, "--src_lang"), check_lang_code(tgt_lang, "--tgt_lang")
@@ -148,7 +147,7 @@ def import_transformers(source: str, src_lang: str, tgt_lang: str, output: str, 
                 else:
                     os.environ[k] = v
         os.makedirs(staging)
-        model_files = _ct2_files(converted, staging)
+        model_files = ct2_files(converted, staging)
         vocab = set(ct2_vocabulary(staging, "target")) | set(ct2_vocabulary(staging, "source"))
         size = len(ct2_vocabulary(staging, "target"))
         # the converter drops Marian's <pad>, the last entry (CTranslate2 never generates it)
@@ -168,7 +167,7 @@ def import_transformers(source: str, src_lang: str, tgt_lang: str, output: str, 
         if family == "marian":
             tokenization["source_codes"] = "source.spm"
         positions = int(config.get("max_position_embeddings") or 1024)
-        meta = _write_ct2_meta(staging, {
+        meta = write_meta(staging, {
             "format": FORMAT_IMPORTED, "engine": "ctranslate2", "family": family, "compute_type": compute_type,
             "src_lang": src_lang, "tgt_lang": tgt_lang, "model_files": model_files, "tokenization": tokenization,
             **({"lang_codes": codes} if codes else {}), "arch": (config.get("architectures") or [family])[0],
@@ -177,7 +176,7 @@ def import_transformers(source: str, src_lang: str, tgt_lang: str, output: str, 
                               "converter": "ctranslate2.converters.TransformersConverter",
                               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}})
         check_model_dir(staging)
-        _publish(staging, output)
+        publish_dir(staging, output)
     log.info("imported %s (%s) %s -> %s for CTranslate2 (%s) into %s", family, source, src_lang, tgt_lang,
              compute_type, output)
     return meta

@@ -1,0 +1,183 @@
+"""Benchmark of the two engines on one model: CTranslate2 (int8, float32) against the fairseq
+engine, every figure beside the fairseq engine's from the same run.
+
+  1. decoding alone at the parabank2-cpu preset (3 constraint sets x 10 samples, top-k 10, banned
+     words per pair), sources/s; and CTranslate2 without banned words (its per-pair calls: each
+     (pair, set) is its own call when it has banned words);
+  2. the whole generation job (DirectRunner, one worker) on the same pairs, with a backward model
+     of the same engine: sources/s;
+  3. peak memory (RSS) of each engine's process.
+
+    python bench/bench_engines.py --work runs/bench-models
+
+The model is realistic in size, not in quality: a fairseq transformer base (6+6 layers, d512,
+ffn 2048, 8 heads, shared embeddings) with random weights on bench_models.py's Multi30k
+dictionary and fastBPE codes (prepared there first), in each direction; random weights are fine
+for speed, with both engines decoding to the same length limit. Each engine runs in a fresh
+process, one thread (the job runs one thread per worker process), rounds interleaved.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+
+def random_archive(work: str, src: str, tgt: str) -> str:
+    """WORK/random-SRC-TGT: a hub-style archive of a random transformer base (6+6, d512)."""
+    import argparse as ap
+
+    import torch
+    from fairseq.models.transformer import base_architecture
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    out = os.path.join(work, f"random-{src}-{tgt}")
+    if os.path.exists(os.path.join(out, "model.pt")):
+        return out
+    os.makedirs(out, exist_ok=True)
+    data_bin = os.path.join(work, "data-bin")
+    torch.manual_seed(0 if src == "cs" else 1)
+    args = ap.Namespace(arch="transformer", encoder_layers=6, decoder_layers=6, encoder_embed_dim=512,
+                        decoder_embed_dim=512, encoder_ffn_embed_dim=2048, decoder_ffn_embed_dim=2048,
+                        encoder_attention_heads=8, decoder_attention_heads=8, share_all_embeddings=True,
+                        max_source_positions=1024, max_target_positions=1024, dropout=0.1)
+    base_architecture(args)
+    task = TranslationTask.setup_task(TranslationConfig(data=data_bin, source_lang=src, target_lang=tgt))
+    model = task.build_model(args)
+    args.task = "translation"
+    torch.save({"args": None, "cfg": {"model": args, "task": {"_name": "translation", "source_lang": src,
+                                                               "target_lang": tgt}},
+                "model": model.state_dict()}, os.path.join(out, "model.pt"))
+    for lang in ("cs", "en"):
+        shutil.copyfile(os.path.join(data_bin, f"dict.{lang}.txt"), os.path.join(out, f"dict.{lang}.txt"))
+    shutil.copyfile(os.path.join(work, "bpecodes"), os.path.join(out, "bpecodes"))
+    return out
+
+
+def prepare(work: str) -> dict:
+    """{engine: (forward dir, backward dir)} imported from the random archives (kept in WORK)."""
+    from models.nmt.importing import import_fairseq_to_ct2, import_model
+
+    dirs = {}
+    for src, tgt in (("cs", "en"), ("en", "cs")):
+        archive = random_archive(work, src, tgt)
+        for engine in ("fairseq", "int8", "float32"):
+            out = os.path.join(work, f"engine-{engine}-{src}-{tgt}")
+            if not os.path.exists(os.path.join(out, "model.json")):
+                if engine == "fairseq":
+                    import_model(archive, src, tgt, out, tokenizer="moses")
+                else:
+                    import_fairseq_to_ct2(archive, src, tgt, out, engine, tokenizer="moses")
+            dirs.setdefault(engine, []).append(out)
+    return dirs
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def decode(model_dir: str, pairs: list, bans: bool) -> dict:
+    """Decoding alone, in this process: sources/s at the parabank2-cpu preset."""
+    import torch
+
+    from models.nmt.engine import SampleRequest
+    from models.nmt.loading import load_engine
+    from paracorpus.constraints import draw_constraint_sets
+
+    torch.set_num_threads(1)
+    engine = load_engine(model_dir, device="cpu", threads=1)
+    engine.start_unit("bench")
+    requests = [SampleRequest(s, f"p{i}:{k}", tuple(words) if bans else (), 10) for i, (s, r) in enumerate(pairs)
+                for k, words in enumerate(draw_constraint_sets(r, 3, 1, f"p{i}", 3))]
+    start = time.perf_counter()
+    hyps = engine.sample(requests, topk=10, seed=1)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "sources_per_s": len(pairs) / seconds, "tokens": sum(len(h.pieces) + 1 for hs in hyps
+                                                                                   for h in hs),
+            "samples": sum(map(len, hyps)), "peak_rss_mb": _peak_rss_mb()}
+
+
+def job(forward: str, backward: str, pairs: list, workdir: str) -> dict:
+    """The whole generation job (DirectRunner, one worker) on PAIRS: sources/s."""
+    from beam_pipelines.generate import run
+
+    inp = os.path.join(workdir, "in.tsv")
+    with open(inp, "w", encoding="utf-8") as f:
+        f.writelines(f"{s}\t{t}\n" for s, t in pairs)
+    start = time.perf_counter()
+    manifest = run(["--input", inp, "--output", os.path.join(workdir, "out"), "--forward_model", forward,
+                    "--backward_model", backward, "--preset", "parabank2-cpu", "--torch_threads", "1",
+                    "--score_threshold", "-1", "--dual_xent_threshold", "-1", "--allow_empty"])
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "sources_per_s": len(pairs) / seconds,
+            "paraphrase_rows": manifest["counts"]["paraphrase_rows"], "peak_rss_mb": _peak_rss_mb()}
+
+
+def _fresh(function: str, *args) -> dict:
+    code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); "
+            f"import bench_engines as b; print('RESULT', json.dumps(b.{function}(*json.loads(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"{function} failed:\n{done.stderr[-3000:]}")
+    return json.loads(line[7:])
+
+
+def main(argv=None) -> int:
+    from bench_models import DATA, prepare as prepare_models, read_lines
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", default=os.path.join(ROOT, "runs", "bench-models"))
+    ap.add_argument("--sources", type=int, default=30, help="Multi30k val pairs (default 30)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip_job", action="store_true", help="decoding alone (no whole-job rows)")
+    a = ap.parse_args(argv)
+    if not os.path.isdir(DATA):
+        print(f"error: {DATA} not found (../shared/data)", file=sys.stderr)
+        return 2
+    prepare_models(a.work, 3, 256, 300, 8000)          # the dictionary and codes the random models use
+    dirs = prepare(a.work)
+    pairs = list(zip(read_lines("val", "cs", a.sources), read_lines("val", "en", a.sources)))
+    print(f"# bench_engines: transformer base 6+6 d512, random weights, Multi30k dictionary; {len(pairs)} sources; "
+          f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one thread per engine process\n")
+    rows = {name: [] for name in ("fairseq", "int8", "float32", "int8 no bans")}
+    for _ in range(a.repeats):                     # interleaved: every engine under the same load
+        rows["fairseq"].append(_fresh("decode", dirs["fairseq"][0], pairs, True))
+        rows["int8"].append(_fresh("decode", dirs["int8"][0], pairs, True))
+        rows["float32"].append(_fresh("decode", dirs["float32"][0], pairs, True))
+        rows["int8 no bans"].append(_fresh("decode", dirs["int8"][0], pairs, False))
+    print("## 1. Decoding alone, parabank2-cpu (3 sets x 10 samples, top-k 10), sources/s\n")
+    print("| engine | sources/s | vs fairseq engine | tokens | peak RSS MB |\n|---|---|---|---|---|")
+    for name, runs in rows.items():
+        ratio = statistics.median(r["sources_per_s"] / f["sources_per_s"] for r, f in zip(runs, rows["fairseq"]))
+        print(f"| {name} | {statistics.median(r['sources_per_s'] for r in runs):.2f} | {ratio:.2f}x | "
+              f"{runs[0]['tokens']} | {max(r['peak_rss_mb'] for r in runs):.0f} |")
+    if not a.skip_job:
+        print("\n## 2. The whole job (DirectRunner, 1 worker, forward and backward of the same engine), sources/s\n")
+        print("| engine | sources/s | vs fairseq engine | paraphrase rows | peak RSS MB |\n|---|---|---|---|---|")
+        jobs = {name: [] for name in ("fairseq", "int8", "float32")}
+        for _ in range(max(1, a.repeats - 1)):
+            for name in jobs:
+                with tempfile.TemporaryDirectory() as tmp:
+                    jobs[name].append(_fresh("job", dirs[name][0], dirs[name][1], pairs, tmp))
+        for name, runs in jobs.items():
+            ratio = statistics.median(r["sources_per_s"] / f["sources_per_s"] for r, f in zip(runs, jobs["fairseq"]))
+            print(f"| {name} | {statistics.median(r['sources_per_s'] for r in runs):.2f} | {ratio:.2f}x | "
+                  f"{runs[0]['paraphrase_rows']} | {max(r['peak_rss_mb'] for r in runs):.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
