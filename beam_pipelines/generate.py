@@ -36,6 +36,7 @@ from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_output_location
 from paracorpus.commit import (Claim, entry_path, file_location, new_run_id, publish, read_manifest, resumable_run,
                                work_dir)
 from paracorpus.incremental import Reuse, plan_reuse
+from paracorpus.compaction import DEFAULT_FILE_MB, DEFAULT_FILE_ROWS, FileTarget, group_key
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
 from common.names import check_lang_code, check_run_id
 from paracorpus.schema import CONTRACT_VERSION, MANIFEST, check_manifest
@@ -45,7 +46,8 @@ from paracorpus.steps import CleanStep
 from transforms.cleaning import Deduplicate
 from transforms.io import COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged
 from transforms.steps import ApplyStep
-from transforms.units import PAIR, REJECT, UNIT, DecodeUnits, UnitTranslatorHandler, key_by_unit, reuse_unit
+from transforms.units import (PAIR, REJECT, UNIT, CompactGroup, DecodeUnits, UnitTranslatorHandler, key_by_unit,
+                              reuse_unit)
 
 TABLES = ("paraphrases", "rejects", "dedup", "_counts")      # what publish() cleans (_counts: contract v1 runs)
 
@@ -104,12 +106,23 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--allow_empty", action="store_true",
                    help="publish a run that has no paraphrase row (every record rejected, or none read); by default "
                         "such a run is not published and the job exits with status 3 (the previous run stays)")
+    g.add_argument("--dry_run", action="store_true",
+                   help="print the plan (input shards, records, bytes, work units, the files the run would publish, "
+                        "an estimate of the decoding time) and exit without writing anything")
+    g.add_argument("--rate", type=float, default=None, metavar="PAIRS_PER_S",
+                   help="with --dry_run: decoding speed of one worker to estimate from (default: measured on a "
+                        "sample of the input with the models, on this machine)")
     g.add_argument("--run_id", default=None,
                    help="the new run's id (letters, digits, '.', '_', '-'); a refresh names a run after its "
                         "directory this way (default: UTC time plus a random part)")
     g.add_argument("--unit_pairs", type=int, default=DEFAULT_UNIT_PAIRS,
                    help=f"records per work unit: the piece of decoding work one worker does, retries and resumes "
                         f"(default {DEFAULT_UNIT_PAIRS})")
+    g.add_argument("--file_rows", type=int, default=DEFAULT_FILE_ROWS,
+                   help=f"published files hold up to this many rows: each input shard's unit files in an output "
+                        f"partition are rewritten into files this size (default {DEFAULT_FILE_ROWS:,})")
+    g.add_argument("--file_mb", type=float, default=DEFAULT_FILE_MB,
+                   help=f"... or this many MB, whichever comes first (default {DEFAULT_FILE_MB})")
     g.add_argument("--src_column", default=None,
                    help="Parquet input: the foreign side's column (default: the --src_lang code)")
     g.add_argument("--tgt_column", default=None,
@@ -264,7 +277,7 @@ class Plan:
 def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning: CleaningConfig,
           handler: UnitTranslatorHandler, max_line_chars: int, src_column: str, tgt_column: str,
           finished: frozenset = frozenset(), use_run_inference: bool = True,
-          previous_dedup: list[str] | None = None) -> None:
+          previous_dedup: list[str] | None = None, file_target: FileTarget = FileTarget()) -> None:
     """The pipeline: read -> clean -> dedup -> key every record by work unit -> decode and write each
     unit not in FINISHED -> one summary of the run (WORK/summary.json) for the driver to commit."""
     chash, layout = plan.config_hash, plan.layout
@@ -289,9 +302,15 @@ def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning:
                                              cfg.num_output_shards, layout, use_run_inference)
     reused = (p | "FinishedUnits" >> beam.Create(sorted(finished))
               | "ReuseUnits" >> beam.Map(reuse_unit, plan.work))
+    # Each input shard's units in one output partition: their files rewritten as files sized for
+    # readers (paracorpus/compaction.py), one group record each.
+    groups = ((written, reused) | "UnitRecords" >> beam.Flatten()
+              | "KeyUnitsByGroup" >> beam.Map(lambda r: (group_key(r), r))
+              | "GroupUnitsByFile" >> beam.GroupByKey()
+              | "Compact" >> beam.ParDo(CompactGroup(plan.output, plan.work, plan.lang_pair, file_target)))
     # One sink that depends on everything: the DaskRunner computes only the graph behind the last
     # transform of the pipeline.
-    _ = (((written, reused) | "UnitRecords" >> beam.Flatten() | "TagUnits" >> beam.Map(lambda r: ("unit", r)),
+    _ = ((groups | "TagGroups" >> beam.Map(lambda r: ("group", r)),
           read[COUNTS_TAG] | "TagReads" >> beam.Map(lambda r: ("read", r)))
          | "AllRecordsOfTheRun" >> beam.Flatten()
          | "KeyRun" >> beam.Map(lambda r: (None, r))
@@ -301,7 +320,7 @@ def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning:
 
 def _write_summary(keyed, work: str) -> int:
     records = list(keyed[1])
-    summary = {"units": [r for tag, r in records if tag == "unit"], "reads": [r for tag, r in records if tag == "read"]}
+    summary = {"groups": [r for tag, r in records if tag == "group"], "reads": [r for tag, r in records if tag == "read"]}
     storage.write_json(storage.join(work, "summary.json"), summary, indent=None)
     return len(records)
 
@@ -416,6 +435,10 @@ def run(argv=None) -> dict:
     cfg = generation_config(opts)
     if opts.unit_pairs < 1:
         raise UsageError(f"--unit_pairs must be >= 1, not {opts.unit_pairs}")
+    try:
+        file_target = FileTarget(opts.file_rows, opts.file_mb)
+    except ValueError as exc:
+        raise UsageError(f"--file_rows/--file_mb: {exc}") from None
     if opts.max_line_chars < MIN_LINE_CHARS:
         raise UsageError(f"--max_line_chars must be >= {MIN_LINE_CHARS} (the shortest record, 'a<TAB>b'), "
                          f"not {opts.max_line_chars}: a smaller bound rejects every record")
@@ -478,6 +501,9 @@ def run(argv=None) -> dict:
     decode = reuse.decode
     per_shard, exact = estimate_records(decode)
     expected = sum(per_shard.values())
+    if opts.dry_run:
+        return dry_run(opts, decode, per_shard, exact, reuse, cfg, models, device, precision, threads,
+                       direct_workers(beam_args), file_target, src_column, tgt_column, cleaning)
     plan_key = _plan_key(chash, decode, opts.unit_pairs, reuse.previous_run_id)
     run_id, layout, resumed = start_run(output, plan_key, per_shard, opts.unit_pairs, opts.resume, opts.overwrite,
                                         opts.run_id)
@@ -507,11 +533,12 @@ def run(argv=None) -> dict:
             beam_args = [*beam_args, "--dask_npartitions", str(min(max(plan.num_units, 2), 512))]
         counters = run_pipeline(lambda p: build(
             p, plan, decode, cfg, cleaning, handler, opts.max_line_chars, src_column, tgt_column, finished,
-            use_run_inference="dask" not in runner.lower(), previous_dedup=previous_dedup), beam_args)
+            use_run_inference="dask" not in runner.lower(), previous_dedup=previous_dedup, file_target=file_target),
+            beam_args)
         elapsed = time.time() - start
         summary_path = storage.join(plan.work, "summary.json")
-        summary = storage.read_json(summary_path) if storage.isfile(summary_path) else {"units": [], "reads": []}
-        _counts, _files, units, decoded = summarize_run(summary["units"], summary["reads"])
+        summary = storage.read_json(summary_path) if storage.isfile(summary_path) else {"groups": [], "reads": []}
+        _counts, _files, units, decoded = summarize_run(summary["groups"], summary["reads"])
         units["planned"] = num_units
         inputs, shard_files = _inputs(run_id, output, summary["reads"], decoded, reuse)
         counts = totals(inputs)
@@ -529,6 +556,7 @@ def run(argv=None) -> dict:
                          "reused_shards": sorted(reuse.reused), "removed_shards": reuse.removed}
             if opts.previous else None,
             "counts": counts, "files": files, "units": units, "counters": counters,
+            "file_target": {"rows": file_target.rows, "mb": file_target.megabytes},
             "versions": versions(), "command": command_line(argv), "resumed": resumed,
             "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         _warn_empty_shards(inputs, run_id)
@@ -548,6 +576,88 @@ def run(argv=None) -> dict:
                  run_id, sum(len(v) for v in files.values()), len(removed))
     _print_summary(counts, counters, elapsed, output)
     return manifest
+
+
+DRY_RUN_SAMPLE = 16          # pairs decoded on the driver to measure a rate for --dry_run
+
+
+def measure_rate(shard, cfg, models: dict, device, precision, threads, src_column, tgt_column, cleaning,
+                 max_line_chars: int) -> tuple[float, int]:
+    """(pairs per second, pairs timed) of one worker on this machine: the first DRY_RUN_SAMPLE clean
+    pairs of SHARD through the decoding steps, after one pair of warm-up."""
+    from common.shards import read_shard
+    from models.nmt.loading import load_engine
+    from paracorpus.cleaning import Rejection, clean_pair, pair_id
+    from paracorpus.paraphrasing import piece_limits
+    from paracorpus.steps import decoding_steps
+    from paracorpus.units import PAIR, generate_unit
+
+    forward = load_engine(models["forward"]["path"], device=device, precision=precision, threads=threads)
+    backward = load_engine(models["backward"]["path"], device=device, precision=precision, threads=threads) \
+        if "backward" in models else None
+    steps = decoding_steps(forward, backward, cfg, "dry-run", piece_limits(forward, backward, cfg.max_pieces))
+    pairs = []
+    for rec in read_shard(shard, max_line_chars, src_column, tgt_column):
+        if rec.error is None:
+            cleaned = clean_pair(rec.source, rec.reference, cleaning)
+            if not isinstance(cleaned, Rejection):
+                pairs.append((PAIR, {"pair_id": pair_id(rec.shard, rec.index, rec.source, rec.reference),
+                                     "input_shard": rec.shard, "input_index": rec.index,
+                                     "source": cleaned[0], "reference": cleaned[1]}))
+        if len(pairs) > DRY_RUN_SAMPLE:
+            break
+    if len(pairs) < 2:
+        return 0.0, 0
+    generate_unit(pairs[:1], steps, cfg.batch_pairs, "dry-run")              # warm-up: first calls are slow
+    start = time.perf_counter()
+    generate_unit(pairs[1:], steps, cfg.batch_pairs, "dry-run")
+    return (len(pairs) - 1) / max(time.perf_counter() - start, 1e-9), len(pairs) - 1
+
+
+def dry_run(opts, decode, per_shard: dict, exact: bool, reuse: Reuse, cfg, models: dict, device, precision,
+            threads, workers: int | None, file_target, src_column, tgt_column, cleaning) -> dict:
+    """Print what the run would do and cost, write nothing; its plan as a dict."""
+    from common.shards import shard_size
+
+    layout = plan_units(per_shard, opts.unit_pairs) if per_shard else {}
+    units = sum(n for _first, n in layout.values())
+    groups = sum(min(n, cfg.num_output_shards) for _first, n in layout.values())
+    records = sum(per_shard.values())
+    size = sum(shard_size(s) for s in decode)
+    rows_bound = records * (cfg.keep if cfg.mode == "sample" or cfg.nbest > 1 else 1)
+    files = max(groups, -(-rows_bound // file_target.rows)) if records else 0
+    if opts.rate is not None:
+        rate, timed = opts.rate, 0
+    elif decode:
+        rate, timed = measure_rate(decode[0], cfg, models, device, precision, threads, src_column, tgt_column,
+                                   cleaning, opts.max_line_chars)
+    else:
+        rate, timed = 0.0, 0
+    processes = workers or 1
+    seconds = records / (rate * processes) if rate else None
+    lines = [f"dry run: nothing written to {opts.output}",
+             f"  input shards to decode: {len(decode)} ({'' if exact else '~'}{records:,} records, {size:,} bytes)"
+             + (f"; {len(reuse.reused)} reused from run {reuse.previous_run_id}, {len(reuse.removed)} removed"
+                if reuse.previous else ""),
+             f"  work units: {units:,} of about {opts.unit_pairs} records, in {groups:,} groups (input shard x "
+             f"output partition)",
+             f"  files the run would publish: about {files:,} per table (paraphrases, rejects, dedup), each at most "
+             f"{file_target.rows:,} rows or {file_target.megabytes:g} MB; {3 * units:,} unit files before compaction",
+             f"  decoding rate: {rate:.2f} pairs/s per worker" + (f" (measured on {timed} pairs of "
+                                                                   f"{decode[0].name} on this machine)" if timed else
+                                                                   " (--rate)" if opts.rate is not None else ""),
+             "  estimated decoding time: " + (f"{_duration(seconds)} with {processes} worker process(es)"
+                                              if seconds is not None else "unknown")]
+    print("\n".join(lines), flush=True)
+    return {"dry_run": True, "shards": len(decode), "records": records, "exact": exact, "bytes": size, "units": units,
+            "groups": groups, "files_per_table": files, "unit_files": 3 * units, "rate": rate,
+            "estimated_seconds": seconds, "reused_shards": sorted(reuse.reused), "removed_shards": reuse.removed}
+
+
+def _duration(seconds: float) -> str:
+    from transforms.progress import format_seconds
+
+    return format_seconds(seconds)
 
 
 def _inputs(run_id: str, output: str, reads: list[dict], decoded: dict, reuse: Reuse) -> tuple[dict, dict]:

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "'deploy/run_dataflow.sh' (default: in this process)")
     ap.add_argument("--filter_cmd", default="",
                     help="the same for the filter job (default: in this process)")
+    ap.add_argument("--dry_run", action="store_true",
+                    help="print what the refresh would re-decode (the generation job's --dry_run against the run "
+                         "latest names) and exit without writing anything, not even a log")
     ap.add_argument("job_args", nargs=argparse.REMAINDER,
                     help="after --: the generation job's options, without --output and --previous")
     return ap
@@ -240,6 +243,13 @@ def run(argv=None) -> dict:
 
         check_args(filter_args, _option_value(job_args, "--forward_model"))
     root = storage.absolute(a.root.rstrip("/"))
+    if a.dry_run:
+        from beam_pipelines.generate import run as generate
+
+        previous = latest_run(root) if storage.isdir(root) else None
+        print(f"refresh dry run: previous run {previous or 'none'}", flush=True)
+        return generate([*job_args, "--output", storage.join(root, "runs", "dry-run"), "--dry_run"]
+                        + (["--previous", previous] if previous else []))
     storage.makedirs(root)
     run_id = new_run_id()
     with Claim(root, run_id, name=LOCK):

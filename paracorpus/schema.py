@@ -215,6 +215,10 @@ FILTER_MANIFEST_KEYS = ("contract_version", "run_id", "input", "input_run_id", "
 READ_RECORD_KEYS = ("input_shard", "kind", "paths", "records_read", "sha256", "bytes")
 UNIT_RECORD_KEYS = ("unit", "input_shard", "shard", "attempt", "files", "counts", "counters", "worker", "seconds")
 UNIT_COUNT_KEYS = ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected", "rejected_by_reason")
+# ... and one per group (an input shard's units in one output partition) once its unit files were
+# compacted into files sized for readers (paracorpus/compaction.py): what the driver summarizes.
+GROUP_RECORD_KEYS = ("input_shard", "shard", "units", "files", "counts", "counters", "per_worker",
+                     "decoding_seconds_per_worker", "reused_units", "unit_files", "compaction_seconds")
 
 
 def check_manifest(manifest: dict, keys=MANIFEST_KEYS, what: str = "manifest") -> dict:

@@ -183,10 +183,10 @@ def finished_units(work: str) -> set[int]:
             if name.startswith("u") and name.endswith(".json")}
 
 
-def _shard_counts(unit_records: list[dict]) -> dict:
+def _shard_counts(group_records: list[dict]) -> dict:
     reasons: Counter = Counter()
     out = {"pairs_with_paraphrases": 0, "paraphrase_rows": 0, "rejected": 0}
-    for rec in unit_records:
+    for rec in group_records:
         for key in out:
             out[key] += rec["counts"][key]
         reasons.update(rec["counts"]["rejected_by_reason"])
@@ -194,21 +194,26 @@ def _shard_counts(unit_records: list[dict]) -> dict:
     return out
 
 
-def summarize_run(unit_records: list[dict], read_records: list[dict]) -> tuple[dict, dict, dict, dict]:
-    """(counts, files, units, per shard) of a run from its units' completion records and its
-    shards' read records: the reconciliation (records read = pairs with paraphrases + rejected),
-    the files the manifest lists, which worker decoded how many units, and per input shard its
-    records read, counts and files (what a later incremental run reuses)."""
+def summarize_run(group_records: list[dict], read_records: list[dict]) -> tuple[dict, dict, dict, dict]:
+    """(counts, files, units, per shard) of a run from its groups' records (paracorpus/compaction.py:
+    each input shard's units in one output partition, compacted) and its shards' read records:
+    the reconciliation (records read = pairs with paraphrases + rejected), the files the manifest
+    lists, which worker decoded how many units and how long compaction took, and per input shard
+    its records read, counts and files (what a later incremental run reuses). Its size grows with
+    the groups, not the units."""
     per_worker: Counter = Counter()
     busy: Counter = Counter()
     by_shard: dict[str, list] = {}
-    reused = 0
-    for rec in sorted(unit_records, key=lambda r: r["unit"]):
+    reused = written = unit_files = 0
+    compaction = 0.0
+    for rec in sorted(group_records, key=lambda r: (r["input_shard"], r["shard"])):
         by_shard.setdefault(rec["input_shard"], []).append(rec)
-        per_worker[rec["worker"]] += 1
-        if not rec.get("reused"):
-            busy[rec["worker"]] += rec["seconds"]
-        reused += bool(rec.get("reused"))
+        per_worker.update(rec["per_worker"])
+        busy.update(rec["decoding_seconds_per_worker"])
+        reused += rec["reused_units"]
+        written += len(rec["units"])
+        unit_files += rec["unit_files"]
+        compaction += rec["compaction_seconds"]
     shards = {}
     for read in read_records:
         recs = by_shard.get(read["input_shard"], [])
@@ -217,9 +222,11 @@ def summarize_run(unit_records: list[dict], read_records: list[dict]) -> tuple[d
                                        "files": files}
     counts = totals(shards)
     files = {t: [e for s in shards.values() for e in s["files"][t]] for t in ("paraphrases", "rejects", "dedup")}
-    units = {"written": len(unit_records), "reused_from_earlier_attempt": reused,
+    units = {"written": written, "reused_from_earlier_attempt": reused,
              "per_worker": dict(sorted(per_worker.items())),
-             "decoding_seconds_per_worker": {w: round(s, 1) for w, s in sorted(busy.items())}}
+             "decoding_seconds_per_worker": {w: round(s, 1) for w, s in sorted(busy.items())},
+             "unit_files": unit_files, "published_files": sum(len(v) for v in files.values()),
+             "compaction_seconds": round(compaction, 2)}
     return counts, files, units, shards
 
 

@@ -38,7 +38,7 @@ KEY_DOCS = {
         "files": "per table (`paraphrases`, `rejects`, `dedup`): the files of the run, each "
                  "`{path, rows, bytes, input_shard}`, plus `root` for a file an earlier run wrote and this one "
                  "reuses",
-        "units": "work units planned, written and reused, units and decoding seconds per worker",
+        "units": "work units planned, written and reused, units and decoding seconds per worker; unit files written, files published after compaction, compaction seconds",
         "versions": "versions of Python, paragen, Beam, torch, fairseq, sentencepiece and pyarrow",
         "command": "the command line",
         "finished_at": "when the run finished (UTC, ISO 8601)",
@@ -77,6 +77,19 @@ KEY_DOCS = {
         "worker": "`host:pid` of the worker that decoded it",
         "seconds": "decoding time",
     },
+    "group record": {
+        "input_shard": "the input shard of the group's units",
+        "shard": "the output partition they wrote into",
+        "units": "the group's unit numbers, in order",
+        "files": "the group's files per table after compaction, as in the manifest",
+        "counts": "the sums of its units' counts",
+        "counters": "the sums of its units' Beam counters",
+        "per_worker": "units per `host:pid` of the worker that decoded them",
+        "decoding_seconds_per_worker": "decoding time per worker (units decoded by this attempt)",
+        "reused_units": "units an earlier attempt finished (`--resume`)",
+        "unit_files": "the unit files compaction read",
+        "compaction_seconds": "time spent rewriting them",
+    },
     "unit counts": {
         "records": "records of the unit",
         "pairs_with_paraphrases": "pairs that got at least one paraphrase",
@@ -88,7 +101,7 @@ KEY_DOCS = {
 
 KEY_LISTS = {"manifest": schema.MANIFEST_KEYS, "filter manifest": schema.FILTER_MANIFEST_KEYS,
              "read record": schema.READ_RECORD_KEYS, "unit record": schema.UNIT_RECORD_KEYS,
-             "unit counts": schema.UNIT_COUNT_KEYS}
+             "unit counts": schema.UNIT_COUNT_KEYS, "group record": schema.GROUP_RECORD_KEYS}
 
 
 def key_table(what: str) -> str:
@@ -117,10 +130,10 @@ def reasons_table() -> str:
 
 
 def layout() -> str:
-    part = f"{schema.partition_dir('cs-en', 1)}/part-u000042-3f9a1c2e.parquet"
-    lines = [(f"OUT/{schema.PARAPHRASES.name}/{part}", "paraphrase rows of work unit 42"),
-             (f"OUT/{schema.REJECTS.name}/{part}", "its rejected input records"),
-             (f"OUT/{schema.DEDUP.name}/{part}", "dedup keys of the pairs it decoded"),
+    part = f"{schema.partition_dir('cs-en', 1)}/part-s7641412d41c6-1e7c1389-000.parquet"
+    lines = [(f"OUT/{schema.PARAPHRASES.name}/{part}", "paraphrase rows of one input shard's units in partition 1"),
+             (f"OUT/{schema.REJECTS.name}/{part}", "their rejected input records"),
+             (f"OUT/{schema.DEDUP.name}/{part}", "dedup keys of the pairs they decoded"),
              (f"OUT/{schema.MANIFEST}", "written last: lists every file of the run"),
              ("OUT/_work/<run id>/", "bookkeeping of a run in progress (removed when it commits)")]
     width = max(len(path) for path, _ in lines) + 3
@@ -148,9 +161,14 @@ Names used here (source, reference, input shard, output partition, work unit) ar
 `cs-en/00001` is an output partition: the language pair, then the partition number
 (`--num_output_shards` of them per language pair). Directory names are not `key=value` on
 purpose: readers that infer Hive partitions from such names (pandas, polars, Spark) would add the
-partition columns a second time with another type, and these columns are in the files already. A
-file name holds the work unit and the attempt that wrote it, so no two attempts write the same
-name.
+partition columns a second time with another type, and these columns are in the files already.
+
+Work units write their own files (`part-u<unit>-<attempt>.parquet`); before the run is published,
+each input shard's unit files in a partition are rewritten into files of at most `--file_rows`
+rows (1,000,000) or `--file_mb` MB (128), `part-s<group>-<attempt>-<n>.parquet`, and a group of
+one unit keeps its unit's file. So a table has a few files per input shard and partition, however
+small the units. A file name holds the attempt that wrote it, so no two attempts write the same
+name, and every file holds the rows of one input shard (its `input_shard` in the manifest).
 
 ## Reading a run
 
@@ -288,9 +306,12 @@ size, seconds, rows/s and the counters.
 
 ## Bookkeeping records (`OUT/_work/<run id>/`)
 
-A run in progress keeps one read record per input shard (`read/<shard>.json`) and one completion
-record per finished work unit (`units/u<unit>.json`, what `--resume` reads). They are removed when
-the run commits.
+A run in progress keeps one read record per input shard (`read/<shard>.json`), one completion
+record per finished work unit (`units/u<unit>.json`, what `--resume` reads) and one record per
+compacted group (`groups/<group>.json`: an input shard's units in one output partition, whose files
+were rewritten into files sized for readers; a resumed run keeps the groups it finds). The driver
+reads the group records, not the unit records, so what it holds grows with the groups. They are
+removed when the run commits.
 
 ### Read record
 
@@ -303,6 +324,10 @@ the run commits.
 ### Unit counts
 
 {key_table("unit counts")}
+
+### Group record
+
+{key_table("group record")}
 """
 
 

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 import apache_beam as beam
 
@@ -58,7 +59,6 @@ class Progress:
         self._lock = threading.Lock()
         self._doing: str | None = None           # what the worker is busy with, for the heartbeat
         self._doing_since = 0.0
-        self._heartbeat: threading.Thread | None = None
 
     def inc(self, name: str, n: int = 1) -> None:
         """Add N to the Beam counter NAME and to this worker's running total."""
@@ -84,19 +84,15 @@ class Progress:
             if self._doing is None:
                 self._doing_since = time.monotonic()
             self._doing = what
-        if self._heartbeat is None:
-            self._heartbeat = threading.Thread(target=self._beat, name=f"paragen-progress-{self.stage}", daemon=True)
-            self._heartbeat.start()
+        _watch(self)
 
     def idle(self) -> None:
         with self._lock:
             self._doing = None
 
     def _beat(self) -> None:
-        while True:
-            time.sleep(min(self.every, 1.0))
-            if self._doing is not None and time.monotonic() - self._last >= self.every:
-                self.flush()
+        if self._doing is not None and time.monotonic() - self._last >= self.every:
+            self.flush()
 
     def line(self) -> str:
         with self._lock:
@@ -123,3 +119,29 @@ class Progress:
         self._last = time.monotonic()
         if self._totals or self._doing:
             log.info("%s", self.line())
+
+
+# One heartbeat thread per process for every Progress in it: runners make a DoFn (and its Progress)
+# per bundle or task, and a thread each would pile up over a long run (the Dask workers had 50).
+_WATCHED: "weakref.WeakSet[Progress]" = weakref.WeakSet()
+_HEARTBEAT: threading.Thread | None = None
+_HEARTBEAT_LOCK = threading.Lock()
+
+
+def _watch(progress: Progress) -> None:
+    global _HEARTBEAT
+    with _HEARTBEAT_LOCK:
+        _WATCHED.add(progress)
+        if _HEARTBEAT is None or not _HEARTBEAT.is_alive():
+            _HEARTBEAT = threading.Thread(target=_heartbeat, name="paragen-progress", daemon=True)
+            _HEARTBEAT.start()
+
+
+def _heartbeat() -> None:
+    while True:
+        time.sleep(0.2)
+        with _HEARTBEAT_LOCK:
+            live = list(_WATCHED)
+        for progress in live:
+            progress._beat()
+

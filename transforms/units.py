@@ -11,6 +11,8 @@ import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
 from common import storage
+from common.memory import release_memory
+from paracorpus.compaction import compact_group
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
 from paracorpus.steps import bitext_steps, decoding_steps
@@ -123,8 +125,24 @@ class WriteUnit(beam.DoFn):
 
     def process(self, prediction: PredictionResult):
         unit, (result, seconds) = prediction.example, prediction.inference
-        yield write_unit(self.output, self.work, unit, partition_of_unit(unit, self.layout, self.num_output_shards),
-                         self.lang_pair, result, seconds, input_shard_of(unit, self.layout))
+        record = write_unit(self.output, self.work, unit, partition_of_unit(unit, self.layout, self.num_output_shards),
+                            self.lang_pair, result, seconds, input_shard_of(unit, self.layout))
+        del prediction, result
+        release_memory()              # the unit's buffers go back to the system: flat memory over units
+        yield record
+
+
+class CompactGroup(beam.DoFn):
+    """(group key, its units' completion records) -> the group's record, its unit files rewritten
+    as files sized for readers (paracorpus/compaction.py)."""
+
+    def __init__(self, output: str, work: str, lang_pair: str, target):
+        self.output, self.work, self.lang_pair, self.target = output, work, lang_pair, target
+
+    def process(self, keyed):
+        record = compact_group(self.output, self.work, self.lang_pair, list(keyed[1]), self.target)
+        release_memory()
+        yield record
 
 
 def _unit_batch(unit_elements):
@@ -168,4 +186,5 @@ class DecodeUnits(beam.PTransform):
                                                               self.num_output_shards, self.layout))
 
 
-__all__ = ["UnitTranslatorHandler", "DecodeUnits", "key_by_unit", "reuse_unit", "PAIR", "REJECT", "UNIT"]
+__all__ = ["UnitTranslatorHandler", "DecodeUnits", "CompactGroup", "key_by_unit", "reuse_unit", "PAIR", "REJECT",
+           "UNIT"]

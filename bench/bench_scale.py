@@ -1,0 +1,324 @@
+"""How the generation job's own costs grow with the input, and whether a worker's memory stays
+flat: the figures behind "50 million pairs" (docs/benchmarks.md).
+
+  1. worker memory over hundreds of work units: a plain loop over units (decode, write), with
+     and without the memory release the job does after every unit (common/memory.py), and the
+     job on a Dask cluster (2 worker processes): resident memory after unit 10 vs after the last;
+  2. cost growth: the job (DirectRunner, 2 worker processes) on 2k, 20k and 200k pairs with the
+     tiny test models at beam 1, so that decoding is cheap and the pipeline's own costs show:
+     seconds outside decoding per 1,000 pairs, driver and worker peak RSS, unit files written,
+     files published, manifest bytes, compaction seconds; then each figure extrapolated to 50M.
+
+    python bench/bench_scale.py --work runs/bench-scale [--sizes 2000,20000,200000] [--units 240]
+
+The tiny models (tests/conftest.py's TINY settings) are trained into --work once. Inputs are the
+toy bitext of tests/toydata.py, each pair made unique by a counter word on both sides (the toy
+grammar alone repeats after ~3,400 pairs, and duplicates would be rejected before decoding).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+LETTERS = "bcdfghjklmnpqrstvwxz"
+
+
+def _word(i: int) -> str:
+    out = ""
+    while True:
+        out = LETTERS[i % len(LETTERS)] + out
+        i //= len(LETTERS)
+        if not i:
+            return "q" + out
+
+
+def unique_pairs(n: int, seed: int = 11) -> list[tuple[str, str]]:
+    from tests.toydata import toy_bitext
+
+    base = toy_bitext(min(n, 5000), seed=seed)
+    return [(f"{base[i % len(base)][0][:-2]} {_word(i)} .", f"{base[i % len(base)][1][:-2]} {_word(i)} .")
+            for i in range(n)]
+
+
+def models(work: str) -> str:
+    out = os.path.join(work, "tiny-models")
+    if not os.path.isfile(os.path.join(out, "cs-en", "model.pt")):
+        from models.nmt.train import train_models
+        from tests.conftest import TINY
+        from tests.toydata import toy_bitext
+
+        train_models(toy_bitext(1500, seed=0), out, "cs", "en", **TINY)
+    return out
+
+
+# ------------------------------------------------------------------ 1. memory over units
+def plain_loop(model_dir: str, units: int, per_unit: int, release: bool, workdir: str) -> dict:
+    """Units decoded and written one after another in this process: RSS after each."""
+    import dataclasses
+
+    import psutil
+    import torch
+
+    from common.memory import release_memory
+    from models.nmt.loading import load_engine
+    from paracorpus.cleaning import pair_id
+    from paracorpus.config import PRESETS
+    from paracorpus.paraphrasing import piece_limits
+    from paracorpus.steps import decoding_steps
+    from paracorpus.units import PAIR, generate_unit, write_unit
+
+    torch.set_num_threads(1)
+    fwd = load_engine(os.path.join(model_dir, "cs-en"), device="cpu")
+    bwd = load_engine(os.path.join(model_dir, "en-cs"), device="cpu")
+    cfg = dataclasses.replace(PRESETS["parabank2-cpu"], num_sets=2, num_samples=4, score_threshold=None,
+                              dual_xent_threshold=None)
+    steps = decoding_steps(fwd, bwd, cfg, "bench", piece_limits(fwd, bwd, cfg.max_pieces))
+    pairs = unique_pairs(units * per_unit)
+    rss, proc = [], psutil.Process()
+    for u in range(units):
+        chunk = pairs[u * per_unit:(u + 1) * per_unit]
+        elements = [(PAIR, {"pair_id": pair_id("s.tsv", u * per_unit + i, s, t), "input_shard": "s.tsv",
+                            "input_index": u * per_unit + i, "source": s, "reference": t})
+                    for i, (s, t) in enumerate(chunk)]
+        result = generate_unit(elements, steps, cfg.batch_pairs, "bench")
+        write_unit(workdir, os.path.join(workdir, "_work"), u, 0, "cs-en", result, 0.0, "s.tsv")
+        del result, elements
+        if release:
+            release_memory()
+        rss.append(proc.memory_info().rss / 2**20)
+    return {"units": units, "after_10": rss[9], "last": rss[-1], "peak_after_10": max(rss[9:]),
+            "ratio": rss[-1] / rss[9], "curve": [round(rss[i], 1) for i in (0, 9, 49, 99, 149, 199, units - 1)
+                                                  if i < units]}
+
+
+def _tree_sampler(pid: int, stop: threading.Event, samples: list, every: float = 0.5) -> None:
+    """Sample (time, RSS MB of PID, {child pid: RSS MB}) until STOP."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    while not stop.is_set():
+        try:
+            children = {c.pid: c.memory_info().rss / 2**20 for c in root.children(recursive=True)}
+            samples.append((time.time(), root.memory_info().rss / 2**20, children))
+        except psutil.NoSuchProcess:
+            break
+        stop.wait(every)
+
+
+def _write_input(pairs, folder: str, shards: int) -> str:
+    os.makedirs(folder, exist_ok=True)
+    per = -(-len(pairs) // shards)
+    for k in range(shards):
+        with open(os.path.join(folder, f"part-{k:04d}.tsv"), "w", encoding="utf-8") as f:
+            f.writelines(f"{s}\t{t}\n" for s, t in pairs[k * per:(k + 1) * per])
+    return folder
+
+
+def _job(args: list[str], env: dict | None = None, watch=None) -> tuple[dict, list, float]:
+    """Run paragen-generate ARGS as a process, sampling the RSS of it and its children (and of the
+    processes WATCH() returns); (manifest, samples, seconds)."""
+    stop, samples = threading.Event(), []
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+    threads = [threading.Thread(target=_tree_sampler, args=(proc.pid, stop, samples), daemon=True)]
+    watched: list = []
+    for pid in (watch() if watch else []):
+        watched.append([])
+        threads.append(threading.Thread(target=_tree_sampler, args=(pid, stop, watched[-1]), daemon=True))
+    for t in threads:
+        t.start()
+    _, err = proc.communicate()
+    seconds = time.time() - start
+    stop.set()
+    if proc.returncode:
+        raise SystemExit(f"the job failed ({proc.returncode}):\n{err[-3000:]}")
+    out = args[args.index("--output") + 1]
+    with open(os.path.join(out, "_manifest.json")) as f:
+        manifest = json.load(f)
+    manifest["_bytes"] = os.path.getsize(os.path.join(out, "_manifest.json"))
+    return manifest, (samples, watched), seconds
+
+
+def dask_memory(model_dir: str, units: int, per_unit: int, work: str) -> dict:
+    """The job on a local Dask cluster (2 worker processes, 1 thread each) over UNITS units: each
+    worker's RSS when the run had finished 20 units (10 a worker) and at its end."""
+    import psutil
+
+    sched_file = os.path.join(work, "scheduler.json")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                               "0", "--dashboard-address", ":0", "--scheduler-file", sched_file], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        while not os.path.exists(sched_file):
+            time.sleep(0.2)
+        time.sleep(0.5)
+        address = json.load(open(sched_file))["address"]
+        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                                       "--nworkers", "2", "--no-dashboard", "--host", "127.0.0.1", "--local-directory",
+                                       os.path.join(work, "dask")], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+            pids = list(client.run(os.getpid).values())
+        inp = _write_input(unique_pairs(units * per_unit, seed=13), os.path.join(work, "dask-in"), 1)
+        out = os.path.join(work, "dask-out")
+        subprocess.run(["rm", "-rf", out])
+        stop, per_worker = threading.Event(), {pid: [] for pid in pids}
+        done_units: list = []
+
+        def sample():
+            while not stop.is_set():
+                work_dir = os.path.join(out, "_work")
+                n = sum(len(os.listdir(os.path.join(work_dir, r, "units"))) for r in os.listdir(work_dir)
+                        if os.path.isdir(os.path.join(work_dir, r, "units"))) if os.path.isdir(work_dir) else 0
+                for pid in pids:
+                    try:
+                        per_worker[pid].append((n, psutil.Process(pid).memory_info().rss / 2**20))
+                    except psutil.NoSuchProcess:
+                        pass
+                done_units.append(n)
+                stop.wait(0.3)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        manifest, _, seconds = _job(["--input", inp, "--output", out, "--forward_model", os.path.join(model_dir, "cs-en"),
+                                     "--backward_model", os.path.join(model_dir, "en-cs"), "--num_sets", "2",
+                                     "--num_samples", "4", "--score_threshold", "-1", "--dual_xent_threshold", "-1",
+                                     "--unit_pairs", str(per_unit), "--runner", "DaskRunner", "--dask_client_address",
+                                     address])
+        stop.set()
+        sampler.join()
+        rows = {}
+        for pid, series in per_worker.items():
+            after = [rss for n, rss in series if n >= 20]
+            at_20 = after[0] if after else None
+            curve = [round(next((rss for n, rss in series if n >= k), series[-1][1]), 0)
+                     for k in (20, units // 4, units // 2, 3 * units // 4)] + [round(series[-1][1], 0)]
+            rows[pid] = {"at_20_units": at_20, "last": series[-1][1] if series else None,
+                         "peak_after_20": max(after) if after else None, "curve": curve}
+        return {"units": manifest["units"]["written"], "per_worker": manifest["units"]["per_worker"],
+                "workers": rows, "seconds": seconds}
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+# ------------------------------------------------------------------ 2. cost growth
+def cost(model_dir: str, pairs: int, work: str) -> dict:
+    """The job (DirectRunner, 2 worker processes, beam 1, forward model only) on PAIRS pairs."""
+    folder = os.path.join(work, f"in-{pairs}")
+    if not os.path.isdir(folder):
+        _write_input(unique_pairs(pairs, seed=17), folder, max(1, pairs // 20000))
+    out = os.path.join(work, f"out-{pairs}")
+    subprocess.run(["rm", "-rf", out])
+    manifest, (samples, _), seconds = _job(
+        ["--input", folder, "--output", out, "--forward_model", os.path.join(model_dir, "cs-en"), "--preset", "paranmt",
+         "--beam", "1", "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"])
+    decoding = sum(manifest["units"]["decoding_seconds_per_worker"].values())
+    driver = max((s[1] for s in samples), default=0.0)
+    worker = max((max(s[2].values()) for s in samples if s[2]), default=0.0)
+    files = sum(len(v) for v in manifest["files"].values())
+    return {"pairs": pairs, "seconds": seconds, "decoding_seconds": decoding,
+            "outside_per_1000": (seconds - decoding / 2) / pairs * 1000, "driver_rss_mb": driver,
+            "worker_rss_mb": worker, "units": manifest["units"]["written"], "unit_files": manifest["units"]["unit_files"],
+            "files": files, "manifest_bytes": manifest["_bytes"],
+            "compaction_seconds": manifest["units"]["compaction_seconds"],
+            "shards": len(manifest["inputs"]), "reconciled": manifest["counts"]["reconciled"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", default=os.path.join(ROOT, "runs", "bench-scale"))
+    ap.add_argument("--sizes", default="2000,20000,200000")
+    ap.add_argument("--units", type=int, default=240, help="units of the memory runs (default 240)")
+    ap.add_argument("--unit_pairs", type=int, default=20, help="pairs per unit in the memory runs (default 20)")
+    ap.add_argument("--parts", default="memory,dask,cost")
+    a = ap.parse_args(argv)
+    os.makedirs(a.work, exist_ok=True)
+    model_dir = models(a.work)
+    parts = a.parts.split(",")
+    print(f"# bench_scale: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores\n", flush=True)
+    if "memory" in parts:
+        print(f"## 1a. A plain loop over {a.units} units of {a.unit_pairs} pairs (parabank2-cpu with 2x4 samples), "
+              "RSS MB\n")
+        print("| memory release after each unit | after unit 10 | after the last | peak after unit 10 | last / unit 10 "
+              "| curve (units 1, 10, 50, 100, 150, 200, last) |\n|---|---|---|---|---|---|")
+        for release in (False, True):
+            r = _fresh("plain_loop", model_dir, a.units, a.unit_pairs, release, os.path.join(a.work, f"loop-{release}"))
+            print(f"| {'yes (the job)' if release else 'no'} | {r['after_10']:.0f} | {r['last']:.0f} | "
+                  f"{r['peak_after_10']:.0f} | {r['ratio']:.3f} | {r['curve']} |", flush=True)
+    if "dask" in parts:
+        r = dask_memory(model_dir, a.units, a.unit_pairs, a.work)
+        print(f"\n## 1b. The job on a Dask cluster, {r['units']} units of {a.unit_pairs} pairs, 2 worker processes "
+              f"({r['per_worker']}), RSS MB\n")
+        print("| worker | when 20 units were done (10 a worker) | at the end | peak after 20 units | end / 20 units | "
+              "curve (run's units 20, 1/4, 1/2, 3/4, end) |\n|---|---|---|---|---|---|")
+        for pid, w in r["workers"].items():
+            ratio = w["last"] / w["at_20_units"] if w["at_20_units"] else float("nan")
+            print(f"| {pid} | {w['at_20_units']:.0f} | {w['last']:.0f} | {w['peak_after_20']:.0f} | {ratio:.3f} | "
+                  f"{w['curve']} |", flush=True)
+    if "cost" in parts:
+        rows = [cost(model_dir, int(n), a.work) for n in a.sizes.split(",")]
+        print("\n## 2. Cost growth: DirectRunner, 2 worker processes, beam 1, forward model only\n")
+        print("| pairs | shards | units | seconds | decoding s (sum) | outside decoding s / 1,000 pairs | driver RSS MB | "
+              "worker RSS MB | unit files | published files | manifest bytes | compaction s |")
+        print("|" + "---|" * 12)
+        for r in rows:
+            print(f"| {r['pairs']:,} | {r['shards']} | {r['units']} | {r['seconds']:.1f} | {r['decoding_seconds']:.1f} | "
+                  f"{r['outside_per_1000']:.2f} | {r['driver_rss_mb']:.0f} | {r['worker_rss_mb']:.0f} | "
+                  f"{r['unit_files']:,} | {r['files']} | {r['manifest_bytes']:,} | {r['compaction_seconds']:.1f} |",
+                  flush=True)
+        big = rows[-1]
+        scale = 50_000_000 / big["pairs"]
+        shards_50m = 50_000_000 // 20000
+        print(f"\nExtrapolated to 50M pairs (from the {big['pairs']:,}-pair row; inputs in shards of 20,000 pairs, "
+              f"{shards_50m:,} shards):\n")
+        print("| figure | formula | at 50M |\n|---|---|---|")
+        print(f"| outside decoding | {big['outside_per_1000']:.2f} s per 1,000 pairs x 50,000 / workers | "
+              f"{big['outside_per_1000'] * 50_000 / 3600:.1f} worker-hours |")
+        print(f"| unit files written (then compacted) | {big['unit_files'] / big['pairs'] * 1000:.2f} per 1,000 pairs | "
+              f"{big['unit_files'] * scale:,.0f} |")
+        per_shard = big["files"] / max(big["shards"], 1)
+        print(f"| published files | {per_shard:.1f} per input shard (3 tables x partitions, each under --file_rows) | "
+              f"{per_shard * shards_50m:,.0f} |")
+        print(f"| manifest | {big['manifest_bytes'] / max(big['shards'], 1):,.0f} bytes per input shard | "
+              f"{big['manifest_bytes'] / max(big['shards'], 1) * shards_50m / 2**20:,.1f} MB |")
+        print(f"| compaction | {big['compaction_seconds'] / big['pairs'] * 1000:.3f} s per 1,000 pairs | "
+              f"{big['compaction_seconds'] * scale / 3600:.1f} worker-hours |")
+        print(f"| driver RSS | {rows[0]['driver_rss_mb']:.0f} -> {big['driver_rss_mb']:.0f} MB from "
+              f"{rows[0]['pairs']:,} to {big['pairs']:,} pairs | see text |")
+    return 0
+
+
+def _fresh(function: str, *args) -> dict:
+    code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); "
+            f"import bench_scale as b; print('RESULT', json.dumps(b.{function}(*json.loads(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"{function} failed:\n{done.stderr[-3000:]}")
+    return json.loads(line[7:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Giving a worker's freed memory back to the system between work units.
+
+A worker decodes hundreds of units. Each allocates and frees many short-lived buffers (tensors of
+varying shapes, token lists, Arrow tables); glibc's allocator keeps the freed pages in its heaps,
+fragmented, and the process's resident memory grows with every unit until it plateaus far above
+what it uses (measured: 1,078 -> 1,264 MB over 300 units of a plain loop; with a trim after each
+unit, 940 -> 955 MB). ``malloc_trim(0)`` returns those pages; it costs a few milliseconds per unit.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import sys
+
+_TRIM = None
+
+
+def _malloc_trim():
+    global _TRIM
+    if _TRIM is None:
+        _TRIM = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                _TRIM = libc.malloc_trim if hasattr(libc, "malloc_trim") else False
+            except OSError:
+                _TRIM = False
+    return _TRIM
+
+
+def release_memory() -> bool:
+    """Collect garbage and hand freed heap pages back to the system (glibc's malloc_trim; a
+    no-op elsewhere). True when the trim ran."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim:
+        trim(0)
+        return True
+    return False
