@@ -96,7 +96,8 @@ class DaskCluster:
 
     def __enter__(self):
         sched = os.path.join(self.tmp, f"scheduler-{time.time_ns()}.json")
-        env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1",
+               "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}      # as deploy/run_dask.sh starts them
         self.procs.append(subprocess.Popen([PY, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                             "--port", "0", "--dashboard-address", ":0", "--scheduler-file", sched],
                                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

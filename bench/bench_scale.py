@@ -151,13 +151,16 @@ def _job(args: list[str], env: dict | None = None, watch=None) -> tuple[dict, li
     return manifest, (samples, watched), seconds
 
 
-def dask_memory(model_dir: str, units: int, per_unit: int, work: str) -> dict:
+def dask_memory(model_dir: str, units: int, per_unit: int, work: str, profiler: bool = False) -> dict:
     """The job on a local Dask cluster (2 worker processes, 1 thread each) over UNITS units: each
-    worker's RSS when the run had finished 20 units (10 a worker) and at its end."""
+    worker's RSS when the run had finished 20 units (10 a worker) and at its end. PROFILER: leave
+    Dask's statistical profiler on in the workers (its default; deploy/run_dask.sh turns it off)."""
     import psutil
 
     sched_file = os.path.join(work, "scheduler.json")
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    if os.path.exists(sched_file):
+        os.remove(sched_file)
+    env = {**os.environ, "PYTHONPATH": ROOT, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": str(profiler)}
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                                "0", "--dashboard-address", ":0", "--scheduler-file", sched_file], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
@@ -204,12 +207,11 @@ def dask_memory(model_dir: str, units: int, per_unit: int, work: str) -> dict:
         sampler.join()
         rows = {}
         for pid, series in per_worker.items():
-            after = [rss for n, rss in series if n >= 20]
-            at_20 = after[0] if after else None
-            curve = [round(next((rss for n, rss in series if n >= k), series[-1][1]), 0)
-                     for k in (20, units // 4, units // 2, 3 * units // 4)] + [round(series[-1][1], 0)]
-            rows[pid] = {"at_20_units": at_20, "last": series[-1][1] if series else None,
-                         "peak_after_20": max(after) if after else None, "curve": curve}
+            def high_water(k):          # the worker's peak RSS until the run had finished K units
+                return max((rss for n, rss in series if n <= k), default=None)
+            rows[pid] = {"peak_at_20": high_water(20), "peak_at_last_unit": high_water(units),
+                         "peak_at_end": max(rss for _, rss in series),
+                         "curve": [round(high_water(k) or 0) for k in (20, units // 4, units // 2, 3 * units // 4, units)]}
         return {"units": manifest["units"]["written"], "per_worker": manifest["units"]["per_worker"],
                 "workers": rows, "seconds": seconds}
     finally:
@@ -250,7 +252,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=os.path.join(ROOT, "runs", "bench-scale"))
     ap.add_argument("--sizes", default="2000,20000,200000")
     ap.add_argument("--units", type=int, default=240, help="units of the memory runs (default 240)")
-    ap.add_argument("--unit_pairs", type=int, default=20, help="pairs per unit in the memory runs (default 20)")
+    ap.add_argument("--unit_pairs", type=int, default=50, help="pairs per unit in the memory runs (default 50)")
     ap.add_argument("--parts", default="memory,dask,cost")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
@@ -267,15 +269,17 @@ def main(argv=None) -> int:
             print(f"| {'yes (the job)' if release else 'no'} | {r['after_10']:.0f} | {r['last']:.0f} | "
                   f"{r['peak_after_10']:.0f} | {r['ratio']:.3f} | {r['curve']} |", flush=True)
     if "dask" in parts:
-        r = dask_memory(model_dir, a.units, a.unit_pairs, a.work)
-        print(f"\n## 1b. The job on a Dask cluster, {r['units']} units of {a.unit_pairs} pairs, 2 worker processes "
-              f"({r['per_worker']}), RSS MB\n")
-        print("| worker | when 20 units were done (10 a worker) | at the end | peak after 20 units | end / 20 units | "
-              "curve (run's units 20, 1/4, 1/2, 3/4, end) |\n|---|---|---|---|---|---|")
-        for pid, w in r["workers"].items():
-            ratio = w["last"] / w["at_20_units"] if w["at_20_units"] else float("nan")
-            print(f"| {pid} | {w['at_20_units']:.0f} | {w['last']:.0f} | {w['peak_after_20']:.0f} | {ratio:.3f} | "
-                  f"{w['curve']} |", flush=True)
+        for profiler in (False, True):
+            r = dask_memory(model_dir, a.units, a.unit_pairs, a.work, profiler)
+            print(f"\n## 1b. The job on a Dask cluster, {r['units']} units of {a.unit_pairs} pairs, 2 worker processes "
+                  f"({r['per_worker']}), Dask's profiler {'on (its default)' if profiler else 'off'}, RSS MB\n")
+            print("| worker | peak until 20 units were done (10 a worker) | peak until the last unit was done | "
+                  "ratio | peak with compaction (end of the job) | peak RSS curve (until units 20, 1/4, 1/2, 3/4, all) |"
+                  "\n|---|---|---|---|---|---|")
+            for i, w in enumerate(r["workers"].values()):
+                ratio = w["peak_at_last_unit"] / w["peak_at_20"]
+                print(f"| {i + 1} | {w['peak_at_20']:.0f} | {w['peak_at_last_unit']:.0f} | {ratio:.3f} | "
+                      f"{w['peak_at_end']:.0f} | {w['curve']} |", flush=True)
     if "cost" in parts:
         rows = [cost(model_dir, int(n), a.work) for n in a.sizes.split(",")]
         print("\n## 2. Cost growth: DirectRunner, 2 worker processes, beam 1, forward model only\n")

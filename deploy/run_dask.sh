@@ -8,7 +8,9 @@ usage: DASK_SCHEDULER=tcp://host:8786 deploy/run_dask.sh JOB_ARGS...
 
 JOB=generate (default) or JOB=filter picks the job. Workers need the project installed
 (scripts/bootstrap.sh) and the same paths for inputs, models and output. On each worker machine:
-  dask worker tcp://SCHEDULER:8786 --nthreads 1 --nworkers N
+  DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False dask worker tcp://SCHEDULER:8786 --nthreads 1 --nworkers N
+(Dask's statistical profiler keeps a call tree a second for the last 1,000 seconds: on a decoding
+worker that is over 100 MB that the job does not need.)
 Dask starts workers with OMP_NUM_THREADS=1, so each decodes on one core: use N = cores, or pass
 the job's --torch_threads (cores / N) to give each worker its share.
 USAGE
@@ -28,6 +30,7 @@ if [ "${1:-}" = "--local" ]; then
       --dashboard-address :0 >"$tmp/scheduler.log" 2>&1 & pids+=($!)
   for _ in $(seq 100); do [ -s "$tmp/s.json" ] && break; sleep 0.2; done
   DASK_SCHEDULER=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['address'])" "$tmp/s.json")
+  DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False \
   "$PY" -m distributed.cli.dask_worker "$DASK_SCHEDULER" --nworkers "$n" --nthreads 1 --no-dashboard \
       >"$tmp/workers.log" 2>&1 & pids+=($!)
 fi

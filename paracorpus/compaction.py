@@ -65,16 +65,27 @@ def group_record_path(work: str, input_shard: str, partition: int) -> str:
     return storage.join(work, "groups", f"{group_name(input_shard, partition)}.json")
 
 
+ROW_GROUP_ROWS = 131_072         # rows per Parquet row group in a compacted file
+
+
 class _FileSeries:
     """Writes NAME_OF(n).parquet files one after another under OUTPUT, each whole or not at all
-    (common.storage.open_output), and remembers their manifest entries."""
+    (common.storage.open_output), and remembers their manifest entries. Units' small tables are
+    held until they make a row group of ROW_GROUP_ROWS rows: readers split work and read
+    statistics per row group, and a unit's few thousand rows would make thousands of them."""
 
-    def __init__(self, output: str, name_of):
-        self.output, self.name_of = output, name_of
+    def __init__(self, output: str, name_of, row_group_rows: int = ROW_GROUP_ROWS):
+        self.output, self.name_of, self.row_group_rows = output, name_of, row_group_rows
         self.entries: list[dict] = []
         self._stack = None
         self._writer = None
+        self._pending: list = []
+        self._pending_rows = 0
         self.rows = 0
+
+    @property
+    def open(self) -> bool:
+        return self._writer is not None
 
     def write(self, table) -> None:
         import contextlib
@@ -87,11 +98,22 @@ class _FileSeries:
             sink = self._stack.enter_context(storage.open_output(storage.join(self.output, self._name)))
             self._writer = pq.ParquetWriter(sink, table.schema, compression="zstd")
             self.rows = 0
-        self._writer.write_table(table)
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
         self.rows += table.num_rows
+        if self._pending_rows >= self.row_group_rows:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        import pyarrow as pa
+
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending), row_group_size=self.row_group_rows)
+        self._pending, self._pending_rows = [], 0
 
     def close(self) -> None:
         if self._writer is not None:
+            self._write_pending()
             self._writer.close()
             self._stack.close()                   # the file appears whole here
             self.entries.append({"path": self._name, "rows": self.rows,
@@ -101,14 +123,14 @@ class _FileSeries:
 
 def _rewrite(output: str, entries: list[dict], directory: str, prefix: str, target: FileTarget) -> list[dict]:
     """The unit files ENTRIES as files of about TARGET under OUTPUT/DIRECTORY, named
-    PREFIX-NNN.parquet; their manifest entries. One unit's table in memory at a time."""
+    PREFIX-NNN.parquet; their manifest entries. At most a row group's rows in memory at a time."""
     per_file = target.rows_per_file(sum(e["rows"] for e in entries), sum(e["bytes"] for e in entries))
     files = _FileSeries(output, lambda n: f"{directory}/{prefix}-{n:03d}.parquet")
     for entry in entries:
         data = storage.parquet_file(storage.join(output, entry["path"])).read()
         offset = 0
         while offset < data.num_rows:
-            take = min(per_file - files.rows if files._writer is not None else per_file, data.num_rows - offset)
+            take = min(per_file - files.rows if files.open else per_file, data.num_rows - offset)
             files.write(data.slice(offset, take))
             offset += take
             if files.rows >= per_file:

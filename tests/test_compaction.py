@@ -43,6 +43,8 @@ def test_a_group_is_rewritten_into_files_of_the_target_size_in_unit_order(tmp_pa
     got = pa.concat_tables(pq.read_table(os.path.join(out, f["path"])) for f in files).column("pair_id").to_pylist()
     want = [f"u{u}r{i}" for u, rows in ((2, 7), (5, 4), (9, 3)) for i in range(rows)]     # units in order
     assert got == want
+    # rows of several units make one row group, not one each
+    assert [pq.ParquetFile(os.path.join(out, f["path"])).metadata.num_row_groups for f in files] == [1, 1, 1]
     assert record["units"] == [2, 5, 9] and record["counts"]["paraphrase_rows"] == 14
     assert record["per_worker"] == {"w1": 3} and record["unit_files"] == 3
     assert os.path.isfile(group_record_path(work, "a.tsv", 3))

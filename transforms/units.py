@@ -9,6 +9,7 @@ import time
 
 import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
+from apache_beam.utils.shared import Shared
 
 from common import storage
 from common.memory import release_memory
@@ -103,16 +104,22 @@ class UnitTranslatorHandler(ModelHandler):
 
 
 class _PlainInference(beam.DoFn):
-    """The same handler in a plain ParDo, for runners that do not run RunInference (Dask)."""
+    """The same handler in a plain ParDo, for runners that do not run RunInference (Dask), each
+    unit written as soon as it is decoded. Dask's runner makes a DoFn per partition and collects a
+    partition's outputs in a list before the next step sees them, so a separate write step would
+    hold every decoded unit of the partition at once, and a model loaded in setup() would be loaded
+    again for every partition; Shared keeps one loaded model per worker process."""
 
-    def __init__(self, handler: UnitTranslatorHandler):
-        self.handler = handler
+    def __init__(self, handler: UnitTranslatorHandler, writer: "WriteUnit"):
+        self.handler, self.writer = handler, writer
+        self._shared = Shared()
 
     def setup(self):
-        self.model = self.handler.load_model()
+        self.model = self._shared.acquire(self.handler.load_model)
 
     def process(self, batch):
-        yield from self.handler.run_inference(batch, self.model)
+        for prediction in self.handler.run_inference(batch, self.model):
+            yield self.writer.write(prediction)
 
 
 class WriteUnit(beam.DoFn):
@@ -123,13 +130,16 @@ class WriteUnit(beam.DoFn):
         self.output, self.work, self.lang_pair, self.num_output_shards = output, work, lang_pair, num_output_shards
         self.layout = layout
 
-    def process(self, prediction: PredictionResult):
+    def write(self, prediction: PredictionResult) -> dict:
         unit, (result, seconds) = prediction.example, prediction.inference
         record = write_unit(self.output, self.work, unit, partition_of_unit(unit, self.layout, self.num_output_shards),
                             self.lang_pair, result, seconds, input_shard_of(unit, self.layout))
         del prediction, result
         release_memory()              # the unit's buffers go back to the system: flat memory over units
-        yield record
+        return record
+
+    def process(self, prediction: PredictionResult):
+        yield self.write(prediction)
 
 
 class CompactGroup(beam.DoFn):
@@ -180,10 +190,10 @@ class DecodeUnits(beam.PTransform):
 
     def expand(self, units):
         batches = units | "OneUnitPerBatch" >> beam.FlatMap(_unit_batch)
-        decoded = (batches | "RunInference" >> RunInference(self.handler) if self.use_run_inference
-                   else batches | "Decode" >> beam.ParDo(_PlainInference(self.handler)))
-        return decoded | "WriteUnit" >> beam.ParDo(WriteUnit(self.output, self.work, self.lang_pair,
-                                                              self.num_output_shards, self.layout))
+        writer = WriteUnit(self.output, self.work, self.lang_pair, self.num_output_shards, self.layout)
+        if not self.use_run_inference:
+            return batches | "DecodeAndWrite" >> beam.ParDo(_PlainInference(self.handler, writer))
+        return batches | "RunInference" >> RunInference(self.handler) | "WriteUnit" >> beam.ParDo(writer)
 
 
 __all__ = ["UnitTranslatorHandler", "DecodeUnits", "CompactGroup", "key_by_unit", "reuse_unit", "PAIR", "REJECT",
