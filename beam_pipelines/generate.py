@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -439,6 +440,9 @@ def run(argv=None) -> dict:
         file_target = FileTarget(opts.file_rows, opts.file_mb)
     except ValueError as exc:
         raise UsageError(f"--file_rows/--file_mb: {exc}") from None
+    if opts.rate is not None and not (opts.dry_run and math.isfinite(opts.rate) and opts.rate > 0):
+        raise UsageError(f"--rate is a dry run's decoding speed (--dry_run --rate PAIRS_PER_S, > 0), "
+                         f"not {opts.rate}{'' if opts.dry_run else ' without --dry_run'}")
     if opts.max_line_chars < MIN_LINE_CHARS:
         raise UsageError(f"--max_line_chars must be >= {MIN_LINE_CHARS} (the shortest record, 'a<TAB>b'), "
                          f"not {opts.max_line_chars}: a smaller bound rejects every record")

@@ -91,13 +91,14 @@ def timed_job(args: list[str], env: dict | None = None) -> tuple[float, dict, in
 class DaskCluster:
     """A scheduler and N single-threaded worker processes on loopback."""
 
-    def __init__(self, workers: int, tmp: str):
-        self.tmp, self.workers, self.procs = tmp, workers, []
+    def __init__(self, workers: int, tmp: str, profiler: bool = False):
+        self.tmp, self.workers, self.procs, self.profiler = tmp, workers, [], profiler
 
     def __enter__(self):
         sched = os.path.join(self.tmp, f"scheduler-{time.time_ns()}.json")
+        # Dask's profiler off, as deploy/run_dask.sh starts workers (PROFILER: Dask's default, on)
         env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1",
-               "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}      # as deploy/run_dask.sh starts them
+               "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": str(self.profiler)}
         self.procs.append(subprocess.Popen([PY, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                             "--port", "0", "--dashboard-address", ":0", "--scheduler-file", sched],
                                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -113,6 +114,7 @@ class DaskCluster:
 
         with Client(self.address, timeout=60) as client:
             client.wait_for_workers(self.workers, timeout=120)
+            self.pids = list(client.run(os.getpid).values())
         return self
 
     def worker_peak_rss_kib(self) -> int:

@@ -19,12 +19,10 @@ process, one thread (the job runs one thread per worker process), rounds interle
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -125,14 +123,10 @@ def job(forward: str, backward: str, pairs: list, workdir: str) -> dict:
 
 
 def _fresh(function: str, *args) -> dict:
-    code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); "
-            f"import bench_engines as b; print('RESULT', json.dumps(b.{function}(*json.loads(sys.argv[1]))))")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"{function} failed:\n{done.stderr[-3000:]}")
-    return json.loads(line[7:])
+    """FUNCTION(*ARGS) of this module in a fresh process (its own caches, threads and peak memory)."""
+    from fresh_process import in_fresh_process
+
+    return in_fresh_process("bench_engines", function, *args)
 
 
 def main(argv=None) -> int:

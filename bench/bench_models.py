@@ -171,15 +171,10 @@ def _sampling_round(model_dir: str, pairs: list, mode: str) -> dict:
 
 
 def _in_subprocess(function: str, *args) -> dict:
-    """FUNCTION(*ARGS) of this module in a fresh process (its own caches and threads)."""
-    code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); "
-            f"import bench_models as b; print('RESULT', json.dumps(b.{function}(*json.loads(sys.argv[1]))))")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"{function} failed:\n{done.stderr[-3000:]}")
-    return json.loads(line[7:])
+    """FUNCTION(*ARGS) of this module in a fresh process (its own caches, threads and peak memory)."""
+    from fresh_process import in_fresh_process
+
+    return in_fresh_process("bench_models", function, *args)
 
 
 # ------------------------------------------------------------------ 3. fairseq-generate --sampling

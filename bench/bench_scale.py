@@ -3,7 +3,8 @@ flat: the figures behind "50 million pairs" (docs/benchmarks.md).
 
   1. worker memory over hundreds of work units: a plain loop over units (decode, write), with
      and without the memory release the job does after every unit (common/memory.py), and the
-     job on a Dask cluster (2 worker processes): resident memory after unit 10 vs after the last;
+     job on a Dask cluster (2 worker processes), with Dask's profiler off (as deploy/run_dask.sh
+     starts workers) and on (Dask's default): resident memory after unit 10 vs after the last;
   2. cost growth: the job (DirectRunner, 2 worker processes) on 2k, 20k and 200k pairs with the
      tiny test models at beam 1, so that decoding is cheap and the pipeline's own costs show:
      seconds outside decoding per 1,000 pairs, driver and worker peak RSS, unit files written,
@@ -153,36 +154,18 @@ def _job(args: list[str], env: dict | None = None, watch=None) -> tuple[dict, li
 
 def dask_memory(model_dir: str, units: int, per_unit: int, work: str, profiler: bool = False) -> dict:
     """The job on a local Dask cluster (2 worker processes, 1 thread each) over UNITS units: each
-    worker's RSS when the run had finished 20 units (10 a worker) and at its end. PROFILER: leave
+    worker's RSS when the run had finished 20 units (10 a worker) and its last. PROFILER: leave
     Dask's statistical profiler on in the workers (its default; deploy/run_dask.sh turns it off)."""
     import psutil
+    from bench_cluster import DaskCluster
 
-    sched_file = os.path.join(work, "scheduler.json")
-    if os.path.exists(sched_file):
-        os.remove(sched_file)
-    env = {**os.environ, "PYTHONPATH": ROOT, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": str(profiler)}
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
-                               "0", "--dashboard-address", ":0", "--scheduler-file", sched_file], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        while not os.path.exists(sched_file):
-            time.sleep(0.2)
-        time.sleep(0.5)
-        address = json.load(open(sched_file))["address"]
-        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                                       "--nworkers", "2", "--no-dashboard", "--host", "127.0.0.1", "--local-directory",
-                                       os.path.join(work, "dask")], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-        from distributed import Client
-
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=120)
-            pids = list(client.run(os.getpid).values())
+    os.makedirs(os.path.join(work, "dask"), exist_ok=True)
+    with DaskCluster(2, os.path.join(work, "dask"), profiler) as cluster:
+        address, pids = cluster.address, cluster.pids
         inp = _write_input(unique_pairs(units * per_unit, seed=13), os.path.join(work, "dask-in"), 1)
         out = os.path.join(work, "dask-out")
         subprocess.run(["rm", "-rf", out])
         stop, per_worker = threading.Event(), {pid: [] for pid in pids}
-        done_units: list = []
 
         def sample():
             while not stop.is_set():
@@ -194,7 +177,6 @@ def dask_memory(model_dir: str, units: int, per_unit: int, work: str, profiler: 
                         per_worker[pid].append((n, psutil.Process(pid).memory_info().rss / 2**20))
                     except psutil.NoSuchProcess:
                         pass
-                done_units.append(n)
                 stop.wait(0.3)
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -208,20 +190,16 @@ def dask_memory(model_dir: str, units: int, per_unit: int, work: str, profiler: 
         rows = {}
         for pid, series in per_worker.items():
             def high_water(k):          # the worker's peak RSS until the run had finished K units
-                return max((rss for n, rss in series if n <= k), default=None)
-            rows[pid] = {"peak_at_20": high_water(20), "peak_at_last_unit": high_water(units),
+                return max((rss for n, rss in series if n <= k), default=0.0)
+
+            def at(k):                  # its RSS when the run had finished K units
+                return next((rss for n, rss in series if n >= k), series[-1][1])
+            marks = (20, units // 4, units // 2, 3 * units // 4, units)
+            rows[pid] = {"at_20": at(20), "at_last_unit": at(units), "peak_at_20": high_water(20),
                          "peak_at_end": max(rss for _, rss in series),
-                         "curve": [round(high_water(k) or 0) for k in (20, units // 4, units // 2, 3 * units // 4, units)]}
+                         "curve": [round(at(k)) for k in marks], "peaks": [round(high_water(k)) for k in marks]}
         return {"units": manifest["units"]["written"], "per_worker": manifest["units"]["per_worker"],
                 "workers": rows, "seconds": seconds}
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 # ------------------------------------------------------------------ 2. cost growth
@@ -273,13 +251,12 @@ def main(argv=None) -> int:
             r = dask_memory(model_dir, a.units, a.unit_pairs, a.work, profiler)
             print(f"\n## 1b. The job on a Dask cluster, {r['units']} units of {a.unit_pairs} pairs, 2 worker processes "
                   f"({r['per_worker']}), Dask's profiler {'on (its default)' if profiler else 'off'}, RSS MB\n")
-            print("| worker | peak until 20 units were done (10 a worker) | peak until the last unit was done | "
-                  "ratio | peak with compaction (end of the job) | peak RSS curve (until units 20, 1/4, 1/2, 3/4, all) |"
-                  "\n|---|---|---|---|---|---|")
+            print("| worker | RSS when 20 units were done (10 a worker) | when the last unit was done | ratio | "
+                  "RSS curve (units 20, 1/4, 1/2, 3/4, all) | peak until 20 units | peak of the job (with compaction) |"
+                  "\n|---|---|---|---|---|---|---|")
             for i, w in enumerate(r["workers"].values()):
-                ratio = w["peak_at_last_unit"] / w["peak_at_20"]
-                print(f"| {i + 1} | {w['peak_at_20']:.0f} | {w['peak_at_last_unit']:.0f} | {ratio:.3f} | "
-                      f"{w['peak_at_end']:.0f} | {w['curve']} |", flush=True)
+                print(f"| {i + 1} | {w['at_20']:.0f} | {w['at_last_unit']:.0f} | {w['at_last_unit'] / w['at_20']:.3f} | "
+                      f"{w['curve']} | {w['peak_at_20']:.0f} | {w['peak_at_end']:.0f} |", flush=True)
     if "cost" in parts:
         rows = [cost(model_dir, int(n), a.work) for n in a.sizes.split(",")]
         print("\n## 2. Cost growth: DirectRunner, 2 worker processes, beam 1, forward model only\n")
@@ -314,14 +291,10 @@ def main(argv=None) -> int:
 
 
 def _fresh(function: str, *args) -> dict:
-    code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); "
-            f"import bench_scale as b; print('RESULT', json.dumps(b.{function}(*json.loads(sys.argv[1]))))")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"{function} failed:\n{done.stderr[-3000:]}")
-    return json.loads(line[7:])
+    """FUNCTION(*ARGS) of this module in a fresh process (its own caches, threads and peak memory)."""
+    from fresh_process import in_fresh_process
+
+    return in_fresh_process("bench_scale", function, *args)
 
 
 if __name__ == "__main__":

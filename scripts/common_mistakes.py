@@ -101,6 +101,8 @@ CASES = [
          _gen(inp="$WORK/in.tsv,$WORK/nothing-*.tsv")),
     Case("a run's paraphrases/ as --input", "beam_pipelines.generate", _gen(inp="$WORK/gen/paraphrases")),
     Case("--max_line_chars that rejects every record", "beam_pipelines.generate", _gen("--max_line_chars", "0")),
+    Case("a published file size of 0 rows", "beam_pipelines.generate", _gen("--file_rows", "0")),
+    Case("--rate without --dry_run", "beam_pipelines.generate", _gen("--rate", "5")),
     Case("--score_threshold nan", "beam_pipelines.generate", _gen("--score_threshold", "nan")),
     Case("--max_length_ratio below 1", "beam_pipelines.generate", _gen("--max_length_ratio", "-1")),
     Case("--previous that holds no run", "beam_pipelines.generate", _gen("--previous", "$WORK/nope")),

@@ -52,6 +52,10 @@ def _generate_args(tmp_path, *extra):
     (("--max_length_ratio", "-1"), "--max_length_ratio must be >= 1"),
     (("--max_length_ratio", "nan"), "--max_length_ratio must be >= 1"),
     (("--max_tokens", "0"), "--max_tokens must be >= 1"),
+    (("--file_rows", "0"), "--file_rows/--file_mb: file target must be >= 1 row"),
+    (("--file_mb", "nan"), "--file_rows/--file_mb: file target must be >= 1 row and > 0 MB"),
+    (("--dry_run", "--rate", "0"), "--rate is a dry run's decoding speed"),
+    (("--rate", "5"), "without --dry_run"),
 ])
 def test_values_that_would_reject_every_record_are_refused_before_models_load(tmp_path, extra, message):
     from beam_pipelines.generate import run
