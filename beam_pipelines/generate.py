@@ -46,6 +46,7 @@ from paracorpus.units import DEFAULT_UNIT_PAIRS, finished_units, plan_units, sum
 from paracorpus.steps import CleanStep
 from transforms.cleaning import Deduplicate
 from transforms.io import COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged
+from transforms.progress import format_seconds
 from transforms.steps import ApplyStep
 from transforms.units import (PAIR, REJECT, UNIT, CompactGroup, DecodeUnits, UnitTranslatorHandler, key_by_unit,
                               reuse_unit)
@@ -646,22 +647,16 @@ def dry_run(opts, decode, per_shard: dict, exact: bool, reuse: Reuse, cfg, model
              f"  work units: {units:,} of about {opts.unit_pairs} records, in {groups:,} groups (input shard x "
              f"output partition)",
              f"  files the run would publish: about {files:,} per table (paraphrases, rejects, dedup), each at most "
-             f"{file_target.rows:,} rows or {file_target.megabytes:g} MB; {3 * units:,} unit files before compaction",
+             f"{file_target.rows:,} rows or {file_target.megabytes:g} MB; up to {3 * units:,} unit files before compaction",
              f"  decoding rate: {rate:.2f} pairs/s per worker" + (f" (measured on {timed} pairs of "
                                                                    f"{decode[0].name} on this machine)" if timed else
                                                                    " (--rate)" if opts.rate is not None else ""),
-             "  estimated decoding time: " + (f"{_duration(seconds)} with {processes} worker process(es)"
+             "  estimated decoding time: " + (f"{format_seconds(seconds)} with {processes} worker process(es)"
                                               if seconds is not None else "unknown")]
     print("\n".join(lines), flush=True)
     return {"dry_run": True, "shards": len(decode), "records": records, "exact": exact, "bytes": size, "units": units,
             "groups": groups, "files_per_table": files, "unit_files": 3 * units, "rate": rate,
             "estimated_seconds": seconds, "reused_shards": sorted(reuse.reused), "removed_shards": reuse.removed}
-
-
-def _duration(seconds: float) -> str:
-    from transforms.progress import format_seconds
-
-    return format_seconds(seconds)
 
 
 def _inputs(run_id: str, output: str, reads: list[dict], decoded: dict, reuse: Reuse) -> tuple[dict, dict]:
