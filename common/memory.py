@@ -2,9 +2,9 @@
 
 A worker decodes hundreds of units. Each allocates and frees many short-lived buffers (tensors of
 varying shapes, token lists, Arrow tables); glibc's allocator keeps the freed pages in its heaps,
-fragmented, and the process's resident memory grows with every unit until it plateaus far above
-what it uses (measured: 1,078 -> 1,264 MB over 300 units of a plain loop; with a trim after each
-unit, 940 -> 955 MB). ``malloc_trim(0)`` returns those pages; it costs a few milliseconds per unit.
+fragmented, and the process's resident memory grows with every unit, far above what it uses
+(docs/benchmarks.md, "50 million pairs"). ``malloc_trim(0)`` returns those pages; with the
+garbage collection before it, it costs milliseconds per unit.
 """
 from __future__ import annotations
 
