@@ -4,7 +4,7 @@ A worker decodes hundreds of units. Each allocates and frees many short-lived bu
 varying shapes, token lists, Arrow tables); glibc's allocator keeps the freed pages in its heaps,
 fragmented, and the process's resident memory grows with every unit, far above what it uses
 (docs/benchmarks.md, "50 million pairs"). ``malloc_trim(0)`` returns those pages; with the
-garbage collection before it, it costs milliseconds per unit.
+garbage collection before it, it costs tens of milliseconds per unit (decoding one takes minutes).
 """
 from __future__ import annotations
 
