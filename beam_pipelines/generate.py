@@ -653,9 +653,19 @@ def dry_run(opts, decode, per_shard: dict, exact: bool, reuse: Reuse, cfg, model
                                                                    " (--rate)" if opts.rate is not None else ""),
              "  estimated decoding time: " + (f"{format_seconds(seconds)} with {processes} worker process(es)"
                                               if seconds is not None else "unknown")]
+    rows_per_file = rows_bound // files if files else 0
+    if files and rows_per_file < file_target.rows // 10:
+        # each input shard is compacted on its own (a refresh reuses a shard's files), so small
+        # shards make small files: say how large a shard would fill the target
+        per_record = rows_bound / max(records, 1)
+        shard_records = -(-file_target.rows * cfg.num_output_shards // max(int(per_record), 1))
+        lines.append(f"  note: files would hold up to about {rows_per_file:,} rows, under a tenth of --file_rows: "
+                     f"each input shard is compacted on its own; input shards of about {shard_records:,} records "
+                     f"or more give files near the target")
     print("\n".join(lines), flush=True)
     return {"dry_run": True, "shards": len(decode), "records": records, "exact": exact, "bytes": size, "units": units,
-            "groups": groups, "files_per_table": files, "unit_files": 3 * units, "rate": rate,
+            "groups": groups, "files_per_table": files, "rows_per_file": rows_per_file, "unit_files": 3 * units,
+            "rate": rate,
             "estimated_seconds": seconds, "reused_shards": sorted(reuse.reused), "removed_shards": reuse.removed}
 
 

@@ -178,9 +178,11 @@ def test_dry_run_writes_nothing(bitext, tiny_nmt_models, tmp_path, capsys):
     assert plan["dry_run"] and plan["shards"] == 2 and plan["records"] == 48 and plan["units"] == 10
     assert plan["rate"] > 0 and plan["estimated_seconds"] > 0
     assert "files the run would publish" in out and "estimated decoding time" in out
+    assert "note: files would hold up to about" in out and plan["rows_per_file"] < 1000   # 48 records
     assert os.listdir(tmp_path) == []
-    plan = run(_args(bitext, tmp_path / "out", tiny_nmt_models, "--dry_run", "--rate", "2"))
+    plan = run(_args(bitext, tmp_path / "out", tiny_nmt_models, "--dry_run", "--rate", "2", "--file_rows", "50"))
     assert plan["estimated_seconds"] == pytest.approx(24.0)
+    assert "note: files would hold" not in capsys.readouterr().out          # files near a 50-row target
     job = _args(bitext, "x", tiny_nmt_models)
     refreshed = refresh(["--root", str(tmp_path / "root"), "--dry_run", "--", *(job[:2] + job[4:])])
     assert refreshed["dry_run"] and os.listdir(tmp_path) == []
