@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from common import storage
 from paracorpus.commit import attempt_id
 from paracorpus.schema import GROUP_RECORD_KEYS, check_manifest, partition_dir
+from paracorpus.units import sum_counts
 
 TABLES = ("paraphrases", "rejects", "dedup")
 DEFAULT_FILE_ROWS = 1_000_000
@@ -166,12 +167,6 @@ def compact_group(output: str, work: str, lang_pair: str, unit_records: list[dic
                                     f"part-s{group_name(input_shard, partition)}-{attempt}", target)
         for e in files[table]:
             e["input_shard"] = input_shard
-    counts: Counter = Counter()
-    reasons: Counter = Counter()
-    for r in records:
-        for key in ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected"):
-            counts[key] += r["counts"][key]
-        reasons.update(r["counts"]["rejected_by_reason"])
     per_worker: Counter = Counter()
     seconds: Counter = Counter()
     for r in records:
@@ -179,7 +174,7 @@ def compact_group(output: str, work: str, lang_pair: str, unit_records: list[dic
         if not r.get("reused"):
             seconds[r["worker"]] += r["seconds"]
     record = {"input_shard": input_shard, "shard": partition, "units": units, "files": files,
-              "counts": {**counts, "rejected_by_reason": dict(sorted(reasons.items()))},
+              "counts": sum_counts(records, ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected")),
               "counters": dict(sum((Counter(r.get("counters", {})) for r in records), Counter())),
               "per_worker": dict(per_worker), "decoding_seconds_per_worker": {w: round(s, 3) for w, s in seconds.items()},
               "reused_units": sum(1 for r in records if r.get("reused")),

@@ -183,10 +183,12 @@ def finished_units(work: str) -> set[int]:
             if name.startswith("u") and name.endswith(".json")}
 
 
-def _shard_counts(group_records: list[dict]) -> dict:
+def sum_counts(records: list[dict], keys=("pairs_with_paraphrases", "paraphrase_rows", "rejected")) -> dict:
+    """The sums of KEYS and of the reject reasons over the ``counts`` of RECORDS (unit or group
+    records)."""
     reasons: Counter = Counter()
-    out = {"pairs_with_paraphrases": 0, "paraphrase_rows": 0, "rejected": 0}
-    for rec in group_records:
+    out = dict.fromkeys(keys, 0)
+    for rec in records:
         for key in out:
             out[key] += rec["counts"][key]
         reasons.update(rec["counts"]["rejected_by_reason"])
@@ -218,7 +220,7 @@ def summarize_run(group_records: list[dict], read_records: list[dict]) -> tuple[
     for read in read_records:
         recs = by_shard.get(read["input_shard"], [])
         files = {t: [e for r in recs for e in r["files"].get(t, [])] for t in ("paraphrases", "rejects", "dedup")}
-        shards[read["input_shard"]] = {"records_read": read["records_read"], "counts": _shard_counts(recs),
+        shards[read["input_shard"]] = {"records_read": read["records_read"], "counts": sum_counts(recs),
                                        "files": files}
     counts = totals(shards)
     files = {t: [e for s in shards.values() for e in s["files"][t]] for t in ("paraphrases", "rejects", "dedup")}

@@ -48,7 +48,7 @@ from models.nmt.checkpoint import load_state, model_config_of, weights_of
 from models.nmt.model_dir import (COMPUTE_TYPES, FORMAT_IMPORTED, META, MAX_MEMBERS, check_members, ct2_files,
                                   publish_dir, write_meta)
 from models.nmt.tokenization import BPES, TOKENIZERS, check_codes, detect_bpe
-from models.safety import UnsafeModelError, sha256_local
+from models.safety import UnsafeModelError
 
 log = logging.getLogger("paragen.import")
 CODES_NAMES = ("bpecodes", "code", "sentencepiece.bpe.model")      # what fairseq's hub picks up
@@ -281,19 +281,15 @@ def import_model(source: str, src_lang: str, tgt_lang: str, output: str, checkpo
         codes_name = CODES_TARGET.get(tok["bpe"])
         if tok["codes"]:
             shutil.copyfile(tok["codes"], os.path.join(staging, codes_name))
-        files = sorted(os.listdir(staging))
-        meta = {"format": FORMAT_IMPORTED, "engine": "fairseq", "src_lang": src_lang, "tgt_lang": tgt_lang,
-                "members": entries,
-                "tokenization": {"tokenizer": tok["tokenizer"], "bpe": tok["bpe"],
-                                 "codes": codes_name if tok["codes"] else None},
-                "arch": configs[0].arch,
-                "imported_from": {"source": os.path.abspath(source), "checkpoints": names,
-                                  "data": os.path.abspath(data), "codes": os.path.abspath(tok["codes"])
-                                  if tok["codes"] else None,
-                                  "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                "sha256": {name: sha256_local(os.path.join(staging, name)) for name in files}}
-        with open(os.path.join(staging, META), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
+        meta = write_meta(staging, {
+            "format": FORMAT_IMPORTED, "engine": "fairseq", "src_lang": src_lang, "tgt_lang": tgt_lang,
+            "members": entries,
+            "tokenization": {"tokenizer": tok["tokenizer"], "bpe": tok["bpe"],
+                             "codes": codes_name if tok["codes"] else None},
+            "arch": configs[0].arch,
+            "imported_from": {"source": os.path.abspath(source), "checkpoints": names, "data": os.path.abspath(data),
+                              "codes": os.path.abspath(tok["codes"]) if tok["codes"] else None,
+                              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}})
         checked = check_model_dir(staging)               # what the jobs will check, on what was written
         publish_dir(staging, output)
     finally:
