@@ -37,7 +37,9 @@ from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_output_location
 from paracorpus.commit import (Claim, entry_path, file_location, new_run_id, publish, read_manifest, resumable_run,
                                work_dir)
 from paracorpus.incremental import Reuse, plan_reuse
-from paracorpus.compaction import DEFAULT_FILE_MB, DEFAULT_FILE_ROWS, FileTarget, group_key
+from paracorpus.bins import bin_capacity, pack
+from paracorpus.compaction import TABLES as DATA_TABLES
+from paracorpus.compaction import DEFAULT_FILE_MB, DEFAULT_FILE_ROWS, FileTarget, carry_item, group_key
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
 from common.names import check_lang_code, check_run_id
 from paracorpus.schema import CONTRACT_VERSION, MANIFEST, check_manifest
@@ -266,6 +268,8 @@ class Plan:
     layout: dict                 # input shard -> (first unit, number of units): paracorpus.units.plan_units
     lang_pair: str
     config_hash: str
+    bins: dict = dataclasses.field(default_factory=dict)     # input shard -> bin (decoded and carried shards)
+    carries: list = dataclasses.field(default_factory=list)  # (group key, compaction.carry_item): rows to copy
 
     @property
     def work(self) -> str:
@@ -279,7 +283,7 @@ class Plan:
 def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning: CleaningConfig,
           handler: UnitTranslatorHandler, max_line_chars: int, src_column: str, tgt_column: str,
           finished: frozenset = frozenset(), use_run_inference: bool = True,
-          previous_dedup: list[str] | None = None, file_target: FileTarget = FileTarget()) -> None:
+          previous_dedup: list[tuple] | None = None, file_target: FileTarget = FileTarget()) -> None:
     """The pipeline: read -> clean -> dedup -> key every record by work unit -> decode and write each
     unit not in FINISHED -> one summary of the run (WORK/summary.json) for the driver to commit."""
     chash, layout = plan.config_hash, plan.layout
@@ -304,10 +308,14 @@ def build(p: beam.Pipeline, plan: Plan, shards, cfg: GenerationConfig, cleaning:
                                              cfg.num_output_shards, layout, use_run_inference)
     reused = (p | "FinishedUnits" >> beam.Create(sorted(finished))
               | "ReuseUnits" >> beam.Map(reuse_unit, plan.work))
-    # Each input shard's units in one output partition: their files rewritten as files sized for
-    # readers (paracorpus/compaction.py), one group record each.
-    groups = ((written, reused) | "UnitRecords" >> beam.Flatten()
-              | "KeyUnitsByGroup" >> beam.Map(lambda r: (group_key(r), r))
+    # A bin's units, and the rows it carries from the previous run, in one output partition: their
+    # files rewritten as files sized for readers (paracorpus/compaction.py), one group record each.
+    bins = plan.bins
+    units_by_group = ((written, reused) | "UnitRecords" >> beam.Flatten()
+                      | "KeyUnitsByGroup" >> beam.Map(lambda r: (group_key(bins[r["input_shard"]], r["shard"]),
+                                                                 ("unit", r))))
+    carried = p | "CarriedFiles" >> beam.Create([(key, ("carry", item)) for key, item in plan.carries])
+    groups = ((units_by_group, carried) | "UnitsAndCarried" >> beam.Flatten()
               | "GroupUnitsByFile" >> beam.GroupByKey()
               | "Compact" >> beam.ParDo(CompactGroup(plan.output, plan.work, plan.lang_pair, file_target)))
     # One sink that depends on everything: the DaskRunner computes only the graph behind the last
@@ -400,11 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _plan_key(chash: str, shards, unit_pairs: int, previous_run: str | None = None) -> str:
+def _plan_key(chash: str, shards, unit_pairs: int, previous_run: str | None = None, capacity: int = 0) -> str:
     """What must be the same for --resume to continue a run: config, inputs to decode (names and
-    sizes), how records are cut into units, and the run it builds on."""
+    sizes), how records are cut into units, the run it builds on and how shards are binned."""
     inputs = [(s.name, shard_size(s)) for s in shards]
-    return hashlib.sha256(json.dumps([chash, inputs, unit_pairs, previous_run]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([chash, inputs, unit_pairs, previous_run, capacity]).encode()).hexdigest()[:16]
 
 
 def start_run(output: str, plan_key: str, expected: dict, unit_pairs: int, resume: bool,
@@ -494,7 +502,8 @@ def run(argv=None) -> dict:
                               **({"bitext_filter": {"min_similarity": bitext.min_similarity,
                                                     "min_equivalence": bitext.min_equivalence}}
                                  if bitext.enabled else {})})
-    reuse = plan_reuse(opts.previous, shards, chash) if opts.previous else Reuse(decode=list(shards))
+    capacity = bin_capacity(file_target.rows, cfg.num_output_shards)
+    reuse = plan_reuse(opts.previous, shards, chash, capacity) if opts.previous else Reuse(decode=list(shards))
     if reuse.why_not:
         log.warning("--previous %s: nothing reused: %s", opts.previous, reuse.why_not)
     if reuse.nothing_to_do:
@@ -506,13 +515,14 @@ def run(argv=None) -> dict:
     decode = reuse.decode
     per_shard, exact = estimate_records(decode)
     expected = sum(per_shard.values())
+    bins = pack({**per_shard, **{n: reuse.reused[n]["records_read"] for n in reuse.carried}}, capacity)
     if opts.dry_run:
-        return dry_run(opts, decode, per_shard, exact, reuse, cfg, models, device, precision, threads,
+        return dry_run(opts, decode, per_shard, exact, reuse, bins, cfg, models, device, precision, threads,
                        direct_workers(beam_args), file_target, src_column, tgt_column, cleaning)
-    plan_key = _plan_key(chash, decode, opts.unit_pairs, reuse.previous_run_id)
+    plan_key = _plan_key(chash, decode, opts.unit_pairs, reuse.previous_run_id, capacity)
     run_id, layout, resumed = start_run(output, plan_key, per_shard, opts.unit_pairs, opts.resume, opts.overwrite,
                                         opts.run_id)
-    plan = Plan(run_id, output, layout, f"{src_lang}-{tgt_lang}", chash)
+    plan = Plan(run_id, output, layout, f"{src_lang}-{tgt_lang}", chash, bins, carries(reuse, bins))
     num_units = plan.num_units
     workers = direct_workers(beam_args)
     handler = UnitTranslatorHandler(
@@ -520,12 +530,12 @@ def run(argv=None) -> dict:
         device, precision, threads, {k: v["sha256"] for k, v in models.items()}, cfg, chash,
         expected // workers if workers and expected else None, bitext=bitext if bitext.enabled else None,
         langs=(src_lang, tgt_lang))
-    previous_dedup = [file_location(reuse.previous, f) for f in reuse.files("dedup")] if reuse.previous else []
+    previous_dedup = [(file_location(reuse.previous, f), shards) for f, shards in reuse.dedup_sources()]
     start = time.time()
     with Claim(output, run_id):
         finished = frozenset(finished_units(plan.work)) if resumed else frozenset()
         storage.write_json(storage.join(plan.work, "plan.json"),
-                           {"run_id": run_id, "plan_key": plan_key, "layout": layout,
+                           {"run_id": run_id, "plan_key": plan_key, "layout": layout, "bins": bins,
                             "unit_pairs": opts.unit_pairs, "config_hash": chash, "command": command_line(argv)})
         log.info("generation run %s%s: %d shard(s) to decode (%s%s records, %d work units%s)%s, preset %s, mode %s, "
                  "%s->%s, runner %s, config %s", run_id, " (resumed)" if resumed else "", len(decode),
@@ -543,12 +553,12 @@ def run(argv=None) -> dict:
         elapsed = time.time() - start
         summary_path = storage.join(plan.work, "summary.json")
         summary = storage.read_json(summary_path) if storage.isfile(summary_path) else {"groups": [], "reads": []}
-        _counts, _files, units, decoded = summarize_run(summary["groups"], summary["reads"])
-        units["planned"] = num_units
-        inputs, shard_files = _inputs(run_id, output, summary["reads"], decoded, reuse)
+        _counts, new_files, units, decoded = summarize_run(summary["groups"], summary["reads"])
+        inputs = _inputs(run_id, summary["reads"], decoded, reuse, bins)
         counts = totals(inputs)
-        files = {t: [f for name in sorted(shard_files) for f in shard_files[name][t]]
-                 for t in ("paraphrases", "rejects", "dedup")}
+        files = {t: sorted([_reused_entry(output, reuse.previous, f) for f in reuse.kept_files[t]] + new_files[t],
+                           key=lambda e: (e["bin"], e["shard"], e["path"])) for t in DATA_TABLES}
+        units.update(planned=num_units, published_files=sum(len(v) for v in files.values()))
         manifest = check_manifest({
             "contract_version": CONTRACT_VERSION, "run_id": run_id, "config_hash": chash, "preset": opts.preset,
             "config": cfg.to_dict(), "cleaning": cleaning_dict, "models": models,
@@ -558,7 +568,8 @@ def run(argv=None) -> dict:
             "device": device, "torch_threads_per_worker": threads,
             "inputs": [inputs[name] for name in sorted(inputs)],
             "previous": {"run_id": reuse.previous_run_id, "path": reuse.previous, "why_nothing_reused": reuse.why_not,
-                         "reused_shards": sorted(reuse.reused), "removed_shards": reuse.removed}
+                         "reused_shards": sorted(reuse.reused), "copied_shards": sorted(reuse.carried),
+                         "removed_shards": reuse.removed}
             if opts.previous else None,
             "counts": counts, "files": files, "units": units, "counters": counters,
             "file_target": {"rows": file_target.rows, "mb": file_target.megabytes},
@@ -619,18 +630,30 @@ def measure_rate(shard, cfg, models: dict, device, precision, threads, src_colum
     return (len(pairs) - 1) / max(time.perf_counter() - start, 1e-9), len(pairs) - 1
 
 
-def dry_run(opts, decode, per_shard: dict, exact: bool, reuse: Reuse, cfg, models: dict, device, precision,
-            threads, workers: int | None, file_target, src_column, tgt_column, cleaning) -> dict:
+def dry_run(opts, decode, per_shard: dict, exact: bool, reuse: Reuse, bins: dict, cfg, models: dict, device,
+            precision, threads, workers: int | None, file_target, src_column, tgt_column, cleaning) -> dict:
     """Print what the run would do and cost, write nothing; its plan as a dict."""
     from common.shards import shard_size
 
     layout = plan_units(per_shard, opts.unit_pairs) if per_shard else {}
     units = sum(n for _first, n in layout.values())
-    groups = sum(min(n, cfg.num_output_shards) for _first, n in layout.values())
     records = sum(per_shard.values())
     size = sum(shard_size(s) for s in decode)
-    rows_bound = records * (cfg.keep if cfg.mode == "sample" or cfg.nbest > 1 else 1)
-    files = max(groups, -(-rows_bound // file_target.rows)) if records else 0
+    per_record = cfg.keep if cfg.mode == "sample" or cfg.nbest > 1 else 1
+    # per bin: the units that write into it (a carried shard's rows are in every partition) and a
+    # bound on its paraphrase rows, so files = at least one per partition written, one per target
+    bin_units: dict = {}
+    bin_rows: dict = {}
+    for name, bin_ in bins.items():
+        carried = reuse.reused.get(name)
+        bin_units[bin_] = bin_units.get(bin_, 0) + (layout[name][1] if name in layout else cfg.num_output_shards)
+        bin_rows[bin_] = bin_rows.get(bin_, 0) + (carried["counts"]["paraphrase_rows"] if carried
+                                                  else per_shard[name] * per_record)
+    groups = sum(min(n, cfg.num_output_shards) for n in bin_units.values())
+    files = sum(max(min(bin_units[b], cfg.num_output_shards), -(-bin_rows[b] // file_target.rows))
+                for b in bin_units if bin_rows[b])
+    kept = len(reuse.kept_files["paraphrases"])
+    copied = sum(reuse.reused[n]["records_read"] for n in reuse.carried)
     if opts.rate is not None:
         rate, timed = opts.rate, 0
     elif decode:
@@ -642,51 +665,57 @@ def dry_run(opts, decode, per_shard: dict, exact: bool, reuse: Reuse, cfg, model
     seconds = records / (rate * processes) if rate else None
     lines = [f"dry run: nothing written to {opts.output}",
              f"  input shards to decode: {len(decode)} ({'' if exact else '~'}{records:,} records, {size:,} bytes)"
-             + (f"; {len(reuse.reused)} reused from run {reuse.previous_run_id}, {len(reuse.removed)} removed"
-                if reuse.previous else ""),
-             f"  work units: {units:,} of about {opts.unit_pairs} records, in {groups:,} groups (input shard x "
-             f"output partition)",
-             f"  files the run would publish: about {files:,} per table (paraphrases, rejects, dedup), each at most "
-             f"{file_target.rows:,} rows or {file_target.megabytes:g} MB; up to {3 * units:,} unit files before compaction",
+             + (f"; {len(reuse.reused)} reused from run {reuse.previous_run_id} ({len(reuse.carried)} of them copied "
+                f"into new files, {copied:,} records), {len(reuse.removed)} removed" if reuse.previous else ""),
+             f"  work units: {units:,} of about {opts.unit_pairs} records; {len(set(bins.values())):,} bin(s) of input "
+             f"shards (at least {bin_capacity(file_target.rows, cfg.num_output_shards):,} records each but the last) x "
+             f"{cfg.num_output_shards} output partitions: {groups:,} groups",
+             f"  files the run would write: about {files:,} per table (paraphrases, rejects, dedup), each at most "
+             f"{file_target.rows:,} rows or {file_target.megabytes:g} MB"
+             + (f", and keep {kept:,} of run {reuse.previous_run_id}" if reuse.previous else "")
+             + f"; up to {3 * units:,} unit files before compaction",
              f"  decoding rate: {rate:.2f} pairs/s per worker" + (f" (measured on {timed} pairs of "
                                                                    f"{decode[0].name} on this machine)" if timed else
                                                                    " (--rate)" if opts.rate is not None else ""),
              "  estimated decoding time: " + (f"{format_seconds(seconds)} with {processes} worker process(es)"
                                               if seconds is not None else "unknown")]
-    rows_per_file = rows_bound // files if files else 0
-    if files and rows_per_file < file_target.rows // 10:
-        # each input shard is compacted on its own (a refresh reuses a shard's files), so small
-        # shards make small files: say how large a shard would fill the target
-        per_record = rows_bound / max(records, 1)
-        shard_records = -(-file_target.rows * cfg.num_output_shards // max(int(per_record), 1))
-        lines.append(f"  note: files would hold up to about {rows_per_file:,} rows, under a tenth of --file_rows: "
-                     f"each input shard is compacted on its own; input shards of about {shard_records:,} records "
-                     f"or more give files near the target")
     print("\n".join(lines), flush=True)
     return {"dry_run": True, "shards": len(decode), "records": records, "exact": exact, "bytes": size, "units": units,
-            "groups": groups, "files_per_table": files, "rows_per_file": rows_per_file, "unit_files": 3 * units,
-            "rate": rate,
-            "estimated_seconds": seconds, "reused_shards": sorted(reuse.reused), "removed_shards": reuse.removed}
+            "bins": len(set(bins.values())), "groups": groups, "files_per_table": files,
+            "rows_per_file": sum(bin_rows.values()) // files if files else 0, "unit_files": 3 * units,
+            "kept_files_per_table": kept, "copied_records": copied, "rate": rate, "estimated_seconds": seconds,
+            "reused_shards": sorted(reuse.reused), "copied_shards": sorted(reuse.carried),
+            "removed_shards": reuse.removed}
 
 
-def _inputs(run_id: str, output: str, reads: list[dict], decoded: dict, reuse: Reuse) -> tuple[dict, dict]:
-    """({shard: its manifest entry}, {shard: {table: file entries}}) of a run: the shards it
-    decoded (read records and unit summaries) and those it reuses from REUSE.previous (entries and
-    files taken over, each path rewritten relative to OUTPUT)."""
-    inputs, files = {}, {}
+def _inputs(run_id: str, reads: list[dict], decoded: dict, reuse: Reuse, bins: dict) -> dict:
+    """{shard: its manifest entry} of a run: the shards it decoded (read records and their counts)
+    and those it reuses from REUSE.previous (their entries taken over); BINS: the bin of each
+    decoded or carried shard."""
+    inputs = {}
     for read in reads:
         name = read["input_shard"]
         inputs[name] = {**{k: read[k] for k in ("input_shard", "kind", "paths", "sha256", "bytes")},
                         "versions": reuse.fingerprints.get(name, {}).get("versions"),
                         "records_read": decoded[name]["records_read"], "counts": decoded[name]["counts"],
-                        "decoded_in": run_id}
-        files[name] = decoded[name]["files"]
+                        "decoded_in": run_id, "bin": bins[name]}
     for name, entry in reuse.reused.items():
-        inputs[name] = {**{k: v for k, v in entry.items() if k != "files"},
-                        "versions": reuse.fingerprints[name]["versions"]}
-        files[name] = {t: [_reused_entry(output, reuse.previous, f) for f in entries]
-                       for t, entries in entry["files"].items()}
-    return inputs, files
+        inputs[name] = {**entry, "versions": reuse.fingerprints[name]["versions"], "bin": bins.get(name, entry["bin"])}
+    return inputs
+
+
+def carries(reuse: Reuse, bins: dict) -> list[tuple[str, dict]]:
+    """(group key, compaction.carry_item) for every previous file holding rows of a carried shard:
+    what each new group copies from the previous run."""
+    out = []
+    for old_bin, files in sorted(reuse.copy_from.items()):
+        carried = reuse.carried_from(old_bin)
+        for new_bin in sorted({bins[n] for n in carried}):
+            members = [n for n in carried if bins[n] == new_bin]
+            for table in DATA_TABLES:
+                out += [(group_key(new_bin, f["shard"]),
+                         carry_item(table, file_location(reuse.previous, f), members, f)) for f in files[table]]
+    return out
 
 
 def _reused_entry(output: str, previous: str, entry: dict) -> dict:

@@ -1,13 +1,13 @@
-"""Output files sized for readers, whatever the work unit's size.
+"""Output files sized for readers, whatever the work unit's or the input shard's size.
 
 Work units commit their own small files (retries and ``--resume`` stay per unit), but a run of
 50M pairs in units of 500 would publish 100,000 files per table: slow to list in a bucket, slow
 for Spark, DuckDB or HF ``datasets`` to open, and a manifest of tens of MB. So before the run is
-published, the unit files of each group, one input shard's units in one output partition, are
-rewritten into files of about ``--file_rows`` rows (default 1,000,000) or ``--file_mb`` MB
-(default 128), in unit order. A group stays within one input shard, so a later incremental run
-can still take an unchanged shard's files as they are (paracorpus/incremental.py). A group whose
-every table already fits in one file keeps its unit's files.
+published, the files of each group, one bin of input shards (paracorpus/bins.py) in one output
+partition, are rewritten into files of about ``--file_rows`` rows (default 1,000,000) or
+``--file_mb`` MB (default 128): first the rows the group carries from the previous run (shards
+not decoded again whose old bin changed, filtered by ``input_shard``), then its units' rows in
+unit order. A group with a single unit file and nothing carried keeps that file.
 
 Compaction is part of the commit (paracorpus/commit.py): compacted files get names no other
 attempt uses, and each group's record (its files and counts) is written to
@@ -52,18 +52,18 @@ class FileTarget:
         return max(1, min(self.rows, int(self.megabytes * (1 << 20) / max(per_row, 1e-9))))
 
 
-def group_key(unit_record: dict) -> str:
-    """The group a unit's files are compacted in: its input shard and output partition."""
-    return f"{unit_record['input_shard']}\0{unit_record['shard']:05d}"
+def group_key(bin_: str, partition: int) -> str:
+    """The group a unit's (or carried rows') files are compacted in: a bin and an output partition."""
+    return f"{bin_}\0{partition:05d}"
 
 
-def group_name(input_shard: str, partition: int) -> str:
-    """A file-name-safe id of a group (input shard names may be long or odd)."""
-    return hashlib.sha1(f"{input_shard}\0{partition}".encode()).hexdigest()[:12]
+def group_name(bin_: str, partition: int) -> str:
+    """A file-name-safe id of a group."""
+    return hashlib.sha1(f"{bin_}\0{partition}".encode()).hexdigest()[:12]
 
 
-def group_record_path(work: str, input_shard: str, partition: int) -> str:
-    return storage.join(work, "groups", f"{group_name(input_shard, partition)}.json")
+def group_record_path(work: str, bin_: str, partition: int) -> str:
+    return storage.join(work, "groups", f"{group_name(bin_, partition)}.json")
 
 
 ROW_GROUP_ROWS = 131_072         # rows per Parquet row group in a compacted file
@@ -122,59 +122,92 @@ class _FileSeries:
             self._writer = self._stack = None
 
 
-def _rewrite(output: str, entries: list[dict], directory: str, prefix: str, target: FileTarget) -> list[dict]:
-    """The unit files ENTRIES as files of about TARGET under OUTPUT/DIRECTORY, named
-    PREFIX-NNN.parquet; their manifest entries. At most a row group's rows in memory at a time."""
-    per_file = target.rows_per_file(sum(e["rows"] for e in entries), sum(e["bytes"] for e in entries))
+def _row_groups(location: str, input_shards):
+    """The row groups of the Parquet file at LOCATION, one at a time; only the rows of INPUT_SHARDS
+    when given (a carried shard's rows in a file it shares with shards that changed)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parquet = storage.parquet_file(location)
+    for i in range(parquet.num_row_groups):
+        data = parquet.read_row_group(i)
+        if input_shards is not None:
+            data = data.filter(pc.is_in(data["input_shard"], value_set=pa.array(sorted(input_shards))))
+        yield data
+
+
+def _rewrite(output: str, sources: list[tuple], directory: str, prefix: str, target: FileTarget) -> list[dict]:
+    """The rows of SOURCES ((location, input shards to keep or None, rows, bytes) of Parquet files)
+    as files of about TARGET under OUTPUT/DIRECTORY, named PREFIX-NNN.parquet; their manifest
+    entries. At most a row group's rows in memory at a time."""
+    per_file = target.rows_per_file(sum(s[2] for s in sources), sum(s[3] for s in sources))
     files = _FileSeries(output, lambda n: f"{directory}/{prefix}-{n:03d}.parquet")
-    for entry in entries:
-        data = storage.parquet_file(storage.join(output, entry["path"])).read()
-        offset = 0
-        while offset < data.num_rows:
-            take = min(per_file - files.rows if files.open else per_file, data.num_rows - offset)
-            files.write(data.slice(offset, take))
-            offset += take
-            if files.rows >= per_file:
-                files.close()
-        del data
+    for location, input_shards, _rows, _bytes in sources:
+        for data in _row_groups(location, input_shards):
+            offset = 0
+            while offset < data.num_rows:
+                take = min(per_file - files.rows if files.open else per_file, data.num_rows - offset)
+                files.write(data.slice(offset, take))
+                offset += take
+                if files.rows >= per_file:
+                    files.close()
+            del data
     files.close()
     return files.entries
 
 
-def compact_group(output: str, work: str, lang_pair: str, unit_records: list[dict], target: FileTarget) -> dict:
-    """The record of one group (UNIT_RECORDS: the completion records of one input shard's units in
-    one output partition) after its unit files were rewritten as files of about TARGET: its files
-    per table, counts, units and workers. A group compacted by an earlier attempt of the run with
-    the same units is taken as it was (--resume)."""
+def carry_item(table: str, location: str, input_shards: list[str], entry: dict) -> dict:
+    """What a group copies from an earlier run: the rows of INPUT_SHARDS in the TABLE file at
+    LOCATION (ENTRY: its manifest entry)."""
+    return {"table": table, "location": location, "input_shards": sorted(input_shards),
+            "rows": entry["rows"], "bytes": entry["bytes"]}
+
+
+def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: int, unit_records: list[dict],
+                  carries: list[dict], target: FileTarget) -> dict:
+    """The record of one group, bin BIN_ in output partition PARTITION, after its unit files
+    (UNIT_RECORDS: completion records of its units) and the rows it carries from an earlier run
+    (CARRIES: carry_item) were rewritten as files of about TARGET: its files per table, counts
+    (per input shard too), units and workers. A group compacted by an earlier attempt of the run
+    from the same units and carries is taken as it was (--resume)."""
     records = sorted(unit_records, key=lambda r: r["unit"])
-    input_shard, partition = records[0]["input_shard"], records[0]["shard"]
+    carries = sorted(carries, key=lambda c: (c["table"], c["location"]))
     units = [r["unit"] for r in records]
-    path = group_record_path(work, input_shard, partition)
+    carried = sorted({n for c in carries for n in c["input_shards"]})
+    signature = {"units": units, "carried_files": [[c["table"], c["location"], c["input_shards"]] for c in carries]}
+    path = group_record_path(work, bin_, partition)
     if storage.isfile(path):
         earlier = storage.read_json(path)
-        if earlier.get("units") == units:
+        if {k: earlier.get(k) for k in signature} == signature:
             return {**earlier, "reused_group": True}
     start = time.time()
     attempt = attempt_id()
     directory = {t: f"{t}/{partition_dir(lang_pair, partition)}" for t in TABLES}
+    input_shards = sorted({r["input_shard"] for r in records} | set(carried))
     files = {}
     for table in TABLES:
         entries = [e for r in records for e in r["files"].get(table, [])]
-        if len(entries) <= 1:                   # one unit file: published as it is
+        copied = [(c["location"], c["input_shards"], c["rows"], c["bytes"]) for c in carries if c["table"] == table]
+        if len(entries) <= 1 and not copied:        # one unit file: published as it is
             files[table] = [{k: e[k] for k in ("path", "rows", "bytes")} for e in entries]
         else:
-            files[table] = _rewrite(output, entries, directory[table],
-                                    f"part-s{group_name(input_shard, partition)}-{attempt}", target)
+            sources = copied + [(storage.join(output, e["path"]), None, e["rows"], e["bytes"]) for e in entries]
+            files[table] = _rewrite(output, sources, directory[table],
+                                    f"part-s{group_name(bin_, partition)}-{attempt}", target)
         for e in files[table]:
-            e["input_shard"] = input_shard
+            e.update(bin=bin_, shard=partition, input_shards=input_shards)
     per_worker: Counter = Counter()
     seconds: Counter = Counter()
+    by_shard: dict = {}
     for r in records:
         per_worker[r["worker"]] += 1
+        by_shard.setdefault(r["input_shard"], []).append(r)
         if not r.get("reused"):
             seconds[r["worker"]] += r["seconds"]
-    record = {"input_shard": input_shard, "shard": partition, "units": units, "files": files,
+    record = {"bin": bin_, "shard": partition, "input_shards": input_shards, "carried": carried, **signature,
+              "files": files,
               "counts": sum_counts(records, ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected")),
+              "counts_per_shard": {n: sum_counts(rs) for n, rs in sorted(by_shard.items())},
               "counters": dict(sum((Counter(r.get("counters", {})) for r in records), Counter())),
               "per_worker": dict(per_worker), "decoding_seconds_per_worker": {w: round(s, 3) for w, s in seconds.items()},
               "reused_units": sum(1 for r in records if r.get("reused")),

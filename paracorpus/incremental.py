@@ -2,12 +2,16 @@
 
 A refresh runs the generation job with ``--previous RUN``. Every input shard whose content (sha256)
 and whose effective config (the config hash: models, preset, every setting that changes output,
-decoding limits included) are those of the previous run keeps that run's output: its files are
-referenced by the new manifest (with the ``root`` of the run that holds them), never decoded
-again. New and changed shards are decoded; their pairs are deduplicated against the dedup keys the
-previous run kept for the reused shards (a table in the run, ``dedup/``, not recomputed from
-text), so a pair already published keeps its place and a new copy of it is a ``duplicate``
-reject. Shards that are gone drop out. The manifest says, per input shard, which run decoded it.
+decoding limits included) are those of the previous run is never decoded again. Its rows stay
+where they are when its whole bin (paracorpus/bins.py: input shards packed so files follow the
+file target) is unchanged and full: the new manifest lists that bin's files, by a path into the
+run that holds them. Otherwise (a shard of its bin changed or went away, or the bin is the
+under-full last one) the shard is *carried*: compaction copies its rows out of the old files
+into the new bins' files (paracorpus/compaction.py). New and changed shards are decoded; their
+pairs are deduplicated against the dedup keys the previous run kept for the reused shards (a
+table in the run, ``dedup/``, not recomputed from text), so a pair already published keeps its
+place and a new copy of it is a ``duplicate`` reject. Shards that are gone drop out. The manifest
+says, per input shard, which run decoded it and which bin holds its rows.
 
 Content hashes are taken without reading a shard again when its paths, sizes and modification
 times are those the previous run recorded (the quick check of rsync and make); anything else is
@@ -21,6 +25,7 @@ from common import storage
 from common.cli import UsageError
 from paracorpus.schema import CONTRACT_VERSION, MANIFEST
 from common.shards import ShardSpec
+from paracorpus.bins import is_full
 
 TABLES = ("paraphrases", "rejects", "dedup")
 
@@ -45,7 +50,10 @@ class Reuse:
     previous: str | None = None                  # the previous run's directory or URL
     previous_run_id: str | None = None
     why_not: str | None = None                   # why nothing is reused, when nothing is
-    reused: dict = field(default_factory=dict)   # shard name -> previous manifest's inputs entry
+    reused: dict = field(default_factory=dict)   # shard name -> previous manifest's inputs entry (not decoded)
+    carried: dict = field(default_factory=dict)  # shard name -> its previous bin: reused, rows copied to new files
+    kept_files: dict = field(default_factory=lambda: {t: [] for t in TABLES})   # files of the bins kept as they are
+    copy_from: dict = field(default_factory=dict)     # previous bin -> {table: files} its carried rows are in
     decode: list = field(default_factory=list)   # ShardSpecs to read and decode
     removed: list = field(default_factory=list)  # shard names the previous run had, this one has not
     fingerprints: dict = field(default_factory=dict)   # shard name -> {"versions", "sha256"}
@@ -55,12 +63,23 @@ class Reuse:
         """True when every shard is reused and none was removed: the run would be the previous one."""
         return self.previous is not None and not self.decode and not self.removed
 
-    def files(self, table: str) -> list[dict]:
-        """Manifest entries of the reused shards' files of TABLE, each with the root of its run."""
-        out = []
-        for entry in self.reused.values():
-            for f in entry.get("files", {}).get(table, []):
-                out.append(f)
+    def kept_bins(self) -> dict:
+        """{bin: [shard names]} of the previous bins whose files this run keeps."""
+        out: dict = {}
+        for name, entry in self.reused.items():
+            if name not in self.carried:
+                out.setdefault(entry["bin"], []).append(name)
+        return out
+
+    def carried_from(self, old_bin: str) -> list[str]:
+        return sorted(n for n, b in self.carried.items() if b == old_bin)
+
+    def dedup_sources(self) -> list[tuple[dict, list | None]]:
+        """(previous manifest entry of a dedup file, the input shards whose rows count or None for
+        all): the dedup keys of every shard this run reuses."""
+        out = [(f, None) for f in self.kept_files["dedup"]]
+        for old_bin, files in sorted(self.copy_from.items()):
+            out += [(f, self.carried_from(old_bin)) for f in files["dedup"]]
         return out
 
 
@@ -83,9 +102,9 @@ def _previous_manifest(previous: str) -> dict:
     return manifest
 
 
-def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str) -> Reuse:
-    """Which SHARDS the run can take from the committed run PREVIOUS (see the module doc).
-    UsageError when PREVIOUS holds no committed generation run."""
+def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str, capacity: int) -> Reuse:
+    """Which SHARDS the run can take from the committed run PREVIOUS (see the module doc), with bins
+    of CAPACITY records (paracorpus/bins.py). UsageError when PREVIOUS holds no committed generation run."""
     previous_manifest = _previous_manifest(previous) if previous else None
     before = {e["input_shard"]: e for e in (previous_manifest or {}).get("inputs", [])
               if isinstance(e, dict) and "input_shard" in e}
@@ -99,21 +118,37 @@ def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str) 
     elif previous_manifest and previous_manifest.get("config_hash") != config_hash:
         reuse.why_not = (f"the config changed since run {previous_manifest.get('run_id')} "
                          f"({previous_manifest.get('config_hash')} -> {config_hash})")
-    elif previous_manifest and not all("counts" in e for e in before.values()):
-        reuse.why_not = f"run {previous_manifest.get('run_id')} has no per-shard counts (an older contract)"
+    elif previous_manifest and not all("counts" in e and "bin" in e for e in before.values()):
+        reuse.why_not = f"run {previous_manifest.get('run_id')} has no per-shard counts or bins (an older contract)"
     if reuse.why_not or previous_manifest is None:
         reuse.previous, reuse.decode = None, list(shards)
         return reuse
-    by_shard: dict = {}
-    for table in TABLES:
-        for f in previous_manifest.get("files", {}).get(table, []):
-            by_shard.setdefault(f.get("input_shard"), {t: [] for t in TABLES})[table].append(f)
+    names = {s.name for s in shards}
+    unchanged = set()
     for spec in shards:
         entry = before.get(spec.name)
         if entry and entry.get("sha256") == reuse.fingerprints[spec.name]["sha256"]:
-            reuse.reused[spec.name] = {**entry, "files": by_shard.get(spec.name, {t: [] for t in TABLES})}
+            unchanged.add(spec.name)
+            reuse.reused[spec.name] = entry
         else:
             reuse.decode.append(spec)
-    names = {s.name for s in shards}
     reuse.removed = sorted(n for n in before if n not in names)
+    members: dict = {}
+    for name, entry in before.items():
+        members.setdefault(entry["bin"], []).append(name)
+    files_of: dict = {}
+    for table in TABLES:
+        for f in previous_manifest.get("files", {}).get(table, []):
+            files_of.setdefault(f.get("bin"), {t: [] for t in TABLES})[table].append(f)
+    for old_bin, names_in in sorted(members.items()):
+        files = files_of.get(old_bin, {t: [] for t in TABLES})
+        if all(n in unchanged for n in names_in) and is_full([before[n]["records_read"] for n in names_in], capacity):
+            for table in TABLES:
+                reuse.kept_files[table] += files[table]
+            continue
+        carried = [n for n in names_in if n in unchanged]
+        for n in carried:
+            reuse.carried[n] = old_bin
+        if carried:
+            reuse.copy_from[old_bin] = files
     return reuse

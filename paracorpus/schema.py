@@ -6,10 +6,12 @@ breaking change: add columns, never rename or retype them, and bump CONTRACT_VER
 
 Layout under a generation run's ``--output`` (a local directory or a bucket URL)::
 
-    paraphrases/<src>-<tgt>/<NNNNN>/part-u<unit>-<attempt>.parquet   one row per paraphrase
-    rejects/<src>-<tgt>/<NNNNN>/part-u<unit>-<attempt>.parquet       one row per rejected record
-    dedup/<src>-<tgt>/<NNNNN>/part-u<unit>-<attempt>.parquet         dedup keys of the pairs decoded
+    paraphrases/<src>-<tgt>/<NNNNN>/part-s<group>-<attempt>-<NNN>.parquet   one row per paraphrase
+    rejects/<src>-<tgt>/<NNNNN>/part-s<group>-<attempt>-<NNN>.parquet       one row per rejected record
+    dedup/<src>-<tgt>/<NNNNN>/part-s<group>-<attempt>-<NNN>.parquet         dedup keys of the pairs decoded
     _manifest.json    written last: the files of the run, inputs, models, config, counts
+
+(a group whose rows came from a single work unit keeps that unit's ``part-u<unit>-<attempt>.parquet``).
 
 Only the files the manifest lists belong to the run (paracorpus/commit.py): read them with
 ``paracorpus.commit.committed_files(output, "paraphrases")`` or any Parquet reader given that list.
@@ -27,7 +29,9 @@ import pyarrow as pa
 # 2: partition columns stored in the files; files listed by the manifest.
 # 3: no key=value directory names; every manifest path opens as <manifest's directory>/<path>
 #    (or is a full URL), no "root".
-CONTRACT_VERSION = 3
+# 4: files are per bin of input shards (paracorpus/bins.py), not per input shard: every file
+#    entry has "bin", "shard" and "input_shards"; every inputs entry has its "bin".
+CONTRACT_VERSION = 4
 MANIFEST = "_manifest.json"     # written last by the generation job
 FILTER_MANIFEST = "_filter_manifest.json"   # written last by the filter job
 
@@ -200,7 +204,9 @@ SCORED_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 # The manifests: keys every one has. A manifest's 'files' maps a table to a list of
-# {"path": p, "rows": n, "bytes": n, "input_shard": name}; only those files belong to the run.
+# {"path": p, "rows": n, "bytes": n, "bin": b, "shard": partition, "input_shards": [names]}; only
+# those files belong to the run. A file holds rows of the input shards of one bin (each row's
+# input_shard column says which); the manifest's inputs entries name each shard's bin.
 # p opens as <the manifest's directory>/<p>: "paraphrases/..." for the run's own files,
 # "../<run>/paraphrases/..." for a file an earlier run wrote and this one reuses, or a full URL
 # (a bucket has no ".."). Contract 2 had a "root" instead (paracorpus.commit.file_location).
@@ -215,10 +221,10 @@ FILTER_MANIFEST_KEYS = ("contract_version", "run_id", "input", "input_run_id", "
 READ_RECORD_KEYS = ("input_shard", "kind", "paths", "records_read", "sha256", "bytes")
 UNIT_RECORD_KEYS = ("unit", "input_shard", "shard", "attempt", "files", "counts", "counters", "worker", "seconds")
 UNIT_COUNT_KEYS = ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected", "rejected_by_reason")
-# ... and one per group (an input shard's units in one output partition) once its unit files were
+# ... and one per group (a bin's units and carried rows in one output partition) once its files were
 # compacted into files sized for readers (paracorpus/compaction.py): what the driver summarizes.
-GROUP_RECORD_KEYS = ("input_shard", "shard", "units", "files", "counts", "counters", "per_worker",
-                     "decoding_seconds_per_worker", "reused_units", "unit_files", "compaction_seconds")
+GROUP_RECORD_KEYS = ("bin", "shard", "input_shards", "carried", "units", "carried_files", "files", "counts",
+                     "counts_per_shard", "counters", "per_worker", "decoding_seconds_per_worker", "reused_units", "unit_files", "compaction_seconds")
 
 
 def check_manifest(manifest: dict, keys=MANIFEST_KEYS, what: str = "manifest") -> dict:

@@ -198,32 +198,31 @@ def sum_counts(records: list[dict], keys=("pairs_with_paraphrases", "paraphrase_
 
 def summarize_run(group_records: list[dict], read_records: list[dict]) -> tuple[dict, dict, dict, dict]:
     """(counts, files, units, per shard) of a run from its groups' records (paracorpus/compaction.py:
-    each input shard's units in one output partition, compacted) and its shards' read records:
-    the reconciliation (records read = pairs with paraphrases + rejected), the files the manifest
+    a bin's units in one output partition, compacted) and its shards' read records: the
+    reconciliation (records read = pairs with paraphrases + rejected), the files the manifest
     lists, which worker decoded how many units and how long compaction took, and per input shard
-    its records read, counts and files (what a later incremental run reuses). Its size grows with
-    the groups, not the units."""
+    it decoded its records read and counts. Its size grows with the groups, not the units."""
     per_worker: Counter = Counter()
     busy: Counter = Counter()
     by_shard: dict[str, list] = {}
     reused = written = unit_files = 0
     compaction = 0.0
-    for rec in sorted(group_records, key=lambda r: (r["input_shard"], r["shard"])):
-        by_shard.setdefault(rec["input_shard"], []).append(rec)
+    files: dict = {t: [] for t in ("paraphrases", "rejects", "dedup")}
+    for rec in sorted(group_records, key=lambda r: (r["bin"], r["shard"])):
+        for name, counts in rec["counts_per_shard"].items():
+            by_shard.setdefault(name, []).append({"counts": counts})
+        for table in files:
+            files[table] += rec["files"].get(table, [])
         per_worker.update(rec["per_worker"])
         busy.update(rec["decoding_seconds_per_worker"])
         reused += rec["reused_units"]
         written += len(rec["units"])
         unit_files += rec["unit_files"]
         compaction += rec["compaction_seconds"]
-    shards = {}
-    for read in read_records:
-        recs = by_shard.get(read["input_shard"], [])
-        files = {t: [e for r in recs for e in r["files"].get(t, [])] for t in ("paraphrases", "rejects", "dedup")}
-        shards[read["input_shard"]] = {"records_read": read["records_read"], "counts": sum_counts(recs),
-                                       "files": files}
+    shards = {read["input_shard"]: {"records_read": read["records_read"],
+                                    "counts": sum_counts(by_shard.get(read["input_shard"], []))}
+              for read in read_records}
     counts = totals(shards)
-    files = {t: [e for s in shards.values() for e in s["files"][t]] for t in ("paraphrases", "rejects", "dedup")}
     units = {"written": written, "reused_from_earlier_attempt": reused,
              "per_worker": dict(sorted(per_worker.items())),
              "decoding_seconds_per_worker": {w: round(s, 1) for w, s in sorted(busy.items())},

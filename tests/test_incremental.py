@@ -1,7 +1,7 @@
 """Incremental generation (--previous) on a local disk and on a real S3 bucket: A+B, then A+B+C
 (only C decoded, a duplicate of an A pair inside C rejected as a duplicate of the earlier run's
 pair, rows equal to a full run on A+B+C), then A+B+C again (a no-op), then B changed (only B
-decoded), then B removed."""
+decoded), then B removed; once with bins the refreshes copy from, once with full bins they keep."""
 import os
 
 import pytest
@@ -72,44 +72,75 @@ def _decoded(manifest):
     return sorted(e["input_shard"] for e in manifest["inputs"] if e["decoded_in"] == manifest["run_id"])
 
 
-@pytest.mark.slow
-def test_refresh_sequence_decodes_only_what_changed(place, tmp_path):
-    inp, runs, models = place
+def _held(manifest, shard):
+    """The runs holding the files of the bin SHARD's rows are in."""
+    bin_ = next(e["bin"] for e in manifest["inputs"] if e["input_shard"] == shard)
+    return {_held_by(f) for f in manifest["files"]["paraphrases"] if f["bin"] == bin_}
+
+
+def _refresh_sequence(inp, runs, models, tmp_path, *target):
+    """The runs r1..r5 of the module doc with TARGET (file target options); checks what does not
+    depend on the bins; returns the manifests."""
     a, b, c = _lines(0, 12), _lines(12, 12), _lines(24, 10) + [_lines(0, 12)[3]]    # C repeats a pair of A
     _write(inp, "a.tsv", a)
     _write(inp, "b.tsv", b)
-    r1 = run(_args(inp, f"{runs}/r1", models))
+    r1 = run(_args(inp, f"{runs}/r1", models, *target))
     assert _decoded(r1) == ["a.tsv", "b.tsv"] and r1["previous"] is None
 
     _write(inp, "c.tsv", c)
-    r2 = run(_args(inp, f"{runs}/r2", models, "--previous", f"{runs}/r1"))
+    r2 = run(_args(inp, f"{runs}/r2", models, *target, "--previous", f"{runs}/r1"))
     assert _decoded(r2) == ["c.tsv"] and r2["previous"]["reused_shards"] == ["a.tsv", "b.tsv"]
     assert r2["units"]["written"] == 3                                    # C's units only
     dup = [r for r in _rows(f"{runs}/r2", "rejects") if r["reason"] == "duplicate"]
     assert [(r["input_shard"], r["input_index"]) for r in dup] == [("c.tsv", 10)]
     assert dup[0]["detail"].endswith("(a.tsv:3)")
     # the same rows as a full run on A+B+C (which also keeps A's copy and rejects C's)
-    full = run(_args(inp, str(tmp_path / "full"), models))
-    for table in ("paraphrases", "rejects"):
+    full = run(_args(inp, str(tmp_path / "full"), models, *target))
+    for table in ("paraphrases", "rejects", "dedup"):
         assert _strip(_rows(f"{runs}/r2", table)) == _strip(_rows(str(tmp_path / "full"), table))
     assert r2["counts"] == full["counts"]
-    # r2 takes A's and B's files from r1, by reference
-    assert {_held_by(f) for f in r2["files"]["paraphrases"] if f["input_shard"] != "c.tsv"} == {"r1"}
 
-    noop = run(_args(inp, f"{runs}/r3", models, "--previous", f"{runs}/r2"))
+    noop = run(_args(inp, f"{runs}/r3", models, *target, "--previous", f"{runs}/r2"))
     assert noop["noop"] and not storage.exists(f"{runs}/r3")
 
     _write(inp, "b.tsv", b[:6] + _lines(100, 4))                          # B changed
-    r4 = run(_args(inp, f"{runs}/r4", models, "--previous", f"{runs}/r2"))
+    r4 = run(_args(inp, f"{runs}/r4", models, *target, "--previous", f"{runs}/r2"))
     assert _decoded(r4) == ["b.tsv"] and r4["counts"]["records_read_per_shard"]["b.tsv"] == 10
-    assert {_held_by(f) for f in r4["files"]["paraphrases"] if f["input_shard"] == "a.tsv"} == {"r1"}
-    assert {_held_by(f) for f in r4["files"]["paraphrases"] if f["input_shard"] == "c.tsv"} == {"r2"}
+    assert {(r["input_shard"], r["input_index"]) for r in _rows(f"{runs}/r4", "dedup") if r["input_shard"] == "b.tsv"} \
+        == {("b.tsv", i) for i in range(10)}                              # B's old rows are gone
 
     storage.delete(storage.join(inp, "b.tsv"))                            # B removed
-    r5 = run(_args(inp, f"{runs}/r5", models, "--previous", f"{runs}/r4"))
+    r5 = run(_args(inp, f"{runs}/r5", models, *target, "--previous", f"{runs}/r4"))
     assert _decoded(r5) == [] and r5["previous"]["removed_shards"] == ["b.tsv"]
-    assert {r["input_shard"] for r in _rows(f"{runs}/r5")} == {"a.tsv", "c.tsv"}
+    for table in ("paraphrases", "rejects", "dedup"):
+        assert {r["input_shard"] for r in _rows(f"{runs}/r5", table)} <= {"a.tsv", "c.tsv"}
+        assert _rows(f"{runs}/r5", table) == [r for r in _rows(f"{runs}/r4", table) if r["input_shard"] != "b.tsv"]
     assert r5["counts"]["reconciled"] and "b.tsv" not in r5["counts"]["records_read_per_shard"]
+    return r1, r2, r4, r5
+
+
+@pytest.mark.slow
+def test_refresh_sequence_decodes_only_what_changed(place, tmp_path):
+    """With the default file target every shard here fits one under-full bin, so each refresh
+    copies the unchanged shards' rows into its new files (never decoding them again)."""
+    inp, runs, models = place
+    _r1, r2, r4, r5 = _refresh_sequence(inp, runs, models, tmp_path)
+    assert r2["previous"]["copied_shards"] == ["a.tsv", "b.tsv"] and _held(r2, "a.tsv") == {"self"}
+    assert r4["previous"]["copied_shards"] == ["a.tsv", "c.tsv"] and _held(r4, "c.tsv") == {"self"}
+    assert r5["previous"]["copied_shards"] == ["a.tsv", "c.tsv"]
+    assert len({e["bin"] for e in r5["inputs"]}) == 1
+
+
+@pytest.mark.slow
+def test_full_bins_are_kept_by_reference(tmp_path, tiny_nmt_models):
+    """With a file target each shard fills (--file_rows 1: bins of 8 records), a refresh lists
+    the unchanged shards' files where an earlier run wrote them, and copies nothing."""
+    inp, runs = str(tmp_path / "in"), str(tmp_path / "runs")
+    _r1, r2, r4, r5 = _refresh_sequence(inp, runs, tiny_nmt_models, tmp_path, "--file_rows", "1")
+    assert r2["previous"]["copied_shards"] == [] and _held(r2, "a.tsv") == _held(r2, "b.tsv") == {"r1"}
+    assert _held(r4, "a.tsv") == {"r1"} and _held(r4, "c.tsv") == {"r2"} and _held(r4, "b.tsv") == {"self"}
+    assert r5["previous"]["copied_shards"] == [] and _held(r5, "c.tsv") == {"r2"}
+    assert len({e["bin"] for e in r5["inputs"]}) == 2
 
 
 @pytest.mark.slow

@@ -40,20 +40,25 @@ class KeepFirstOfDuplicates(beam.DoFn):
             yield (REJECTS_TAG, reject_row(dup, "dedup", "duplicate", why, self.config_hash))
 
 
-def _previous_rows(path: str):
-    """(dedup key, ("previous", row)) for every row of an earlier run's dedup file."""
+def _previous_rows(source):
+    """(dedup key, ("previous", row)) for every row of an earlier run's dedup file; SOURCE: (its
+    path, the input shards whose rows count or None for all)."""
     from common import storage
 
+    path, input_shards = source
     table = storage.parquet_file(path).read(columns=["dedup_key", "pair_id", "input_shard", "input_index"])
+    keep = None if input_shards is None else set(input_shards)
     for row in table.to_pylist():
-        yield row["dedup_key"], ("previous", row)
+        if keep is None or row["input_shard"] in keep:
+            yield row["dedup_key"], ("previous", row)
 
 
 class Deduplicate(beam.PTransform):
-    """Global deduplication of cleaned pairs, also against the dedup files (PREVIOUS_FILES) of the
-    shards an incremental run reuses; emits (tag, value) pairs like the DoFns."""
+    """Global deduplication of cleaned pairs, also against the dedup files (PREVIOUS_FILES: (path,
+    input shards whose rows count or None)) of the shards an incremental run reuses; emits (tag,
+    value) pairs like the DoFns."""
 
-    def __init__(self, config_hash: str, previous_files: list[str] | None = None):
+    def __init__(self, config_hash: str, previous_files: list[tuple] | None = None):
         super().__init__()
         self.config_hash, self.previous_files = config_hash, list(previous_files or [])
 

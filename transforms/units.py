@@ -143,14 +143,18 @@ class WriteUnit(beam.DoFn):
 
 
 class CompactGroup(beam.DoFn):
-    """(group key, its units' completion records) -> the group's record, its unit files rewritten
-    as files sized for readers (paracorpus/compaction.py)."""
+    """(group key, its units' completion records and carried files, tagged "unit" / "carry") ->
+    the group's record, its files rewritten as files sized for readers (paracorpus/compaction.py)."""
 
     def __init__(self, output: str, work: str, lang_pair: str, target):
         self.output, self.work, self.lang_pair, self.target = output, work, lang_pair, target
 
     def process(self, keyed):
-        record = compact_group(self.output, self.work, self.lang_pair, list(keyed[1]), self.target)
+        bin_, partition = keyed[0].split("\0")
+        items = list(keyed[1])
+        record = compact_group(self.output, self.work, self.lang_pair, bin_, int(partition),
+                               [r for tag, r in items if tag == "unit"], [c for tag, c in items if tag == "carry"],
+                               self.target)
         release_memory()
         yield record
 
