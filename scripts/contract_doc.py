@@ -31,13 +31,13 @@ KEY_DOCS = {
         "config": "the generation settings (preset values with the command line's overrides)",
         "models": "per model (`forward`, `backward`, `bitext_encoder`, `bitext_mlp`, `divergence`): its path, "
                   "the sha256 of each of its files and a fingerprint",
-        "inputs": "per input shard: kind, paths, sha256, bytes, records read, counts, and `decoded_in` (the run "
-                  "that decoded it)",
+        "inputs": "per input shard: kind, paths, sha256, bytes, records read, counts, `decoded_in` (the run "
+                  "that decoded it) and `bin` (the bin of input shards whose files hold its rows)",
         "counts": "records read (in total and per input shard), pairs with paraphrases, paraphrase rows, "
                   "rejected (in total and by reason), `reconciled`",
         "files": "per table (`paraphrases`, `rejects`, `dedup`): the files of the run, each "
-                 "`{path, rows, bytes, input_shard}`, plus `root` for a file an earlier run wrote and this one "
-                 "reuses",
+                 "`{path, rows, bytes, bin, shard, input_shards}` (`shard`: the output partition; `input_shards`: "
+                 "those of its bin)",
         "units": "work units planned, written and reused, units and decoding seconds per worker; unit files written, files published after compaction, compaction seconds",
         "versions": "versions of Python, paragen, Beam, torch, fairseq, sentencepiece and pyarrow",
         "command": "the command line",
@@ -78,11 +78,15 @@ KEY_DOCS = {
         "seconds": "decoding time",
     },
     "group record": {
-        "input_shard": "the input shard of the group's units",
-        "shard": "the output partition they wrote into",
+        "bin": "the bin of input shards the group compacts",
+        "shard": "the output partition",
+        "input_shards": "the input shards whose rows its files hold",
+        "carried": "the input shards whose rows it copied from the previous run (not decoded again)",
         "units": "the group's unit numbers, in order",
+        "carried_files": "the previous run's files it copied rows from: table, location, input shards",
         "files": "the group's files per table after compaction, as in the manifest",
         "counts": "the sums of its units' counts",
+        "counts_per_shard": "the sums of its units' counts per input shard",
         "counters": "the sums of its units' Beam counters",
         "per_worker": "units per `host:pid` of the worker that decoded them",
         "decoding_seconds_per_worker": "decoding time per worker (units decoded by this attempt)",
@@ -131,7 +135,7 @@ def reasons_table() -> str:
 
 def layout() -> str:
     part = f"{schema.partition_dir('cs-en', 1)}/part-s7641412d41c6-1e7c1389-000.parquet"
-    lines = [(f"OUT/{schema.PARAPHRASES.name}/{part}", "paraphrase rows of one input shard's units in partition 1"),
+    lines = [(f"OUT/{schema.PARAPHRASES.name}/{part}", "paraphrase rows of one bin of input shards in partition 1"),
              (f"OUT/{schema.REJECTS.name}/{part}", "their rejected input records"),
              (f"OUT/{schema.DEDUP.name}/{part}", "dedup keys of the pairs they decoded"),
              (f"OUT/{schema.MANIFEST}", "written last: lists every file of the run"),
@@ -163,12 +167,21 @@ Names used here (source, reference, input shard, output partition, work unit) ar
 purpose: readers that infer Hive partitions from such names (pandas, polars, Spark) would add the
 partition columns a second time with another type, and these columns are in the files already.
 
-Work units write their own files (`part-u<unit>-<attempt>.parquet`); before the run is published,
-each input shard's unit files in a partition are rewritten into files of at most `--file_rows`
-rows (1,000,000) or `--file_mb` MB (128), `part-s<group>-<attempt>-<n>.parquet`, and a group of
-one unit keeps its unit's file. So a table has a few files per input shard and partition, however
-small the units. A file name holds the attempt that wrote it, so no two attempts write the same
-name, and every file holds the rows of one input shard (its `input_shard` in the manifest).
+Work units write their own files (`part-u<unit>-<attempt>.parquet`). Input shards are packed, in
+name order, into *bins* of at least `--file_rows` x `--num_output_shards` records (a shard larger
+than that is a bin of its own; only the last bin is smaller). Before the run is published, each
+bin's unit files in a partition are rewritten into files of at most `--file_rows` rows (1,000,000)
+or `--file_mb` MB (128), `part-s<group>-<attempt>-<n>.parquet`; a group of one unit keeps its
+unit's file. So a table has about one file per `--file_rows` rows, however small the units or the
+input shards. A file name holds the attempt that wrote it, so no two attempts write the same name.
+A file holds rows of its bin's input shards (`input_shards` in the manifest; each row's
+`input_shard` column says which), and the manifest's `inputs` name each shard's `bin`.
+
+A refresh (`--previous`) keeps a bin's files, by reference, when every shard in it is unchanged
+and the bin is full. The unchanged shards of any other bin (one of its shards changed or was
+removed, or it is the under-full last bin) are copied: their rows are read out of the old files,
+filtered by `input_shard`, and written into the new run's files with the new and changed shards'
+rows; they are not decoded again (`previous.copied_shards` in the manifest).
 
 ## Reading a run
 
@@ -308,8 +321,9 @@ size, seconds, rows/s and the counters.
 
 A run in progress keeps one read record per input shard (`read/<shard>.json`), one completion
 record per finished work unit (`units/u<unit>.json`, what `--resume` reads) and one record per
-compacted group (`groups/<group>.json`: an input shard's units in one output partition, whose files
-were rewritten into files sized for readers; a resumed run keeps the groups it finds). The driver
+compacted group (`groups/<group>.json`: a bin's units, and the rows it copies from the previous
+run, in one output partition, rewritten into files sized for readers; a resumed run keeps the
+groups it finds). The driver
 reads the group records, not the unit records, so what it holds grows with the groups. They are
 removed when the run commits.
 

@@ -1,6 +1,7 @@
 """Every documented reader reads every committed run whole: the code blocks of docs/contract.md
 ("Reading a run") are executed against a plain run, an incremental run (--previous into another
-directory), a run built on itself in place (--previous OUT --output OUT --overwrite) and a
+directory), a run built on itself in place (--previous OUT --output OUT --overwrite), one built
+in place that copies the rows of an under-full bin out of the files it replaces, and a
 refresh's ROOT/latest, with pyarrow, DuckDB, polars, pandas, HF datasets and the project's own
 helper. Also: publishing never deletes a file its manifest lists."""
 import json
@@ -28,12 +29,14 @@ def _lines(start, n):
 def _job(inputs, models):
     return ["--input", ",".join(inputs), "--forward_model", os.path.join(models, "cs-en"),
             "--backward_model", os.path.join(models, "en-cs"), "--num_sets", "1", "--num_samples", "3",
-            "--score_threshold", "20", "--dual_xent_threshold", "20", "--unit_pairs", "4", "--device", "cpu"]
+            "--score_threshold", "20", "--dual_xent_threshold", "20", "--unit_pairs", "4", "--device", "cpu",
+            # bins of 2 partitions x 4 rows: each 8-record shard fills one, so refreshes keep its files
+            "--num_output_shards", "2", "--file_rows", "4"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_nmt_models):
-    """{name: run directory}: plain, incremental, in_place, latest."""
+    """{name: run directory}: plain, incremental, in_place, in_place_copied, latest."""
     base = tmp_path_factory.mktemp("readers")
     shards = {}
     for i, name in enumerate("abc"):
@@ -42,11 +45,14 @@ def runs(tmp_path_factory, tiny_nmt_models):
             f.write(_lines(8 * i, 8))
     ab, abc = [shards["a"], shards["b"]], [shards["a"], shards["b"], shards["c"]]
     out = {"plain": str(base / "runs" / "plain"), "incremental": str(base / "runs" / "incremental"),
-           "in_place": str(base / "runs" / "in_place")}
+           "in_place": str(base / "runs" / "in_place"), "in_place_copied": str(base / "runs" / "in_place_copied")}
     generate([*_job(ab, tiny_nmt_models), "--output", out["plain"]])
     generate([*_job(abc, tiny_nmt_models), "--output", out["incremental"], "--previous", out["plain"]])
     shutil.copytree(out["plain"], out["in_place"])
     generate([*_job(abc, tiny_nmt_models), "--output", out["in_place"], "--previous", out["in_place"], "--overwrite"])
+    shutil.copytree(out["plain"], out["in_place_copied"])      # a larger file target: a's and b's bins under-full
+    generate([*_job(abc, tiny_nmt_models), "--output", out["in_place_copied"], "--previous", out["in_place_copied"],
+              "--overwrite", "--file_rows", "1000"])
     root = str(base / "refresh")
     refresh(["--root", root, "--", *_job(ab, tiny_nmt_models)])
     refresh(["--root", root, "--", *_job(abc, tiny_nmt_models)])
@@ -87,6 +93,18 @@ def test_building_on_a_run_in_place_keeps_every_file_it_lists(runs):
     assert sorted(_pyarrow_ids(runs["in_place"])) == sorted(_pyarrow_ids(runs["incremental"]))
 
 
+def test_building_in_place_on_files_it_copies_from_keeps_every_row(runs):
+    """The unchanged shards' rows are copied out of the files the run then replaces: none lost."""
+    manifest = _manifest(runs["in_place_copied"])
+    assert manifest["previous"]["copied_shards"] == ["a.tsv", "b.tsv"]
+    assert all(not e["path"].startswith("../") for e in manifest["files"]["paraphrases"])
+    for table in ("paraphrases", "rejects", "dedup"):
+        files = committed_files(runs["in_place_copied"], table)
+        listed = sum(e["rows"] for e in manifest["files"][table])
+        assert (storage.parquet_dataset(files).count_rows() if files else 0) == listed, table
+    assert sorted(_pyarrow_ids(runs["in_place_copied"])) == sorted(_pyarrow_ids(runs["incremental"]))
+
+
 def _pyarrow_ids(run_dir):
     table = storage.parquet_dataset(committed_files(run_dir, "paraphrases")).to_table()
     return list(zip(table.column("pair_id").to_pylist(), table.column("rank").to_pylist()))
@@ -108,7 +126,7 @@ def _rows_of(value):
     raise TypeError(type(value))
 
 
-@pytest.mark.parametrize("name", ["plain", "incremental", "in_place", "latest"])
+@pytest.mark.parametrize("name", ["plain", "incremental", "in_place", "in_place_copied", "latest"])
 def test_the_documented_readers_read_every_run_whole(runs, name, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -28,7 +28,9 @@ def _lines(start, n):
 def _job(inp, models):
     return ["--input", inp, "--forward_model", storage.join(models, "cs-en"), "--backward_model",
             storage.join(models, "en-cs"), "--num_sets", "1", "--num_samples", "3", "--score_threshold", "20",
-            "--dual_xent_threshold", "20", "--unit_pairs", "4", "--device", "cpu"]
+            "--dual_xent_threshold", "20", "--unit_pairs", "4", "--device", "cpu",
+            # bins of 2 partitions x 4 rows: each 10-record shard fills one, so a refresh keeps its files
+            "--num_output_shards", "2", "--file_rows", "4"]
 
 
 def _latest(root):

@@ -164,9 +164,9 @@ def test_a_garbage_previous_manifest_is_one_line(tmp_path):
     for content, message in (("[1, 2]", "not an object"), ('{"run_id": "x"}', "lacks"), ("{{{", "not valid JSON")):
         (prev / "_manifest.json").write_text(content)
         with pytest.raises(UsageError, match=message):
-            plan_reuse(str(prev), [], "hash")
+            plan_reuse(str(prev), [], "hash", 1)
     with pytest.raises(UsageError, match="no _manifest.json"):
-        plan_reuse(str(tmp_path / "nowhere"), [], "hash")
+        plan_reuse(str(tmp_path / "nowhere"), [], "hash", 1)
 
 
 # ------------------------------------------------------------------ truncated compressed shards
