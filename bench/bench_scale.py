@@ -8,9 +8,14 @@ flat: the figures behind "50 million pairs" (docs/benchmarks.md).
   2. cost growth: the job (DirectRunner, 2 worker processes) on 2k, 20k and 200k pairs with the
      tiny test models at beam 1, so that decoding is cheap and the pipeline's own costs show:
      seconds outside decoding per 1,000 pairs, driver and worker peak RSS, unit files written,
-     files published, manifest bytes, compaction seconds; then each figure extrapolated to 50M.
+     files published, manifest bytes, compaction seconds; then each figure extrapolated to 50M;
+  3. files follow the file target, not the input shards: the same 100k pairs as 10 and as 100
+     input shards, with the file target scaled down as 50M pairs see the default one
+     (--file_rows 2,000: 100k / 2,000 = 50M / 1M): bins, groups, files per table, manifest bytes;
+     then a refresh that adds one shard to the 100-shard run (what it decodes, copies, keeps).
 
     python bench/bench_scale.py --work runs/bench-scale [--sizes 2000,20000,200000] [--units 240]
+        [--parts memory,dask,cost,files]
 
 The tiny models (tests/conftest.py's TINY settings) are trained into --work once. Inputs are the
 toy bitext of tests/toydata.py, each pair made unique by a counter word on both sides (the toy
@@ -225,13 +230,67 @@ def cost(model_dir: str, pairs: int, work: str) -> dict:
             "shards": len(manifest["inputs"]), "reconciled": manifest["counts"]["reconciled"]}
 
 
+FILES_PAIRS, FILES_TARGET = 100_000, 2_000      # 100k / 2,000 = 50M / the default 1M rows
+
+
+def _paranmt_job(model_dir: str, folder: str, out: str, *extra: str) -> tuple[dict, float]:
+    subprocess.run(["rm", "-rf", out])
+    manifest, _samples, seconds = _job(
+        ["--input", folder, "--output", out, "--forward_model", os.path.join(model_dir, "cs-en"), "--preset", "paranmt",
+         "--beam", "1", "--direct_running_mode", "multi_processing", "--direct_num_workers", "2", *extra])
+    return manifest, seconds
+
+
+def _files_row(manifest: dict, seconds: float) -> dict:
+    inputs = manifest["inputs"]
+    return {"shards": len(inputs), "bins": len({e["bin"] for e in inputs}),
+            "groups": len({(e["bin"], e["shard"]) for t in manifest["files"].values() for e in t}),
+            "paraphrase_files": len(manifest["files"]["paraphrases"]),
+            "files": sum(len(v) for v in manifest["files"].values()),
+            "rows_per_file": manifest["counts"]["paraphrase_rows"] / max(len(manifest["files"]["paraphrases"]), 1),
+            "manifest_bytes": manifest["_bytes"], "seconds": seconds,
+            "compaction_seconds": manifest["units"]["compaction_seconds"],
+            "partitions": manifest["config"]["num_output_shards"]}
+
+
+def files_and_refresh(model_dir: str, work: str) -> dict:
+    """Part 3: FILES_PAIRS pairs as 10 and as 100 input shards, then a refresh adding one shard."""
+    pairs = unique_pairs(FILES_PAIRS + FILES_PAIRS // 100, seed=23)
+    rows = {}
+    for shards in (10, 100):
+        folder = os.path.join(work, f"files-in-{shards}")
+        if not os.path.isdir(folder):
+            _write_input(pairs[:FILES_PAIRS], folder, shards)
+        manifest, seconds = _paranmt_job(model_dir, folder, os.path.join(work, f"files-out-{shards}"),
+                                         "--file_rows", str(FILES_TARGET))
+        rows[shards] = _files_row(manifest, seconds)
+    folder = os.path.join(work, "files-in-100")
+    with open(os.path.join(folder, "part-9999.tsv"), "w", encoding="utf-8") as f:      # the new shard
+        f.writelines(f"{s}\t{t}\n" for s, t in pairs[FILES_PAIRS:])
+    try:
+        manifest, seconds = _paranmt_job(model_dir, folder, os.path.join(work, "files-out-refresh"),
+                                         "--file_rows", str(FILES_TARGET), "--previous",
+                                         os.path.join(work, "files-out-100"))
+    finally:
+        os.remove(os.path.join(folder, "part-9999.tsv"))
+    refresh = _files_row(manifest, seconds)
+    prev = manifest["previous"]
+    own = [e for e in manifest["files"]["paraphrases"] if not e["path"].startswith("../")]
+    refresh.update(decoded=sum(1 for e in manifest["inputs"] if e["decoded_in"] == manifest["run_id"]),
+                   copied=len(prev["copied_shards"]),
+                   copied_records=sum(e["records_read"] for e in manifest["inputs"]
+                                      if e["input_shard"] in prev["copied_shards"]),
+                   kept_files=len(manifest["files"]["paraphrases"]) - len(own), written_files=len(own))
+    return {"runs": rows, "refresh": refresh}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", default=os.path.join(ROOT, "runs", "bench-scale"))
     ap.add_argument("--sizes", default="2000,20000,200000")
     ap.add_argument("--units", type=int, default=240, help="units of the memory runs (default 240)")
     ap.add_argument("--unit_pairs", type=int, default=50, help="pairs per unit in the memory runs (default 50)")
-    ap.add_argument("--parts", default="memory,dask,cost")
+    ap.add_argument("--parts", default="memory,dask,cost,files")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     model_dir = models(a.work)
@@ -278,15 +337,33 @@ def main(argv=None) -> int:
               f"{big['outside_per_1000'] * 50_000 / 3600:.1f} worker-hours |")
         print(f"| unit files written (then compacted) | {big['unit_files'] / big['pairs'] * 1000:.2f} per 1,000 pairs | "
               f"{big['unit_files'] * scale:,.0f} |")
-        per_shard = big["files"] / max(big["shards"], 1)
-        print(f"| published files | {per_shard:.1f} per input shard (3 tables x partitions, each under --file_rows) | "
-              f"{per_shard * shards_50m:,.0f} |")
-        print(f"| manifest | {big['manifest_bytes'] / max(big['shards'], 1):,.0f} bytes per input shard | "
-              f"{big['manifest_bytes'] / max(big['shards'], 1) * shards_50m / 2**20:,.1f} MB |")
+        print("| published files, manifest | part 3 (they follow the file target) | part 3 |")
         print(f"| compaction | {big['compaction_seconds'] / big['pairs'] * 1000:.3f} s per 1,000 pairs | "
               f"{big['compaction_seconds'] * scale / 3600:.1f} worker-hours |")
         print(f"| driver RSS | {rows[0]['driver_rss_mb']:.0f} -> {big['driver_rss_mb']:.0f} MB from "
               f"{rows[0]['pairs']:,} to {big['pairs']:,} pairs | see text |")
+    if "files" in parts:
+        r = files_and_refresh(model_dir, a.work)
+        print(f"\n## 3. Files follow the file target: {FILES_PAIRS:,} pairs, --file_rows {FILES_TARGET:,} "
+              f"({FILES_PAIRS // FILES_TARGET} files' worth, as 50M pairs with the default 1M), paranmt beam 1\n")
+        print("| input shards | bins | groups (bin x partition) | paraphrase files | rows per paraphrase file | "
+              "files, 3 tables | per input shard and partition instead (the minimum) | manifest bytes | seconds | "
+              "compaction s |\n|---|---|---|---|---|---|---|---|---|---|")
+        for shards, x in r["runs"].items():
+            print(f"| {shards} | {x['bins']} | {x['groups']} | {x['paraphrase_files']} | {x['rows_per_file']:,.0f} | "
+                  f"{x['files']} | {3 * shards * x['partitions']:,} | {x['manifest_bytes']:,} | {x['seconds']:.1f} | "
+                  f"{x['compaction_seconds']:.1f} |", flush=True)
+        ten, hundred, f = r["runs"][10], r["runs"][100], r["refresh"]
+        per_shard = (hundred["manifest_bytes"] - ten["manifest_bytes"]) / 90
+        print(f"\nManifest at 50M pairs in 2,500 input shards of 20,000: the 10-shard manifest plus "
+              f"{per_shard:,.0f} bytes per further input shard (its inputs entry and its name in file entries) = "
+              f"{(ten['manifest_bytes'] + per_shard * 2490) / 2**20:.2f} MB; "
+              f"files per table as above ({hundred['paraphrase_files']} paraphrase files).\n")
+        print(f"A refresh adding one input shard of {FILES_PAIRS // 100:,} pairs to the 100-shard run: decoded "
+              f"{f['decoded']} shard(s), copied {f['copied']} shard(s) ({f['copied_records']:,} records, the "
+              f"under-full last bin), kept {f['kept_files']} paraphrase files by reference, wrote {f['written_files']}; "
+              f"{f['seconds']:.1f} s (the 100-shard run: {hundred['seconds']:.1f} s), compaction "
+              f"{f['compaction_seconds']:.1f} s; {f['bins']} bins, {f['paraphrase_files']} paraphrase files.")
     return 0
 
 

@@ -63,14 +63,6 @@ class Reuse:
         """True when every shard is reused and none was removed: the run would be the previous one."""
         return self.previous is not None and not self.decode and not self.removed
 
-    def kept_bins(self) -> dict:
-        """{bin: [shard names]} of the previous bins whose files this run keeps."""
-        out: dict = {}
-        for name, entry in self.reused.items():
-            if name not in self.carried:
-                out.setdefault(entry["bin"], []).append(name)
-        return out
-
     def carried_from(self, old_bin: str) -> list[str]:
         return sorted(n for n, b in self.carried.items() if b == old_bin)
 
