@@ -541,8 +541,8 @@ def run(argv=None) -> dict:
                  "%s->%s, runner %s, config %s", run_id, " (resumed)" if resumed else "", len(decode),
                  "" if exact else "~", f"{expected:,}", num_units,
                  f", {len(finished)} finished earlier" if finished else "",
-                 f", {len(reuse.reused)} reused from run {reuse.previous_run_id}, {len(reuse.removed)} removed"
-                 if reuse.previous else "", opts.preset, cfg.mode, src_lang, tgt_lang, runner.rsplit(".", 1)[-1], chash)
+                 f", {len(reuse.reused)} reused from run {reuse.previous_run_id} ({len(reuse.carried)} of them copied "
+                 f"into new files), {len(reuse.removed)} removed" if reuse.previous else "", opts.preset, cfg.mode, src_lang, tgt_lang, runner.rsplit(".", 1)[-1], chash)
         if "dask" in runner.lower() and not any(a.startswith(("--dask_npartitions", "--dask_partition_size"))
                                                 for a in beam_args):
             beam_args = [*beam_args, "--dask_npartitions", str(min(max(plan.num_units, 2), 512))]

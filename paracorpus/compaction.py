@@ -140,7 +140,9 @@ def _rewrite(output: str, sources: list[tuple], directory: str, prefix: str, tar
     """The rows of SOURCES ((location, input shards to keep or None, rows, bytes) of Parquet files)
     as files of about TARGET under OUTPUT/DIRECTORY, named PREFIX-NNN.parquet; their manifest
     entries. At most a row group's rows in memory at a time."""
-    per_file = target.rows_per_file(sum(s[2] for s in sources), sum(s[3] for s in sources))
+    rows = sum(s[2] for s in sources)
+    per_file = target.rows_per_file(rows, sum(s[3] for s in sources))
+    per_file = -(-rows // -(-rows // per_file)) if rows else per_file   # even files, not a full one and a stub
     files = _FileSeries(output, lambda n: f"{directory}/{prefix}-{n:03d}.parquet")
     for location, input_shards, _rows, _bytes in sources:
         for data in _row_groups(location, input_shards):
@@ -195,7 +197,7 @@ def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: 
             files[table] = _rewrite(output, sources, directory[table],
                                     f"part-s{group_name(bin_, partition)}-{attempt}", target)
         for e in files[table]:
-            e.update(bin=bin_, shard=partition, input_shards=input_shards)
+            e.update(bin=bin_, shard=partition)
     per_worker: Counter = Counter()
     seconds: Counter = Counter()
     by_shard: dict = {}

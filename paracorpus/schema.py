@@ -30,7 +30,7 @@ import pyarrow as pa
 # 3: no key=value directory names; every manifest path opens as <manifest's directory>/<path>
 #    (or is a full URL), no "root".
 # 4: files are per bin of input shards (paracorpus/bins.py), not per input shard: every file
-#    entry has "bin", "shard" and "input_shards"; every inputs entry has its "bin".
+#    entry has "bin" and "shard" (its output partition); every inputs entry has its "bin".
 CONTRACT_VERSION = 4
 MANIFEST = "_manifest.json"     # written last by the generation job
 FILTER_MANIFEST = "_filter_manifest.json"   # written last by the filter job
@@ -204,9 +204,9 @@ SCORED_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 # The manifests: keys every one has. A manifest's 'files' maps a table to a list of
-# {"path": p, "rows": n, "bytes": n, "bin": b, "shard": partition, "input_shards": [names]}; only
-# those files belong to the run. A file holds rows of the input shards of one bin (each row's
-# input_shard column says which); the manifest's inputs entries name each shard's bin.
+# {"path": p, "rows": n, "bytes": n, "bin": b, "shard": partition}; only those files belong to the
+# run. A file holds rows of the input shards of one bin (each row's input_shard column says
+# which); the manifest's inputs entries name each shard's bin.
 # p opens as <the manifest's directory>/<p>: "paraphrases/..." for the run's own files,
 # "../<run>/paraphrases/..." for a file an earlier run wrote and this one reuses, or a full URL
 # (a bucket has no ".."). Contract 2 had a "root" instead (paracorpus.commit.file_location).

@@ -36,8 +36,8 @@ KEY_DOCS = {
         "counts": "records read (in total and per input shard), pairs with paraphrases, paraphrase rows, "
                   "rejected (in total and by reason), `reconciled`",
         "files": "per table (`paraphrases`, `rejects`, `dedup`): the files of the run, each "
-                 "`{path, rows, bytes, bin, shard, input_shards}` (`shard`: the output partition; `input_shards`: "
-                 "those of its bin)",
+                 "`{path, rows, bytes, bin, shard}` (`shard`: the output partition; the input shards of the "
+                 "`bin` are those whose `inputs` entry names it)",
         "units": "work units planned, written and reused, units and decoding seconds per worker; unit files written, files published after compaction, compaction seconds",
         "versions": "versions of Python, paragen, Beam, torch, fairseq, sentencepiece and pyarrow",
         "command": "the command line",
@@ -174,7 +174,7 @@ bin's unit files in a partition are rewritten into files of at most `--file_rows
 or `--file_mb` MB (128), `part-s<group>-<attempt>-<n>.parquet`; a group of one unit keeps its
 unit's file. So a table has about one file per `--file_rows` rows, however small the units or the
 input shards. A file name holds the attempt that wrote it, so no two attempts write the same name.
-A file holds rows of its bin's input shards (`input_shards` in the manifest; each row's
+A file holds rows of its bin's input shards (those whose `inputs` entry names its `bin`; each row's
 `input_shard` column says which), and the manifest's `inputs` name each shard's `bin`.
 
 A refresh (`--previous`) keeps a bin's files, by reference, when every shard in it is unchanged

@@ -39,8 +39,8 @@ def test_a_group_is_rewritten_into_files_of_the_target_size_in_unit_order(tmp_pa
     record = compact_group(out, work, "cs-en", "b1", 3, units, [], FileTarget(rows=5))
     files = record["files"]["paraphrases"]
     assert [f["rows"] for f in files] == [5, 5, 4]
-    assert all(f["path"].startswith("paraphrases/cs-en/00003/part-s") and f["input_shards"] == ["a.tsv"]
-               and f["bin"] == "b1" and f["shard"] == 3 for f in files)
+    assert all(f["path"].startswith("paraphrases/cs-en/00003/part-s") and f["bin"] == "b1" and f["shard"] == 3
+               for f in files)
     got = pa.concat_tables(pq.read_table(os.path.join(out, f["path"])) for f in files).column("pair_id").to_pylist()
     want = [f"u{u}r{i}" for u, rows in ((2, 7), (5, 4), (9, 3)) for i in range(rows)]     # units in order
     assert got == want
@@ -53,6 +53,10 @@ def test_a_group_is_rewritten_into_files_of_the_target_size_in_unit_order(tmp_pa
     # the same group again (a resumed run): its record is taken, nothing rewritten
     again = compact_group(out, work, "cs-en", "b1", 3, units, [], FileTarget(rows=5))
     assert again["files"] == record["files"] and again["reused_group"]
+    # 11 rows, 10 a file: two even files, not 10 rows and a stub of 1
+    even = compact_group(out, str(tmp_path / "w3"), "cs-en", "b2", 2, [_unit(out, u, n, partition=2) for u, n in
+                                                                         ((20, 4), (21, 7))], [], FileTarget(rows=10))
+    assert [f["rows"] for f in even["files"]["paraphrases"]] == [6, 5]
     # one unit's file is published as it is
     single = compact_group(out, str(tmp_path / "w2"), "cs-en", "b1", 1, [_unit(out, 11, 4, partition=1)], [],
                            FileTarget())
@@ -197,7 +201,9 @@ def test_incremental_runs_and_refreshes_reuse_compacted_files(bitext, tiny_nmt_m
     compacted = {e["path"] for e in first["files"]["paraphrases"]}
     assert any("/part-s" in p for p in compacted), compacted       # (a partition with one unit keeps its file)
     second = run(_args(bitext, tmp_path / "r2", tiny_nmt_models, *opts, "--previous", str(tmp_path / "r1")))
-    reused = {e["path"] for e in second["files"]["paraphrases"] if e["input_shards"] == ["a.tsv"]}
+    a_bin = next(e["bin"] for e in second["inputs"] if e["input_shard"] == "a.tsv")
+    assert a_bin == first["inputs"][0]["bin"] != next(e["bin"] for e in second["inputs"] if e["input_shard"] == "b.tsv")
+    reused = {e["path"] for e in second["files"]["paraphrases"] if e["bin"] == a_bin}
     assert reused == {f"../r1/{p}" for p in compacted} and second["previous"]["copied_shards"] == []
     # with a larger target a.tsv's bin is under-full: a refresh would copy its rows, not decode them
     capsys.readouterr()
@@ -213,7 +219,8 @@ def test_incremental_runs_and_refreshes_reuse_compacted_files(bitext, tiny_nmt_m
     job[1] = str(bitext)
     r2 = refresh(["--root", root, "--", *job])
     latest = json.load(open(os.path.join(root, "latest", "_manifest.json")))
-    a_files = {e["path"] for e in latest["files"]["paraphrases"] if e["input_shards"] == ["a.tsv"]}
+    a_bin = next(e["bin"] for e in latest["inputs"] if e["input_shard"] == "a.tsv")
+    a_files = {e["path"] for e in latest["files"]["paraphrases"] if e["bin"] == a_bin}
     in_r1 = json.load(open(os.path.join(root, "runs", r1["run_id"], "_manifest.json")))["files"]["paraphrases"]
     assert a_files == {f"../runs/{r1['run_id']}/{e['path']}" for e in in_r1}
     assert any("/part-s" in p for p in a_files)
