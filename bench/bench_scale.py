@@ -356,7 +356,7 @@ def main(argv=None) -> int:
         ten, hundred, f = r["runs"][10], r["runs"][100], r["refresh"]
         per_shard = (hundred["manifest_bytes"] - ten["manifest_bytes"]) / 90
         print(f"\nManifest at 50M pairs in 2,500 input shards of 20,000: the 10-shard manifest plus "
-              f"{per_shard:,.0f} bytes per further input shard (its inputs entry and its name in file entries) = "
+              f"{per_shard:,.0f} bytes per further input shard (its inputs entry: paths, sha256, sizes, counts) = "
               f"{(ten['manifest_bytes'] + per_shard * 2490) / 2**20:.2f} MB; "
               f"files per table as above ({hundred['paraphrase_files']} paraphrase files).\n")
         print(f"A refresh adding one input shard of {FILES_PAIRS // 100:,} pairs to the 100-shard run: decoded "
