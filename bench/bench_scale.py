@@ -4,7 +4,8 @@ flat: the figures behind "50 million pairs" (docs/benchmarks.md).
   1. worker memory over hundreds of work units: a plain loop over units (decode, write), with
      and without the memory release the job does after every unit (common/memory.py), and the
      job on a Dask cluster (2 worker processes), with Dask's profiler off (as deploy/run_dask.sh
-     starts workers) and on (Dask's default): resident memory after unit 10 vs after the last;
+     starts workers) and on (Dask's default), and on the DirectRunner in multi_processing mode:
+     resident memory after unit 10 vs after the last;
   2. cost growth: the job (DirectRunner, 2 worker processes) on 2k, 20k and 200k pairs with the
      tiny test models at beam 1, so that decoding is cheap and the pipeline's own costs show:
      seconds outside decoding per 1,000 pairs, driver and worker peak RSS, unit files written,
@@ -15,7 +16,7 @@ flat: the figures behind "50 million pairs" (docs/benchmarks.md).
      then a refresh that adds one shard to the 100-shard run (what it decodes, copies, keeps).
 
     python bench/bench_scale.py --work runs/bench-scale [--sizes 2000,20000,200000] [--units 240]
-        [--parts memory,dask,cost,files]
+        [--parts memory,dask,direct,cost,files]
 
 The tiny models (tests/conftest.py's TINY settings) are trained into --work once. Inputs are the
 toy bitext of tests/toydata.py, each pair made unique by a counter word on both sides (the toy
@@ -157,6 +158,35 @@ def _job(args: list[str], env: dict | None = None, watch=None) -> tuple[dict, li
     return manifest, (samples, watched), seconds
 
 
+def _units_done(out: str) -> int:
+    """Work units the run into OUT has finished so far (their completion records)."""
+    work_dir = os.path.join(out, "_work")
+    if not os.path.isdir(work_dir):
+        return 0
+    return sum(len(os.listdir(os.path.join(work_dir, r, "units"))) for r in os.listdir(work_dir)
+               if os.path.isdir(os.path.join(work_dir, r, "units")))
+
+
+def _memory_row(series: list, units: int) -> dict:
+    """A worker's figures from SERIES, [(units the run had finished, RSS MB)] over time."""
+    def high_water(k):          # the worker's peak RSS until the run had finished K units
+        return max((rss for n, rss in series if n <= k), default=0.0)
+
+    def at(k):                  # its RSS when the run had finished K units
+        return next((rss for n, rss in series if n >= k), series[-1][1])
+    marks = (20, units // 4, units // 2, 3 * units // 4, units)
+    return {"at_20": at(20), "at_last_unit": at(units), "peak_at_20": high_water(20),
+            "peak_at_end": max(rss for _, rss in series),
+            "curve": [round(at(k)) for k in marks], "peaks": [round(high_water(k)) for k in marks]}
+
+
+def _memory_job(model_dir: str, inp: str, out: str, per_unit: int) -> list[str]:
+    """The generation job of the memory runs: parabank2-cpu with 2x4 samples, nothing filtered."""
+    return ["--input", inp, "--output", out, "--forward_model", os.path.join(model_dir, "cs-en"),
+            "--backward_model", os.path.join(model_dir, "en-cs"), "--num_sets", "2", "--num_samples", "4",
+            "--score_threshold", "-1", "--dual_xent_threshold", "-1", "--unit_pairs", str(per_unit)]
+
+
 def dask_memory(model_dir: str, units: int, per_unit: int, work: str, profiler: bool = False) -> dict:
     """The job on a local Dask cluster (2 worker processes, 1 thread each) over UNITS units: each
     worker's RSS when the run had finished 20 units (10 a worker) and its last. PROFILER: leave
@@ -174,9 +204,7 @@ def dask_memory(model_dir: str, units: int, per_unit: int, work: str, profiler: 
 
         def sample():
             while not stop.is_set():
-                work_dir = os.path.join(out, "_work")
-                n = sum(len(os.listdir(os.path.join(work_dir, r, "units"))) for r in os.listdir(work_dir)
-                        if os.path.isdir(os.path.join(work_dir, r, "units"))) if os.path.isdir(work_dir) else 0
+                n = _units_done(out)
                 for pid in pids:
                     try:
                         per_worker[pid].append((n, psutil.Process(pid).memory_info().rss / 2**20))
@@ -185,26 +213,45 @@ def dask_memory(model_dir: str, units: int, per_unit: int, work: str, profiler: 
                 stop.wait(0.3)
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        manifest, _, seconds = _job(["--input", inp, "--output", out, "--forward_model", os.path.join(model_dir, "cs-en"),
-                                     "--backward_model", os.path.join(model_dir, "en-cs"), "--num_sets", "2",
-                                     "--num_samples", "4", "--score_threshold", "-1", "--dual_xent_threshold", "-1",
-                                     "--unit_pairs", str(per_unit), "--runner", "DaskRunner", "--dask_client_address",
-                                     address])
+        manifest, _, seconds = _job([*_memory_job(model_dir, inp, out, per_unit), "--runner", "DaskRunner",
+                                     "--dask_client_address", address])
         stop.set()
         sampler.join()
-        rows = {}
-        for pid, series in per_worker.items():
-            def high_water(k):          # the worker's peak RSS until the run had finished K units
-                return max((rss for n, rss in series if n <= k), default=0.0)
-
-            def at(k):                  # its RSS when the run had finished K units
-                return next((rss for n, rss in series if n >= k), series[-1][1])
-            marks = (20, units // 4, units // 2, 3 * units // 4, units)
-            rows[pid] = {"at_20": at(20), "at_last_unit": at(units), "peak_at_20": high_water(20),
-                         "peak_at_end": max(rss for _, rss in series),
-                         "curve": [round(at(k)) for k in marks], "peaks": [round(high_water(k)) for k in marks]}
+        rows = {pid: _memory_row(series, units) for pid, series in per_worker.items()}
         return {"units": manifest["units"]["written"], "per_worker": manifest["units"]["per_worker"],
                 "workers": rows, "seconds": seconds}
+
+
+def direct_memory(model_dir: str, units: int, per_unit: int, work: str) -> dict:
+    """The same job on the DirectRunner in multi_processing mode (2 worker processes): each worker
+    process's RSS when the run had finished 20 units and its last, as for Dask."""
+    import bisect
+
+    inp = _write_input(unique_pairs(units * per_unit, seed=13), os.path.join(work, "dask-in"), 1)
+    out = os.path.join(work, "direct-out")
+    subprocess.run(["rm", "-rf", out])
+    stop, done = threading.Event(), []
+
+    def count():
+        while not stop.is_set():
+            done.append((time.time(), _units_done(out)))
+            stop.wait(0.3)
+    counter = threading.Thread(target=count, daemon=True)
+    counter.start()
+    manifest, (samples, _), seconds = _job([*_memory_job(model_dir, inp, out, per_unit),
+                                            "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"])
+    stop.set()
+    counter.join()
+    times = [t for t, _ in done]
+    per_child: dict = {}
+    for t, _root, children in samples:
+        n = done[max(0, bisect.bisect_right(times, t) - 1)][1] if done else 0
+        for pid, rss in children.items():
+            per_child.setdefault(pid, []).append((n, rss))
+    # the two SDK worker processes: the children that did the work, the largest
+    workers = sorted(per_child, key=lambda pid: -max(r for _, r in per_child[pid]))[:2]
+    return {"units": manifest["units"]["written"], "per_worker": manifest["units"]["per_worker"],
+            "workers": {pid: _memory_row(per_child[pid], units) for pid in workers}, "seconds": seconds}
 
 
 # ------------------------------------------------------------------ 2. cost growth
@@ -290,7 +337,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="2000,20000,200000")
     ap.add_argument("--units", type=int, default=240, help="units of the memory runs (default 240)")
     ap.add_argument("--unit_pairs", type=int, default=50, help="pairs per unit in the memory runs (default 50)")
-    ap.add_argument("--parts", default="memory,dask,cost,files")
+    ap.add_argument("--parts", default="memory,dask,direct,cost,files")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     model_dir = models(a.work)
@@ -316,6 +363,15 @@ def main(argv=None) -> int:
             for i, w in enumerate(r["workers"].values()):
                 print(f"| {i + 1} | {w['at_20']:.0f} | {w['at_last_unit']:.0f} | {w['at_last_unit'] / w['at_20']:.3f} | "
                       f"{w['curve']} | {w['peak_at_20']:.0f} | {w['peak_at_end']:.0f} |", flush=True)
+    if "direct" in parts:
+        r = direct_memory(model_dir, a.units, a.unit_pairs, a.work)
+        print(f"\n## 1c. The job on the DirectRunner (multi_processing), {r['units']} units of {a.unit_pairs} pairs, 2 "
+              f"worker processes ({r['per_worker']}), RSS MB\n")
+        print("| worker | RSS when 20 units were done | when the last unit was done | ratio | RSS curve (units 20, "
+              "1/4, 1/2, 3/4, all) | peak until 20 units | peak of the job |\n|---|---|---|---|---|---|---|")
+        for i, w in enumerate(r["workers"].values()):
+            print(f"| {i + 1} | {w['at_20']:.0f} | {w['at_last_unit']:.0f} | {w['at_last_unit'] / w['at_20']:.3f} | "
+                  f"{w['curve']} | {w['peak_at_20']:.0f} | {w['peak_at_end']:.0f} |", flush=True)
     if "cost" in parts:
         rows = [cost(model_dir, int(n), a.work) for n in a.sizes.split(",")]
         print("\n## 2. Cost growth: DirectRunner, 2 worker processes, beam 1, forward model only\n")
