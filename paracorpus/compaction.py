@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from common import storage
 from paracorpus.commit import attempt_id
-from paracorpus.schema import GROUP_RECORD_KEYS, check_manifest, partition_dir
+from paracorpus.schema import CONTRACT_VERSION, GROUP_RECORD_KEYS, check_manifest, partition_dir
 from paracorpus.units import sum_counts
 
 TABLES = ("paraphrases", "rejects", "dedup")
@@ -93,6 +93,9 @@ class _FileSeries:
 
         import pyarrow.parquet as pq
 
+        # rows copied from a file of an earlier contract version are this version's now
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               b"contract_version": str(CONTRACT_VERSION).encode()})
         if self._writer is None:
             self._name = self.name_of(len(self.entries))
             self._stack = contextlib.ExitStack()

@@ -11,7 +11,8 @@ into the new bins' files (paracorpus/compaction.py). New and changed shards are 
 pairs are deduplicated against the dedup keys the previous run kept for the reused shards (a
 table in the run, ``dedup/``, not recomputed from text), so a pair already published keeps its
 place and a new copy of it is a ``duplicate`` reject. Shards that are gone drop out. The manifest
-says, per input shard, which run decoded it and which bin holds its rows.
+says, per input shard, which run decoded it and which bin holds its rows. A run of contract 3
+(before bins) is read as one bin per input shard.
 
 Content hashes are taken without reading a shard again when its paths, sizes and modification
 times are those the previous run recorded (the quick check of rsync and make); anything else is
@@ -23,9 +24,9 @@ from dataclasses import dataclass, field
 
 from common import storage
 from common.cli import UsageError
-from paracorpus.schema import CONTRACT_VERSION, MANIFEST
+from paracorpus.schema import CONTRACT_VERSION, MANIFEST, table_relative
 from common.shards import ShardSpec
-from paracorpus.bins import is_full
+from paracorpus.bins import bin_id, is_full
 
 TABLES = ("paraphrases", "rejects", "dedup")
 
@@ -94,10 +95,28 @@ def _previous_manifest(previous: str) -> dict:
     return manifest
 
 
+def _from_contract_3(manifest: dict) -> dict:
+    """MANIFEST of contract 3 (files per input shard, no bins) as contract 4 reads it: each input
+    shard a bin of its own, each file entry with its bin and output partition. The files' columns
+    are the same, so a run written before bins is built on, not decoded again."""
+    inputs = [{**e, "bin": bin_id([e["input_shard"]])} for e in manifest["inputs"]
+              if isinstance(e, dict) and "input_shard" in e]
+    files = {table: [{**f, "bin": bin_id([f.get("input_shard", "")]),
+                      "shard": int(table_relative(f["path"], table).split("/")[1])} for f in entries]
+             for table, entries in manifest["files"].items() if table in TABLES}
+    return {**manifest, "inputs": inputs, "files": files, "contract_version": CONTRACT_VERSION}
+
+
 def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str, capacity: int) -> Reuse:
     """Which SHARDS the run can take from the committed run PREVIOUS (see the module doc), with bins
     of CAPACITY records (paracorpus/bins.py). UsageError when PREVIOUS holds no committed generation run."""
     previous_manifest = _previous_manifest(previous) if previous else None
+    if previous_manifest and previous_manifest.get("contract_version") == 3:
+        try:
+            previous_manifest = _from_contract_3(previous_manifest)
+        except (KeyError, ValueError, IndexError, TypeError, AttributeError):
+            raise UsageError(f"--previous {previous}: {MANIFEST} (contract 3) lists files this job cannot place "
+                             "(an entry without a path or input shard, or outside a table's partitions)") from None
     before = {e["input_shard"]: e for e in (previous_manifest or {}).get("inputs", [])
               if isinstance(e, dict) and "input_shard" in e}
     reuse = Reuse(previous=storage.absolute(previous) if previous_manifest else None,

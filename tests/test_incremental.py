@@ -9,6 +9,7 @@ import pytest
 from beam_pipelines.generate import run
 from common import storage
 from paracorpus.commit import committed_files
+from paracorpus.schema import CONTRACT_VERSION
 from tests.object_stores import s3_store  # noqa: F401  (fixture)
 
 _FLOATS = ("forward_nll", "backward_nll", "combined_score")
@@ -141,6 +142,54 @@ def test_full_bins_are_kept_by_reference(tmp_path, tiny_nmt_models):
     assert _held(r4, "a.tsv") == {"r1"} and _held(r4, "c.tsv") == {"r2"} and _held(r4, "b.tsv") == {"self"}
     assert r5["previous"]["copied_shards"] == [] and _held(r5, "c.tsv") == {"r2"}
     assert len({e["bin"] for e in r5["inputs"]}) == 2
+
+
+def _as_contract_3(run_dir):
+    """Rewrite the run RUN_DIR (one input shard per bin) as the job wrote runs before bins
+    (contract 3): file entries name their input shard, no bins, the files' metadata says 3."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    path = os.path.join(run_dir, "_manifest.json")
+    manifest = json.load(open(path))
+    shard_of = {e["bin"]: e["input_shard"] for e in manifest["inputs"]}
+    assert len(shard_of) == len(manifest["inputs"])                      # one shard a bin
+    for table, entries in manifest["files"].items():
+        for f in entries:
+            data = pq.read_table(os.path.join(run_dir, f["path"]))
+            pq.write_table(data.replace_schema_metadata({**data.schema.metadata, b"contract_version": b"3"}),
+                           os.path.join(run_dir, f["path"]))
+            f["bytes"] = os.path.getsize(os.path.join(run_dir, f["path"]))
+            f["input_shard"] = shard_of[f.pop("bin")]
+            del f["shard"]
+    for e in manifest["inputs"]:
+        del e["bin"]
+    manifest["contract_version"] = 3
+    json.dump(manifest, open(path, "w"))
+
+
+@pytest.mark.slow
+def test_a_run_written_before_bins_is_built_on_not_decoded_again(tmp_path, tiny_nmt_models):
+    """An upgrade: the first refresh after it copies the unchanged shards of a contract 3 run
+    into bins, and decodes only what changed."""
+    import pyarrow.parquet as pq
+
+    inp, runs = str(tmp_path / "in"), str(tmp_path / "runs")
+    _write(inp, "a.tsv", _lines(0, 12))
+    _write(inp, "b.tsv", _lines(12, 12))
+    run(_args(inp, f"{runs}/r1", tiny_nmt_models, "--file_rows", "1"))        # bins of 8 records: one a shard
+    _as_contract_3(f"{runs}/r1")
+    _write(inp, "c.tsv", _lines(24, 10))
+    r2 = run(_args(inp, f"{runs}/r2", tiny_nmt_models, "--previous", f"{runs}/r1"))
+    assert _decoded(r2) == ["c.tsv"] and r2["previous"]["copied_shards"] == ["a.tsv", "b.tsv"]
+    assert r2["previous"]["why_nothing_reused"] is None and _held(r2, "a.tsv") == {"self"}
+    full = run(_args(inp, str(tmp_path / "full"), tiny_nmt_models))
+    for table in ("paraphrases", "rejects", "dedup"):
+        assert _strip(_rows(f"{runs}/r2", table)) == _strip(_rows(str(tmp_path / "full"), table))
+        for f in committed_files(f"{runs}/r2", table):
+            assert pq.read_schema(f).metadata[b"contract_version"] == str(CONTRACT_VERSION).encode()
+    assert r2["counts"] == full["counts"]
 
 
 @pytest.mark.slow
