@@ -368,10 +368,10 @@ def main(argv=None) -> int:
         print(f"\n## 1c. The job on the DirectRunner (multi_processing), {r['units']} units of {a.unit_pairs} pairs, 2 "
               f"worker processes ({r['per_worker']}), RSS MB\n")
         print("| worker | RSS when 20 units were done | when the last unit was done | ratio | RSS curve (units 20, "
-              "1/4, 1/2, 3/4, all) | peak until 20 units | peak of the job |\n|---|---|---|---|---|---|---|")
+              "1/4, 1/2, 3/4, all) | peak until those units | peak of the job |\n|---|---|---|---|---|---|---|")
         for i, w in enumerate(r["workers"].values()):
             print(f"| {i + 1} | {w['at_20']:.0f} | {w['at_last_unit']:.0f} | {w['at_last_unit'] / w['at_20']:.3f} | "
-                  f"{w['curve']} | {w['peak_at_20']:.0f} | {w['peak_at_end']:.0f} |", flush=True)
+                  f"{w['curve']} | {w['peaks']} | {w['peak_at_end']:.0f} |", flush=True)
     if "cost" in parts:
         rows = [cost(model_dir, int(n), a.work) for n in a.sizes.split(",")]
         print("\n## 2. Cost growth: DirectRunner, 2 worker processes, beam 1, forward model only\n")
