@@ -105,7 +105,7 @@ def plain_loop(model_dir: str, units: int, per_unit: int, release: bool, workdir
                                                   if i < units]}
 
 
-def _tree_sampler(pid: int, stop: threading.Event, samples: list, every: float = 0.5) -> None:
+def _tree_sampler(pid: int, stop: threading.Event, samples: list, every: float = 0.1) -> None:
     """Sample (time, RSS MB of PID, {child pid: RSS MB}) until STOP."""
     import psutil
 
@@ -174,10 +174,14 @@ def _memory_row(series: list, units: int) -> dict:
 
     def at(k):                  # its RSS when the run had finished K units
         return next((rss for n, rss in series if n >= k), series[-1][1])
+    def window(k):              # its lowest and highest RSS while the run finished units K..K+39
+        values = [rss for n, rss in series if k <= n < k + 40] or [0.0]
+        return round(min(values)), round(max(values))
     marks = (20, units // 4, units // 2, 3 * units // 4, units)
     return {"at_20": at(20), "at_last_unit": at(units), "peak_at_20": high_water(20),
             "peak_at_end": max(rss for _, rss in series),
-            "curve": [round(at(k)) for k in marks], "peaks": [round(high_water(k)) for k in marks]}
+            "curve": [round(at(k)) for k in marks], "peaks": [round(high_water(k)) for k in marks],
+            "windows": [window(k) for k in range(20, units - 39, 40)]}
 
 
 def _memory_job(model_dir: str, inp: str, out: str, per_unit: int) -> list[str]:
@@ -235,7 +239,7 @@ def direct_memory(model_dir: str, units: int, per_unit: int, work: str) -> dict:
     def count():
         while not stop.is_set():
             done.append((time.time(), _units_done(out)))
-            stop.wait(0.3)
+            stop.wait(0.1)
     counter = threading.Thread(target=count, daemon=True)
     counter.start()
     manifest, (samples, _), seconds = _job([*_memory_job(model_dir, inp, out, per_unit),
@@ -368,10 +372,11 @@ def main(argv=None) -> int:
         print(f"\n## 1c. The job on the DirectRunner (multi_processing), {r['units']} units of {a.unit_pairs} pairs, 2 "
               f"worker processes ({r['per_worker']}), RSS MB\n")
         print("| worker | RSS when 20 units were done | when the last unit was done | ratio | RSS curve (units 20, "
-              "1/4, 1/2, 3/4, all) | peak until those units | peak of the job |\n|---|---|---|---|---|---|---|")
+              "1/4, 1/2, 3/4, all) | peak until those units | low and high while units 20-59, 60-99, ... were "
+              "decoded |\n|---|---|---|---|---|---|---|")
         for i, w in enumerate(r["workers"].values()):
             print(f"| {i + 1} | {w['at_20']:.0f} | {w['at_last_unit']:.0f} | {w['at_last_unit'] / w['at_20']:.3f} | "
-                  f"{w['curve']} | {w['peaks']} | {w['peak_at_end']:.0f} |", flush=True)
+                  f"{w['curve']} | {w['peaks']} | {w['windows']} |", flush=True)
     if "cost" in parts:
         rows = [cost(model_dir, int(n), a.work) for n in a.sizes.split(",")]
         print("\n## 2. Cost growth: DirectRunner, 2 worker processes, beam 1, forward model only\n")
