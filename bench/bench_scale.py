@@ -359,24 +359,12 @@ def main(argv=None) -> int:
     if "dask" in parts:
         for profiler in (False, True):
             r = dask_memory(model_dir, a.units, a.unit_pairs, a.work, profiler)
-            print(f"\n## 1b. The job on a Dask cluster, {r['units']} units of {a.unit_pairs} pairs, 2 worker processes "
-                  f"({r['per_worker']}), Dask's profiler {'on (its default)' if profiler else 'off'}, RSS MB\n")
-            print("| worker | RSS when 20 units were done (10 a worker) | when the last unit was done | ratio | "
-                  "RSS curve (units 20, 1/4, 1/2, 3/4, all) | peak until 20 units | peak of the job (with compaction) |"
-                  "\n|---|---|---|---|---|---|---|")
-            for i, w in enumerate(r["workers"].values()):
-                print(f"| {i + 1} | {w['at_20']:.0f} | {w['at_last_unit']:.0f} | {w['at_last_unit'] / w['at_20']:.3f} | "
-                      f"{w['curve']} | {w['peak_at_20']:.0f} | {w['peak_at_end']:.0f} |", flush=True)
+            _print_workers(f"1b. The job on a Dask cluster, {r['units']} units of {a.unit_pairs} pairs, 2 worker processes "
+                           f"({r['per_worker']}), Dask's profiler {'on (its default)' if profiler else 'off'}", r)
     if "direct" in parts:
         r = direct_memory(model_dir, a.units, a.unit_pairs, a.work)
-        print(f"\n## 1c. The job on the DirectRunner (multi_processing), {r['units']} units of {a.unit_pairs} pairs, 2 "
-              f"worker processes ({r['per_worker']}), RSS MB\n")
-        print("| worker | RSS when 20 units were done | when the last unit was done | ratio | RSS curve (units 20, "
-              "1/4, 1/2, 3/4, all) | peak until those units | low and high while units 20-59, 60-99, ... were "
-              "decoded |\n|---|---|---|---|---|---|---|")
-        for i, w in enumerate(r["workers"].values()):
-            print(f"| {i + 1} | {w['at_20']:.0f} | {w['at_last_unit']:.0f} | {w['at_last_unit'] / w['at_20']:.3f} | "
-                  f"{w['curve']} | {w['peaks']} | {w['windows']} |", flush=True)
+        _print_workers(f"1c. The job on the DirectRunner (multi_processing), {r['units']} units of {a.unit_pairs} "
+                       f"pairs, 2 worker processes ({r['per_worker']})", r)
     if "cost" in parts:
         rows = [cost(model_dir, int(n), a.work) for n in a.sizes.split(",")]
         print("\n## 2. Cost growth: DirectRunner, 2 worker processes, beam 1, forward model only\n")
@@ -426,6 +414,17 @@ def main(argv=None) -> int:
               f"{f['seconds']:.1f} s (the 100-shard run: {hundred['seconds']:.1f} s), compaction "
               f"{f['compaction_seconds']:.1f} s; {f['bins']} bins, {f['paraphrase_files']} paraphrase files.")
     return 0
+
+
+def _print_workers(title: str, r: dict) -> None:
+    """The table of a memory run's workers (dask_memory, direct_memory)."""
+    print(f"\n## {title}, RSS MB\n")
+    print("| worker | RSS when 20 units were done | when the last unit was done | ratio | RSS curve (units 20, 1/4, "
+          "1/2, 3/4, all) | peak until those units | low and high while units 20-59, 60-99, ... were decoded | "
+          "peak of the job (with compaction) |\n|---|---|---|---|---|---|---|---|")
+    for i, w in enumerate(r["workers"].values()):
+        print(f"| {i + 1} | {w['at_20']:.0f} | {w['at_last_unit']:.0f} | {w['at_last_unit'] / w['at_20']:.3f} | "
+              f"{w['curve']} | {w['peaks']} | {w['windows']} | {w['peak_at_end']:.0f} |", flush=True)
 
 
 def _fresh(function: str, *args) -> dict:
