@@ -13,10 +13,11 @@ flat: the figures behind "50 million pairs" (docs/benchmarks.md).
   3. files follow the file target, not the input shards: the same 100k pairs as 10 and as 100
      input shards, with the file target scaled down as 50M pairs see the default one
      (--file_rows 2,000: 100k / 2,000 = 50M / 1M): bins, groups, files per table, manifest bytes;
-     then a refresh that adds one shard to the 100-shard run (what it decodes, copies, keeps).
+     then a refresh that adds one shard to the 100-shard run (what it decodes, copies, keeps);
+  4. a refresh's copy: the rows of 7 of 8 input shards copied out of a 1M-row compacted file.
 
     python bench/bench_scale.py --work runs/bench-scale [--sizes 2000,20000,200000] [--units 240]
-        [--parts memory,dask,direct,cost,files]
+        [--parts memory,dask,direct,cost,files,copy]
 
 The tiny models (tests/conftest.py's TINY settings) are trained into --work once. Inputs are the
 toy bitext of tests/toydata.py, each pair made unique by a counter word on both sides (the toy
@@ -335,13 +336,69 @@ def files_and_refresh(model_dir: str, work: str) -> dict:
     return {"runs": rows, "refresh": refresh}
 
 
+COPY_SHARDS = [f"part-{k:04d}.tsv" for k in range(8)]
+
+
+def write_copy_input(work: str, rows: int = 1_000_000) -> dict:
+    """Part 4's input: ROWS paraphrase rows of 8 input shards in one compacted file (row groups as
+    compaction writes them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from paracorpus.compaction import ROW_GROUP_ROWS
+    from paracorpus.schema import PARAPHRASES
+
+    # text as varied as a real corpus's (the toy grammar's repeats would compress to nothing):
+    # sentences of 8-20 words drawn from 30,000 made-up ones
+    import random
+
+    rng = random.Random(29)
+    vocab = ["".join(rng.choice(LETTERS + "aeiouy") for _ in range(rng.randint(2, 10))) for _ in range(30_000)]
+    pairs = [(" ".join(rng.choices(vocab, k=rng.randint(8, 20))), " ".join(rng.choices(vocab, k=rng.randint(8, 20))))
+             for _ in range(rows)]
+    n = len(pairs)
+    names, shards = COPY_SHARDS, len(COPY_SHARDS)
+    columns = {"pair_id": [f"{i:016x}" for i in range(n)], "src_lang": ["cs"] * n, "tgt_lang": ["en"] * n,
+               "source": [p[0] for p in pairs], "reference": [p[1] for p in pairs],
+               "paraphrase": [" ".join(reversed(p[1].split())) for p in pairs], "rank": [1] * n,
+               "cluster_id": [1] * n, "cluster_size": [3] * n, "forward_nll": [0.5] * n, "backward_nll": [0.7] * n,
+               "combined_score": [0.6] * n, "constraint_set": [[]] * n, "constraint_set_id": [-1] * n,
+               "num_sampled": [12] * n, "num_surviving": [4] * n, "mode": ["beam"] * n, "config_hash": ["c"] * n,
+               "input_shard": [names[i * shards // n] for i in range(n)], "input_index": list(range(n)),
+               "lang_pair": ["cs-en"] * n, "shard": [0] * n}
+    old = os.path.join(work, "copy-old.parquet")
+    pq.write_table(pa.table(columns, schema=PARAPHRASES.schema), old, compression="zstd",
+                   row_group_size=ROW_GROUP_ROWS)
+    return {"path": old, "rows": rows, "bytes": os.path.getsize(old)}
+
+
+def copy_cost(work: str, entry: dict) -> dict:
+    """What a refresh pays per group of a bin it touches: the rows of all input shards but one of
+    the file ENTRY (write_copy_input) copied into new files (compact_group with a carry)."""
+    import resource
+
+    from paracorpus.compaction import FileTarget, carry_item, compact_group
+
+    out = os.path.join(work, "copy-out")
+    subprocess.run(["rm", "-rf", out])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    start = time.perf_counter()
+    record = compact_group(out, os.path.join(out, "_work"), "cs-en", "b1", 0, [],
+                           [carry_item("paraphrases", entry["path"], COPY_SHARDS[1:], entry)], FileTarget())
+    seconds = time.perf_counter() - start
+    copied = sum(f["rows"] for f in record["files"]["paraphrases"])
+    return {"rows": entry["rows"], "copied": copied, "seconds": seconds, "file_mb": entry["bytes"] / 2**20,
+            "files": len(record["files"]["paraphrases"]),
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak_before_mb": before}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", default=os.path.join(ROOT, "runs", "bench-scale"))
     ap.add_argument("--sizes", default="2000,20000,200000")
     ap.add_argument("--units", type=int, default=240, help="units of the memory runs (default 240)")
     ap.add_argument("--unit_pairs", type=int, default=50, help="pairs per unit in the memory runs (default 50)")
-    ap.add_argument("--parts", default="memory,dask,direct,cost,files")
+    ap.add_argument("--parts", default="memory,dask,direct,cost,files,copy")
     a = ap.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     model_dir = models(a.work)
@@ -413,6 +470,11 @@ def main(argv=None) -> int:
               f"under-full last bin), kept {f['kept_files']} paraphrase files by reference, wrote {f['written_files']}; "
               f"{f['seconds']:.1f} s (the 100-shard run: {hundred['seconds']:.1f} s), compaction "
               f"{f['compaction_seconds']:.1f} s; {f['bins']} bins, {f['paraphrase_files']} paraphrase files.")
+    if "copy" in parts:
+        r = _fresh("copy_cost", a.work, _fresh("write_copy_input", a.work))
+        print(f"\n## 4. A refresh's copy: {r['copied']:,} of {r['rows']:,} paraphrase rows ({r['file_mb']:.0f} MB file) "
+              f"copied into {r['files']} file(s) in {r['seconds']:.1f} s ({r['copied'] / r['seconds']:,.0f} rows/s); "
+              f"peak RSS of the process {r['peak_before_mb']:.0f} MB before the copy, {r['peak_mb']:.0f} MB after")
     return 0
 
 
