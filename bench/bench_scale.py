@@ -175,6 +175,7 @@ def _memory_row(series: list, units: int) -> dict:
 
     def at(k):                  # its RSS when the run had finished K units
         return next((rss for n, rss in series if n >= k), series[-1][1])
+
     def window(k):              # its lowest and highest RSS while the run finished units K..K+39
         values = [rss for n, rss in series if k <= n < k + 40] or [0.0]
         return round(min(values)), round(max(values))
@@ -260,16 +261,22 @@ def direct_memory(model_dir: str, units: int, per_unit: int, work: str) -> dict:
 
 
 # ------------------------------------------------------------------ 2. cost growth
+def _paranmt_job(model_dir: str, folder: str, out: str, *extra: str) -> tuple[dict, list, float]:
+    """The job of parts 2 and 3 into a fresh OUT: DirectRunner, 2 worker processes, paranmt at beam 1,
+    forward model only; (manifest, RSS samples of the job's processes, seconds)."""
+    subprocess.run(["rm", "-rf", out])
+    manifest, (samples, _), seconds = _job(
+        ["--input", folder, "--output", out, "--forward_model", os.path.join(model_dir, "cs-en"), "--preset", "paranmt",
+         "--beam", "1", "--direct_running_mode", "multi_processing", "--direct_num_workers", "2", *extra])
+    return manifest, samples, seconds
+
+
 def cost(model_dir: str, pairs: int, work: str) -> dict:
     """The job (DirectRunner, 2 worker processes, beam 1, forward model only) on PAIRS pairs."""
     folder = os.path.join(work, f"in-{pairs}")
     if not os.path.isdir(folder):
         _write_input(unique_pairs(pairs, seed=17), folder, max(1, pairs // 20000))
-    out = os.path.join(work, f"out-{pairs}")
-    subprocess.run(["rm", "-rf", out])
-    manifest, (samples, _), seconds = _job(
-        ["--input", folder, "--output", out, "--forward_model", os.path.join(model_dir, "cs-en"), "--preset", "paranmt",
-         "--beam", "1", "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"])
+    manifest, samples, seconds = _paranmt_job(model_dir, folder, os.path.join(work, f"out-{pairs}"))
     decoding = sum(manifest["units"]["decoding_seconds_per_worker"].values())
     driver = max((s[1] for s in samples), default=0.0)
     worker = max((max(s[2].values()) for s in samples if s[2]), default=0.0)
@@ -283,14 +290,6 @@ def cost(model_dir: str, pairs: int, work: str) -> dict:
 
 
 FILES_PAIRS, FILES_TARGET = 100_000, 2_000      # 100k / 2,000 = 50M / the default 1M rows
-
-
-def _paranmt_job(model_dir: str, folder: str, out: str, *extra: str) -> tuple[dict, float]:
-    subprocess.run(["rm", "-rf", out])
-    manifest, _samples, seconds = _job(
-        ["--input", folder, "--output", out, "--forward_model", os.path.join(model_dir, "cs-en"), "--preset", "paranmt",
-         "--beam", "1", "--direct_running_mode", "multi_processing", "--direct_num_workers", "2", *extra])
-    return manifest, seconds
 
 
 def _files_row(manifest: dict, seconds: float) -> dict:
@@ -313,16 +312,16 @@ def files_and_refresh(model_dir: str, work: str) -> dict:
         folder = os.path.join(work, f"files-in-{shards}")
         if not os.path.isdir(folder):
             _write_input(pairs[:FILES_PAIRS], folder, shards)
-        manifest, seconds = _paranmt_job(model_dir, folder, os.path.join(work, f"files-out-{shards}"),
-                                         "--file_rows", str(FILES_TARGET))
+        manifest, _samples, seconds = _paranmt_job(model_dir, folder, os.path.join(work, f"files-out-{shards}"),
+                                                   "--file_rows", str(FILES_TARGET))
         rows[shards] = _files_row(manifest, seconds)
     folder = os.path.join(work, "files-in-100")
     with open(os.path.join(folder, "part-9999.tsv"), "w", encoding="utf-8") as f:      # the new shard
         f.writelines(f"{s}\t{t}\n" for s, t in pairs[FILES_PAIRS:])
     try:
-        manifest, seconds = _paranmt_job(model_dir, folder, os.path.join(work, "files-out-refresh"),
-                                         "--file_rows", str(FILES_TARGET), "--previous",
-                                         os.path.join(work, "files-out-100"))
+        manifest, _samples, seconds = _paranmt_job(model_dir, folder, os.path.join(work, "files-out-refresh"),
+                                                   "--file_rows", str(FILES_TARGET), "--previous",
+                                                   os.path.join(work, "files-out-100"))
     finally:
         os.remove(os.path.join(folder, "part-9999.tsv"))
     refresh = _files_row(manifest, seconds)
@@ -342,6 +341,8 @@ COPY_SHARDS = [f"part-{k:04d}.tsv" for k in range(8)]
 def write_copy_input(work: str, rows: int = 1_000_000) -> dict:
     """Part 4's input: ROWS paraphrase rows of 8 input shards in one compacted file (row groups as
     compaction writes them)."""
+    import random
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -350,8 +351,6 @@ def write_copy_input(work: str, rows: int = 1_000_000) -> dict:
 
     # text as varied as a real corpus's (the toy grammar's repeats would compress to nothing):
     # sentences of 8-20 words drawn from 30,000 made-up ones
-    import random
-
     rng = random.Random(29)
     vocab = ["".join(rng.choice(LETTERS + "aeiouy") for _ in range(rng.randint(2, 10))) for _ in range(30_000)]
     pairs = [(" ".join(rng.choices(vocab, k=rng.randint(8, 20))), " ".join(rng.choices(vocab, k=rng.randint(8, 20))))

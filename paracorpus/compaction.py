@@ -93,14 +93,15 @@ class _FileSeries:
 
         import pyarrow.parquet as pq
 
-        # rows copied from a file of an earlier contract version are this version's now
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                               b"contract_version": str(CONTRACT_VERSION).encode()})
         if self._writer is None:
             self._name = self.name_of(len(self.entries))
             self._stack = contextlib.ExitStack()
             sink = self._stack.enter_context(storage.open_output(storage.join(self.output, self._name)))
-            self._writer = pq.ParquetWriter(sink, table.schema, compression="zstd")
+            # the file's schema says this contract version, also when its first rows were copied
+            # from a file of an earlier one (the writer ignores the tables' own metadata)
+            schema = table.schema.with_metadata({**(table.schema.metadata or {}),
+                                                 b"contract_version": str(CONTRACT_VERSION).encode()})
+            self._writer = pq.ParquetWriter(sink, schema, compression="zstd")
             self.rows = 0
         self._pending.append(table)
         self._pending_rows += table.num_rows
@@ -125,9 +126,10 @@ class _FileSeries:
             self._writer = self._stack = None
 
 
-def _row_groups(location: str, input_shards):
+def read_row_groups(location: str, input_shards=None):
     """The row groups of the Parquet file at LOCATION, one at a time; only the rows of INPUT_SHARDS
-    when given (a carried shard's rows in a file it shares with shards that changed)."""
+    when given (a carried shard's rows, or its dedup keys, in a file it shares with shards that
+    changed)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -148,7 +150,7 @@ def _rewrite(output: str, sources: list[tuple], directory: str, prefix: str, tar
     per_file = -(-rows // -(-rows // per_file)) if rows else per_file   # even files, not a full one and a stub
     files = _FileSeries(output, lambda n: f"{directory}/{prefix}-{n:03d}.parquet")
     for location, input_shards, _rows, _bytes in sources:
-        for data in _row_groups(location, input_shards):
+        for data in read_row_groups(location, input_shards):
             offset = 0
             while offset < data.num_rows:
                 take = min(per_file - files.rows if files.open else per_file, data.num_rows - offset)

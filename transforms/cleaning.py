@@ -43,13 +43,11 @@ class KeepFirstOfDuplicates(beam.DoFn):
 def _previous_rows(source):
     """(dedup key, ("previous", row)) for every row of an earlier run's dedup file; SOURCE: (its
     path, the input shards whose rows count or None for all)."""
-    from common import storage
+    from paracorpus.compaction import read_row_groups
 
     path, input_shards = source
-    table = storage.parquet_file(path).read(columns=["dedup_key", "pair_id", "input_shard", "input_index"])
-    keep = None if input_shards is None else set(input_shards)
-    for row in table.to_pylist():
-        if keep is None or row["input_shard"] in keep:
+    for data in read_row_groups(path, input_shards):
+        for row in data.select(["dedup_key", "pair_id", "input_shard", "input_index"]).to_pylist():
             yield row["dedup_key"], ("previous", row)
 
 
