@@ -150,7 +150,12 @@ def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str, 
     files_of: dict = {}
     for table in TABLES:
         for f in previous_manifest.get("files", {}).get(table, []):
-            files_of.setdefault(f.get("bin"), {t: [] for t in TABLES})[table].append(f)
+            # a file no input's bin claims would be dropped from the new run without a word
+            if not (isinstance(f, dict) and isinstance(f.get("path"), str) and f.get("bin") in members
+                    and isinstance(f.get("shard"), int) and isinstance(f.get("rows"), int)):
+                raise UsageError(f"--previous {previous}: {MANIFEST} lists a {table} file that no input shard's bin "
+                                 f"holds, or without its path, partition or rows: {str(f)[:200]}")
+            files_of.setdefault(f["bin"], {t: [] for t in TABLES})[table].append(f)
     for old_bin, names_in in sorted(members.items()):
         files = files_of.get(old_bin, {t: [] for t in TABLES})
         if all(n in unchanged for n in names_in) and is_full([before[n]["records_read"] for n in names_in], capacity):

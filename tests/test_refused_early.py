@@ -2,6 +2,7 @@
 inputs that yield nothing, settings that would reject every record, unparseable configs and model
 files, a training run with nothing to train on."""
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -158,6 +159,7 @@ def _config_with_pieces(tmp_path):
 
 def test_a_garbage_previous_manifest_is_one_line(tmp_path):
     from paracorpus.incremental import plan_reuse
+    from paracorpus.schema import CONTRACT_VERSION
 
     prev = tmp_path / "prev"
     prev.mkdir()
@@ -167,6 +169,15 @@ def test_a_garbage_previous_manifest_is_one_line(tmp_path):
             plan_reuse(str(prev), [], "hash", 1)
     with pytest.raises(UsageError, match="no _manifest.json"):
         plan_reuse(str(tmp_path / "nowhere"), [], "hash", 1)
+    # a file entry whose bin no input names (or without its partition) would be dropped silently
+    inputs = [{"input_shard": "a.tsv", "bin": "b1", "counts": {}, "records_read": 1, "sha256": ["x"]}]
+    for entry in ({"path": "p.parquet", "rows": 1, "bytes": 1, "bin": "b2", "shard": 0},
+                  {"path": "p.parquet", "rows": 1, "bytes": 1, "bin": "b1"}):
+        (prev / "_manifest.json").write_text(json.dumps(
+            {"contract_version": CONTRACT_VERSION, "run_id": "r", "config_hash": "hash", "inputs": inputs,
+             "files": {"paraphrases": [entry]}}))
+        with pytest.raises(UsageError, match="lists a paraphrases file that no input shard's bin holds"):
+            plan_reuse(str(prev), [], "hash", 1)
 
 
 # ------------------------------------------------------------------ truncated compressed shards
