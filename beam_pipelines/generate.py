@@ -54,6 +54,8 @@ from transforms.units import (PAIR, REJECT, UNIT, CompactGroup, DecodeUnits, Uni
                               reuse_unit)
 
 TABLES = ("paraphrases", "rejects", "dedup", "_counts")      # what publish() cleans (_counts: contract v1 runs)
+DEFAULT_PROCESSES_PER_GPU = 4
+GPU_BATCH_PAIRS = 256        # --batch_pairs on a GPU unless given: larger decoder batches keep it busy
 
 log = logging.getLogger("paragen")
 # where a caller (paragen-refresh running this job as a command) wants to learn that the job found
@@ -148,6 +150,11 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                    help="model weights' precision (default auto: fp16 on a GPU, fp32 on the CPU); bf16 needs a "
                         "CPU with AVX512-BF16 or AMX and gives slightly different scores")
+    g.add_argument("--processes_per_gpu", type=int, default=DEFAULT_PROCESSES_PER_GPU,
+                   help=f"decoding processes sharing each GPU, so that one process's host work (tokenization, "
+                        f"clustering, writing) overlaps another's decoding; on a GPU machine the DirectRunner starts "
+                        f"GPUs x this many worker processes unless --direct_running_mode is given (default "
+                        f"{DEFAULT_PROCESSES_PER_GPU})")
     g.add_argument("--torch_threads", type=int, default=0,
                    help="CPU threads of each worker process's model (default 0 = auto: the cores divided by "
                         "the DirectRunner's worker processes; elsewhere torch's default, which follows "
@@ -395,6 +402,28 @@ def resolve_device(device: str | None, precision: str, runner: str) -> tuple[str
     return effective, resolved
 
 
+def hashed_precision(requested: str, device: str | None, resolved: str) -> str:
+    """The precision the config hash records: as requested, except that 'auto' on a GPU records
+    what it resolved to where the driver can tell (the DirectRunner), since GPU types differ
+    (bf16 or fp16) and a refresh must not mix samples of both. On the CPU 'auto' is always fp32."""
+    if requested != "auto" or device != "cuda":
+        return requested
+    return f"auto:cuda:{resolved}"
+
+
+def gpu_worker_processes(beam_args: list[str], runner: str, processes_per_gpu: int) -> list[str]:
+    """BEAM_ARGS for a DirectRunner run on this machine's GPUs: GPUs x PROCESSES_PER_GPU worker
+    processes (each claims its GPU: models/nmt/devices.py), unless the user chose the running mode."""
+    import torch
+
+    if not is_local(runner) or any(a.startswith(("--direct_running_mode", "--direct_num_workers")) for a in beam_args):
+        return beam_args
+    n = max(1, torch.cuda.device_count()) * processes_per_gpu
+    log.info("%d GPU(s), %d decoding processes each: --direct_running_mode multi_processing --direct_num_workers %d",
+             n // processes_per_gpu, processes_per_gpu, n)
+    return [*beam_args, "--direct_running_mode", "multi_processing", "--direct_num_workers", str(n)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="paragen-generate", description=__doc__.split("\n")[0], allow_abbrev=False,
@@ -471,6 +500,13 @@ def run(argv=None) -> dict:
     if cfg.dual_xent_threshold is not None and not opts.backward_model:
         log.warning("no --backward_model: the dual cross-entropy filter and dual scoring are off")
     device, precision = resolve_device(opts.device, opts.precision, runner)
+    if opts.processes_per_gpu < 1:
+        raise UsageError(f"--processes_per_gpu must be >= 1, not {opts.processes_per_gpu}")
+    if device == "cuda":
+        if opts.batch_pairs is None:
+            cfg = dataclasses.replace(cfg, batch_pairs=GPU_BATCH_PAIRS)
+        beam_args = gpu_worker_processes(beam_args, runner, opts.processes_per_gpu)
+        threads = torch_threads_for(opts.torch_threads, beam_args)
     check_compute_types({"--forward_model": fwd_meta, "--backward_model": bwd_meta}, device, runner)
     src_column, tgt_column = opts.src_column or src_lang, opts.tgt_column or tgt_lang
     try:
@@ -497,11 +533,14 @@ def run(argv=None) -> dict:
                      "max_length_ratio": cleaning.max_length_ratio, "max_line_chars": opts.max_line_chars}
     chash = config_hash(cfg, {"models": {k: v["fingerprint"] for k, v in models.items()},
                               "cleaning": cleaning_dict, "preset": opts.preset,
-                              "precision": opts.precision,
+                              "precision": hashed_precision(opts.precision, device, precision),
                               # the bitext models' files are in "models"; their paths do not change output
                               **({"bitext_filter": {"min_similarity": bitext.min_similarity,
                                                     "min_equivalence": bitext.min_equivalence}}
-                                 if bitext.enabled else {})})
+                                 if bitext.enabled else {}),
+                              # Moses models' samples changed when "word." became banned (CHANGELOG)
+                              **({"banned_forms": 2} if cfg.mode == "sample"
+                                 and fwd_meta["tokenization"].get("tokenizer") == "moses" else {})})
     capacity = bin_capacity(file_target.rows, cfg.num_output_shards)
     reuse = plan_reuse(opts.previous, shards, chash, capacity) if opts.previous else Reuse(decode=list(shards))
     if reuse.why_not:
@@ -529,7 +568,7 @@ def run(argv=None) -> dict:
         storage.absolute(opts.forward_model), storage.absolute(opts.backward_model) if opts.backward_model else None,
         device, precision, threads, {k: v["sha256"] for k, v in models.items()}, cfg, chash,
         expected // workers if workers and expected else None, bitext=bitext if bitext.enabled else None,
-        langs=(src_lang, tgt_lang))
+        langs=(src_lang, tgt_lang), processes_per_gpu=opts.processes_per_gpu)
     previous_dedup = [(file_location(reuse.previous, f), shards) for f, shards in reuse.dedup_sources()]
     start = time.time()
     with Claim(output, run_id):
@@ -792,8 +831,12 @@ def _print_summary(counts: dict, counters: dict, elapsed: float, output: str) ->
              f"  rejected: {counts['rejected']}"]
     lines += [f"    {reason}: {n}" for reason, n in counts["rejected_by_reason"].items()]
     lines.append(f"  reconciled (read = with paraphrases + rejected): {counts['reconciled']}")
+    stages = {k[3:]: v for k, v in counters.items() if k.startswith("ms_")}
     if counters:
-        lines.append("  counters: " + ", ".join(f"{k}={v}" for k, v in counters.items()))
+        lines.append("  counters: " + ", ".join(f"{k}={v}" for k, v in counters.items() if not k.startswith("ms_")))
+    if stages and counts["records_read"]:
+        lines.append("  worker time per record read, by stage (ms, all workers): " + ", ".join(
+            f"{name} {ms / counts['records_read']:.1f}" for name, ms in sorted(stages.items(), key=lambda kv: -kv[1])))
     lines.append(f"  output: {output}")
     print("\n".join(lines), flush=True)
 

@@ -7,7 +7,9 @@ with two :class:`models.nmt.Translator` objects.
 from __future__ import annotations
 
 import math
+import time
 import unicodedata
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from common.steps import Rejected
@@ -58,6 +60,18 @@ def piece_limits(forward, backward, max_pieces: int) -> tuple[int, int]:
     return min(src), min(tgt)
 
 
+@contextmanager
+def timed(counters: dict, stage: str):
+    """Add the block's wall time to COUNTERS["ms_" + STAGE] (milliseconds: Beam counters are
+    integers): where a worker's time goes, summed over units in the run's manifest."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        key = f"ms_{stage}"
+        counters[key] = counters.get(key, 0) + round((time.perf_counter() - start) * 1000)
+
+
 def _candidates(pairs: list[CleanPair], forward, cfg: GenerationConfig, counters: dict):
     """Decode; return per pair a dict text -> best Candidate (distinct texts only)."""
     from models.nmt.engine import SampleRequest
@@ -65,16 +79,26 @@ def _candidates(pairs: list[CleanPair], forward, cfg: GenerationConfig, counters
     per_pair: list[dict[str, Candidate]] = [{} for _ in pairs]
     if cfg.mode == "sample":
         requests, owners = [], []
-        for pi, p in enumerate(pairs):
-            sets = draw_constraint_sets(p.reference, cfg.num_sets, cfg.seed, p.pair_id, cfg.max_banned_words)
-            for si, words in enumerate(sets):
-                requests.append(SampleRequest(p.source, f"{p.pair_id}:{si}", words, cfg.num_samples))
-                owners.append((pi, si, words))
-        hyps = forward.sample(requests, topk=cfg.topk, seed=cfg.seed)
+        with timed(counters, "constraints"):
+            for pi, p in enumerate(pairs):
+                sets = draw_constraint_sets(p.reference, cfg.num_sets, cfg.seed, p.pair_id, cfg.max_banned_words)
+                for si, words in enumerate(sets):
+                    requests.append(SampleRequest(p.source, f"{p.pair_id}:{si}", words, cfg.num_samples))
+                    owners.append((pi, si, words))
+        with timed(counters, "sample"):
+            hyps = forward.sample(requests, topk=cfg.topk, seed=cfg.seed)
         flat = [(owner, h) for owner, hs in zip(owners, hyps) for h in hs]
     else:
-        hyps = forward.beam_search([p.source for p in pairs], beam=cfg.beam, nbest=cfg.nbest)
+        with timed(counters, "beam_search"):
+            hyps = forward.beam_search([p.source for p in pairs], beam=cfg.beam, nbest=cfg.nbest)
         flat = [((pi, -1, ()), h) for pi, hs in enumerate(hyps) for h in hs]
+    with timed(counters, "candidates"):
+        _collect(flat, per_pair, counters)
+    return per_pair
+
+
+def _collect(flat, per_pair: list[dict], counters: dict) -> None:
+    """Each pair's distinct, non-empty candidates that keep its constraints, at their best score."""
     for (pi, si, words), h in flat:
         counters["candidates_decoded"] = counters.get("candidates_decoded", 0) + 1
         text = h.text.strip()
@@ -87,7 +111,6 @@ def _candidates(pairs: list[CleanPair], forward, cfg: GenerationConfig, counters
         old = per_pair[pi].get(text)
         if old is None or h.nll < old.forward_nll:
             per_pair[pi][text] = Candidate(text, h.nll, si, words)
-    return per_pair
 
 
 def paraphrase_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationConfig,
@@ -104,8 +127,17 @@ def paraphrase_batch(pairs: list[CleanPair], forward, backward, cfg: GenerationC
                 english.append(c.text)
                 foreign.append(pairs[pi].source)
                 owners.append(c)
-        for c, nll in zip(owners, backward.score(english, foreign) if english else []):
+        with timed(counters, "score"):
+            scores = backward.score(english, foreign) if english else []
+        for c, nll in zip(owners, scores):
             c.backward_nll = nll
+    with timed(counters, "cluster"):
+        rows, rejects = _select(pairs, per_pair, forward, cfg, config_hash, counters)
+    return rows, rejects
+
+
+def _select(pairs, per_pair, forward, cfg: GenerationConfig, config_hash: str, counters: dict):
+    """Each pair's surviving candidates clustered, the best of each cluster as rows (or a reject)."""
     rows, rejects = [], []
     for p, cands in zip(pairs, per_pair):
         cands = list(cands.values())

@@ -22,7 +22,18 @@ import numpy as np
 from common.steps import Rejected, Rule, ScoringStep, Step, StepResult
 from paracorpus.cleaning import CleaningConfig, CleanPair, Rejection, clean_pair
 from paracorpus.config import GenerationConfig
-from paracorpus.paraphrasing import paraphrase_batch
+from paracorpus.paraphrasing import paraphrase_batch, timed
+
+
+class _Timed:
+    """A step whose apply() adds its wall time to the counter ms_<NAME> (paraphrasing.timed)."""
+
+    def apply(self, items: list) -> StepResult:
+        spent: dict = {}
+        with timed(spent, self.NAME):
+            out = super().apply(items)
+        out.counters.update(spent)
+        return out
 
 
 class CleanStep(Step):
@@ -75,7 +86,7 @@ class BitextFilterConfig:
             raise ValueError(f"--min_equivalence is a probability: between 0 and 1, not {self.min_equivalence}")
 
 
-class _BitextStep(ScoringStep):
+class _BitextStep(_Timed, ScoringStep):
     """Scores (source, reference) with a models.bitext.scoring scorer; LANGS: the languages of
     the two sides, in that order (the scorer may have been trained the other way round)."""
     NAME = "bitext_filter"
@@ -130,7 +141,7 @@ def bitext_steps(cfg: BitextFilterConfig, langs: tuple[str, str], device: str | 
 
 
 # ---------------------------------------------------------------------------- decoding
-class PieceLimitStep(ScoringStep):
+class PieceLimitStep(_Timed, ScoringStep):
     """Pieces per side as the models see them: the source is read by the forward model and
     written by the backward one, the reference the other way round, and the two models may
     segment differently (each has its own tokenization), so a side's count is the largest of
@@ -157,7 +168,7 @@ class PieceLimitStep(ScoringStep):
         return f"{value:.0f} pieces {op} {bound:g}"
 
 
-class DualXentStep(ScoringStep):
+class DualXentStep(_Timed, ScoringStep):
     """Mean of the forward model's per-token NLL of the reference and the backward model's of the
     source (Junczys-Dowmunt 2018, as ParaBank 2 filters its bitext)."""
     NAME = "dual_xent"

@@ -147,7 +147,8 @@ def test_precision_is_validated(tiny_nmt_models):
     from models.nmt.translator import resolve_precision
 
     assert resolve_precision("auto", "cpu") == "fp32"
-    assert resolve_precision("auto", "cuda") == "fp16"
+    assert resolve_precision("auto", "cuda", gpu_has_bf16=True) == "bf16"      # Ampere, Hopper: no overflow
+    assert resolve_precision("auto", "cuda", gpu_has_bf16=False) == "fp16"     # older GPUs
     with pytest.raises(ValueError, match="needs a GPU"):
         resolve_precision("fp16", "cpu")
     with pytest.raises(ValueError, match="precision must be one of"):

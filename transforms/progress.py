@@ -97,7 +97,8 @@ class Progress:
     def line(self) -> str:
         with self._lock:
             totals, doing, since = dict(self._totals), self._doing, self._doing_since
-        body = " ".join(f"{k}={v}" for k, v in sorted(totals.items()))
+        # ms_* counters are time per stage (paracorpus/paraphrasing.py timed), for the manifest
+        body = " ".join(f"{k}={v}" for k, v in sorted(totals.items()) if not k.startswith("ms_"))
         now = time.monotonic()
         done = totals.get(self.rate_of, 0) if self.rate_of else 0
         elapsed = now - self._start

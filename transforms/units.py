@@ -37,8 +37,10 @@ class UnitTranslatorHandler(ModelHandler):
 
     def __init__(self, forward_model: str, backward_model: str | None, device: str | None, precision: str,
                  torch_threads: int | None, model_sha256: dict, cfg: GenerationConfig, config_hash: str,
-                 expected_pairs: int | None = None, bitext=None, langs: tuple[str, str] = ("", "")):
+                 expected_pairs: int | None = None, bitext=None, langs: tuple[str, str] = ("", ""),
+                 processes_per_gpu: int = 1):
         super().__init__()
+        self.processes_per_gpu = processes_per_gpu   # this machine's GPUs are shared by this many processes each
         self.bitext, self.langs = bitext, langs      # a paracorpus.steps.BitextFilterConfig, or None
         self.forward_model, self.backward_model = forward_model, backward_model
         self.device, self.precision, self.torch_threads = device, precision, torch_threads
@@ -47,20 +49,23 @@ class UnitTranslatorHandler(ModelHandler):
         self._progress = None
 
     def load_model(self) -> _Models:
+        from models.nmt.devices import worker_device
         from models.nmt.loading import load_engine
 
         if self.torch_threads:      # several worker processes share this machine's cores
             import torch
 
             torch.set_num_threads(self.torch_threads)
-        forward = load_engine(self.forward_model, device=self.device, precision=self.precision,
-                              sha256=self.model_sha256.get("forward"), threads=self.torch_threads)
-        backward = (load_engine(self.backward_model, device=self.device, precision=self.precision,
-                                sha256=self.model_sha256.get("backward"), threads=self.torch_threads)
+        device = worker_device(self.device, self.processes_per_gpu)      # on a GPU machine: this process's GPU
+        gpu = {"processes_per_gpu": self.processes_per_gpu} if device.startswith("cuda") else {}
+        forward = load_engine(self.forward_model, device=device, precision=self.precision,
+                              sha256=self.model_sha256.get("forward"), threads=self.torch_threads, **gpu)
+        backward = (load_engine(self.backward_model, device=device, precision=self.precision,
+                                sha256=self.model_sha256.get("backward"), threads=self.torch_threads, **gpu)
                     if self.backward_model else None)
         bitext = []
         if self.bitext is not None and self.bitext.enabled:
-            bitext = bitext_steps(self.bitext, self.langs, device=self.device, sha256=self.model_sha256)
+            bitext = bitext_steps(self.bitext, self.langs, device=device, sha256=self.model_sha256)
         limits = piece_limits(forward, backward, self.cfg.max_pieces)
         return _Models(forward, backward, decoding_steps(forward, backward, self.cfg, self.config_hash, limits, bitext))
 

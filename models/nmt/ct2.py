@@ -150,7 +150,8 @@ class CT2Engine(Engine):
             self._seed = seed
             self._ct2.set_random_seed(_seed_of(seed, self._unit))
             try:
-                self._translator = self._ct2.Translator(self.model_dir, device=self.device_name,
+                kind, _, index = self.device_name.partition(":")       # "cuda:1": CTranslate2 wants an index
+                self._translator = self._ct2.Translator(self.model_dir, device=kind, device_index=int(index or 0),
                                                         compute_type=self.compute_type, inter_threads=1,
                                                         intra_threads=self.intra_threads)
             except (RuntimeError, ValueError) as exc:

@@ -120,13 +120,17 @@ class PrefixDecoder:
         self.cache: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.layers)
         self.node_src = torch.arange(n_src, device=enc.device)
         self.parent: torch.Tensor | None = None   # a reorder the caches have not had yet
+        self._width: int | None = 1               # most nodes of one source (one each at the start)
         self._groups = None
 
-    def reorder(self, parent: torch.Tensor) -> None:
+    def reorder(self, parent: torch.Tensor, width: int | None = None) -> None:
         """The next step's nodes are children of these (indices into the current nodes). The
-        self-attention caches are gathered by the next step, straight into the grown cache."""
+        self-attention caches are gathered by the next step, straight into the grown cache.
+        WIDTH, the most children of one source, if the caller knows it (else it is read from the
+        device: a host round trip)."""
         self.parent = parent if self.parent is None else self.parent.index_select(0, parent)
         self.node_src = self.node_src.index_select(0, parent)
+        self._width = width
         self._groups = None
 
     def _append(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -144,10 +148,13 @@ class PrefixDecoder:
         """Each node's (source, slot) in a (n_src, widest group) padded layout."""
         if self._groups is None:
             n_src = self.cross_kv[0][0].shape[0]
-            counts = torch.bincount(self.node_src, minlength=n_src)
+            # index_add_, not bincount: bincount reads its output size back from the device
+            counts = torch.zeros(n_src, dtype=torch.long, device=self.node_src.device).index_add_(
+                0, self.node_src, torch.ones_like(self.node_src))
             starts = torch.cumsum(counts, 0) - counts
             slot = torch.arange(self.node_src.numel(), device=counts.device) - starts[self.node_src]
-            self._groups = (self.node_src, slot, int(counts.max()))
+            width = self._width if self._width is not None else int(counts.max())
+            self._groups = (self.node_src, slot, width)
         return self._groups
 
     def _cross_attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
@@ -217,7 +224,7 @@ class FairseqPrefixDecoder:
     def __init__(self, model, encoder_out: dict):
         self.model, self.encoder_out, self.state = model, encoder_out, {}
 
-    def reorder(self, parent: torch.Tensor) -> None:
+    def reorder(self, parent: torch.Tensor, width: int | None = None) -> None:
         self.model.decoder.reorder_incremental_state_scripting(self.state, parent)
         self.encoder_out = self.model.encoder.reorder_encoder_out(self.encoder_out, parent)
 

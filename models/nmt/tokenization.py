@@ -349,9 +349,13 @@ class Tokenization:
         if self.tokenizer == "moses":
             text = self._moses("tok", lang).tokenize(text, aggressive_dash_splits=True, return_str=True,
                                                      escape=True)
+        return self._pieces(text, side)
+
+    def _pieces(self, tokenized: str, side: str) -> list[str]:
+        """The pieces of already tokenized text."""
         if self.bpe == "spm":
-            return self._model(side).encode(text, out_type=str)
-        return _SPACES.sub(" ", self._apply_bpe(text, side)).strip().split()
+            return self._model(side).encode(tokenized, out_type=str)
+        return _SPACES.sub(" ", self._apply_bpe(tokenized, side)).strip().split()
 
     def _apply_bpe(self, text: str, side: str = "src") -> str:
         if self.bpe == "subword_nmt":
@@ -407,8 +411,7 @@ class Tokenization:
         a non-initial piece (the start of "▁house s")."""
         word = _unicode(word)
         canonical, others = [], []
-        for form in surface_forms(word):
-            pieces = tuple(self.encode(form, side="tgt"))
+        for form, pieces in self._spellings(word):
             if not pieces:
                 continue
             canonical.append(pieces)
@@ -419,6 +422,20 @@ class Tokenization:
                            if seq != pieces and self._undo_bpe(seq) == spelled][:MAX_SEGMENTATIONS - 1]
         return [seq for seq in dict.fromkeys(canonical + others)
                 if all(p in vocabulary and p not in _SPECIAL for p in seq)]
+
+    def _spellings(self, word: str) -> list[tuple[str, tuple[str, ...]]]:
+        """(form, its canonical pieces) of each surface form of WORD; with Moses then each form
+        with a period, which Moses keeps as one token before a lower-case word or after a
+        nonbreaking prefix ("park. the", "A. Smith") and which detokenizes to the word and a
+        period: a sample must not write the word that way either."""
+        out = [(form, tuple(self.encode(form, side="tgt"))) for form in surface_forms(word)]
+        if self.tokenizer == "moses":
+            moses = self._moses("tok", self._lang("tgt"))
+            for form in surface_forms(word):
+                dotted = form + "."
+                if moses.tokenize(dotted + " x", aggressive_dash_splits=True, escape=True)[:1] == [dotted]:
+                    out.append((dotted, tuple(self._pieces(dotted, "tgt"))))
+        return out
 
     def _segmentations(self, pieces: tuple[str, ...], vocabulary) -> list[tuple[str, ...]]:
         """Segmentations into VOCABULARY pieces of the strings PIECES spell: each Moses token

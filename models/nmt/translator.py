@@ -6,24 +6,22 @@ sentencepiece: models/nmt/tokenization.py).
 Model directory: models/nmt/model_dir.py (``paragen-train-nmt``'s, or ``paragen-import-model``'s
 with several members).
 
-Sampling is our own incremental decoding loop over fairseq's encoders and the decoders of
-models/nmt/prefix_decoder.py, which run once per distinct prefix of a source's samples
-(fairseq-generate refuses constraints with sampling, and its constraints are positive only).
-Each hypothesis carries its own banned phrases: a single-piece phrase is masked at every step, a
-multi-piece phrase's last piece is masked whenever the hypothesis ends with the phrase's prefix,
-so a banned phrase can never be completed. Randomness is counter-based (Gumbel-max with a hash of
-(seed, request key, sample, step)), so a pair's samples do not depend on how pairs were batched
-or on which worker decoded them.
+Sampling is our own incremental decoding loop (models/nmt/sampler.py) over fairseq's encoders and
+the decoders of models/nmt/prefix_decoder.py, which run once per distinct prefix of a source's
+samples (fairseq-generate refuses constraints with sampling, and its constraints are positive
+only). Each hypothesis carries its own banned phrases: a single-piece phrase is masked at every
+step, a multi-piece phrase's last piece is masked whenever the hypothesis ends with the phrase's
+prefix, so a banned phrase can never be completed. Randomness is counter-based (Gumbel-max with a
+hash of (seed, request key, sample, step): models/nmt/device_random.py), so a pair's samples do
+not depend on how pairs were batched, on which worker decoded them, or on the device.
 
-Ensembles combine their members as fairseq's ``EnsembleModel`` and ``SequenceScorer`` do: at every
-step, the log of the mean of the members' probabilities (``logsumexp`` of their log-probabilities
-minus ``log M``), and the banned phrases apply to that combined distribution.
+Ensembles combine their members as fairseq's ``EnsembleModel`` and ``SequenceScorer`` do
+(models/nmt/ensemble.py), and the banned phrases apply to that combined distribution.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import threading
 import warnings
@@ -31,10 +29,12 @@ import warnings
 import numpy as np
 import torch
 
+from models.nmt.devices import batch_budgets, gpu_memory_share
 from models.nmt.engine import Engine, Hypothesis, SampleRequest
+from models.nmt.ensemble import mean_probability
 from models.nmt.model_dir import build_members, read_model_meta
 from models.nmt.onednn import pack_linears
-from models.nmt.prefix_decoder import prefix_decoder
+from models.nmt.sampler import sample_batch
 from models.nmt.tokenization import Tokenization
 from models.nmt.topk import topk_rows
 
@@ -58,26 +58,22 @@ def _logit_blocks(features: torch.Tensor):
 __all__ = ["Translator", "SampleRequest", "Hypothesis", "load_translator"]
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """Counter-based hash (SplitMix64 finaliser); uint64 arithmetic wraps by design."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+def _left_padded(id_lists: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows x longest) int64 array with each list right-aligned after PAD, and the lengths."""
+    lengths = np.array([len(x) for x in id_lists], dtype=np.int64)
+    out = np.full((len(id_lists), int(lengths.max(initial=0))), pad, dtype=np.int64)
+    for i, ids in enumerate(id_lists):
+        out[i, out.shape[1] - len(ids):] = ids
+    return out, lengths
 
 
-def _key_seed(seed: int, key: str, sample: int) -> int:
-    digest = hashlib.blake2b(f"{seed}\x00{key}\x00{sample}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
-def _gumbel(row_seeds: np.ndarray, step: int, k: int) -> torch.Tensor:
-    with np.errstate(over="ignore"):
-        base = _splitmix64(row_seeds ^ np.uint64((step + 1) * 0xD1B54A32D192ED03 % (1 << 64)))
-        counters = base[:, None] + np.arange(k, dtype=np.uint64)[None, :]
-        bits = _splitmix64(counters) >> np.uint64(11)
-    uniform = (bits.astype(np.float64) + 0.5) * (1.0 / (1 << 53))
-    return torch.from_numpy(-np.log(-np.log(uniform))).float()
+def _right_padded(id_lists: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows x longest) int64 array with each list left-aligned before PAD, and the lengths."""
+    lengths = np.array([len(x) for x in id_lists], dtype=np.int64)
+    out = np.full((len(id_lists), int(lengths.max(initial=0))), pad, dtype=np.int64)
+    for i, ids in enumerate(id_lists):
+        out[i, :len(ids)] = ids
+    return out, lengths
 
 
 def model_fingerprint(model_dir: str, files: list[str]) -> str:
@@ -101,14 +97,20 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_precision(precision: str, device_type: str) -> str:
-    """Weights' precision. auto: fp16 on a GPU, fp32 on the CPU. bf16 halves the weights on CPUs
-    with AVX512-BF16 or AMX (faster sampling: docs/benchmarks.md), at the cost of slightly
-    different scores and samples; softmax and scores are always computed in fp32."""
+def resolve_precision(precision: str, device_type: str, gpu_has_bf16: bool | None = None) -> str:
+    """Weights' precision. auto: on a GPU bf16 where it computes bf16 (Ampere and later: it has
+    fp32's range, so activations cannot overflow as fp16's can), else fp16; fp32 on the CPU.
+    GPU_HAS_BF16: None asks torch about the current GPU. bf16 halves the weights on CPUs with
+    AVX512-BF16 or AMX (faster sampling: docs/benchmarks.md), at the cost of slightly different
+    scores and samples; softmax and scores are always computed in fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if precision == "auto":
-        return "fp16" if device_type == "cuda" else "fp32"
+        if device_type != "cuda":
+            return "fp32"
+        if gpu_has_bf16 is None:
+            gpu_has_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+        return "bf16" if gpu_has_bf16 else "fp16"
     if precision == "fp16" and device_type != "cuda":
         raise ValueError("fp16 decoding needs a GPU; use bf16 on the CPU")
     return precision
@@ -134,10 +136,6 @@ def cpu_has_native_bf16() -> bool | None:
 # (a repeated phrase) from running to the model's position limit.
 MAX_LEN_A = 1.5
 MAX_LEN_B = 10
-BATCH_TOKENS = 24_000            # beam search and forced decoding: source + output tokens per batch
-# Sampled rows share prefixes (models/nmt/prefix_decoder.py): a sampling batch holds far fewer decoder
-# states than rows, so it gets a larger budget (one batch for a typical 64-pair call).
-SAMPLE_BATCH_TOKENS = 200_000
 
 
 class Translator(Engine):
@@ -145,8 +143,11 @@ class Translator(Engine):
     (see :func:`load_translator`)."""
 
     def __init__(self, model_dir: str, device: str | None = None, max_len_a: float = MAX_LEN_A,
-                 max_len_b: int = MAX_LEN_B, batch_tokens: int = BATCH_TOKENS,
-                 sample_batch_tokens: int = SAMPLE_BATCH_TOKENS, precision: str = "auto"):
+                 max_len_b: int = MAX_LEN_B, batch_tokens: int | None = None,
+                 sample_batch_tokens: int | None = None, precision: str = "auto", processes_per_gpu: int = 1):
+        """BATCH_TOKENS (beam search, scoring) and SAMPLE_BATCH_TOKENS: padded source plus output
+        tokens per batch; None sizes them for the device (models/nmt/devices.py), on a GPU for
+        this process's share of its memory when PROCESSES_PER_GPU processes share it."""
         self.model_dir = model_dir
         self.meta = read_model_meta(model_dir)
         self.device = torch.device(device or default_device())
@@ -171,16 +172,43 @@ class Translator(Engine):
                                          os.path.join(model_dir, tok["codes"]) if tok["codes"] else None,
                                          src_lang, tgt_lang)
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self.batch_tokens = batch_tokens
-        self.sample_batch_tokens = sample_batch_tokens
+        self.batch_tokens, self.sample_batch_tokens = self._budgets(processes_per_gpu)
+        self.batch_tokens = batch_tokens or self.batch_tokens
+        self.sample_batch_tokens = sample_batch_tokens or self.sample_batch_tokens
         self.fingerprint = model_fingerprint(model_dir, self.meta["files"])
         d = self.tgt_dict
         self.eos, self.pad, self.unk = d.eos(), d.pad(), d.unk()
-        self._never = [i for i in {d.pad(), d.unk(), d.bos()} if i != d.eos()]
+        never = sorted(i for i in {d.pad(), d.unk(), d.bos()} if i != d.eos())
+        self._never_t = torch.tensor(never, dtype=torch.long, device=self.device)   # masked at every step
         self._vocabulary = frozenset(d.symbols)
         # Sampling decodes with models/nmt/prefix_decoder.py's PrefixDecoder where the model's
         # configuration allows it (False: fairseq's own incremental decoder, the reference).
         self.fast_decoder = True
+
+    def _smaller_batches_on_oom(self, decode):
+        """DECODE(), retried with halved batch budgets while the GPU runs out of memory (another
+        process may hold more of it than this one planned for). The output does not depend on
+        the batches, so a retry gives what the first try would have."""
+        for attempt in range(5):
+            try:
+                return decode()
+            except torch.cuda.OutOfMemoryError:
+                if self.device.type != "cuda" or attempt == 4:
+                    raise
+                torch.cuda.empty_cache()
+                self.batch_tokens = max(1, self.batch_tokens // 2)
+                self.sample_batch_tokens = max(1, self.sample_batch_tokens // 2)
+                log.warning("%s ran out of GPU memory: batches of %d scoring and %d sampling tokens from now on",
+                            self.device, self.batch_tokens, self.sample_batch_tokens)
+
+    def _budgets(self, processes_per_gpu: int) -> tuple[int, int]:
+        if self.device.type != "cuda":
+            return batch_budgets("cpu")
+        decoder = self.model.decoder
+        return batch_budgets("cuda", gpu_memory_share(self.device, processes_per_gpu) // max(1, len(self.models)),
+                             layers=len(getattr(decoder, "layers", [])) or 6,
+                             dim=int(decoder.embed_tokens.weight.shape[1]), vocab=len(self.tgt_dict),
+                             element_bytes=4 if self.precision == "fp32" else 2)
 
     def describe(self) -> dict:
         return {"engine": "fairseq", "members": len(self.models), "tokenization": self.tokenization.describe(),
@@ -197,11 +225,10 @@ class Translator(Engine):
         return [dictionary.index(p) for p in self.tokenization.encode(text, side)] + [dictionary.eos()]
 
     def _collate_src(self, id_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        lengths = torch.tensor([len(x) for x in id_lists])
-        out = torch.full((len(id_lists), int(lengths.max())), self.src_dict.pad(), dtype=torch.long)
-        for i, ids in enumerate(id_lists):            # left padding, as fairseq's translation task
-            out[i, out.shape[1] - len(ids):] = torch.tensor(ids)
-        return out.to(self.device), lengths.to(self.device)
+        """Left-padded source tokens (as fairseq's translation task pads them) and their lengths,
+        on the device: built on the host, one transfer each."""
+        tokens, lengths = _left_padded(id_lists, self.src_dict.pad())
+        return torch.from_numpy(tokens).to(self.device), torch.from_numpy(lengths).to(self.device)
 
     def decode_ids(self, ids) -> tuple[str, tuple[str, ...]]:
         pieces = tuple(self.tgt_dict[i] for i in ids)
@@ -256,7 +283,9 @@ class Translator(Engine):
     # ---------------------------------------------------------------- scoring
     def score_batches(self, sources: list[str], targets: list[str]):
         """Forced-decoding batches, length-bucketed: (indices, src_tokens, src_lengths,
-        prev_output_tokens, target); the target is right-padded and ends with </s>."""
+        prev_output_tokens, target, real) on the device; the target is right-padded and ends with
+        </s>, REAL holds the flat positions (row x width + column) of its non-pad tokens. Every
+        batch's arrays are built on the host and sent to the device in one transfer."""
         src_ids = [self._ids(self.src_dict, s, "src") for s in sources]
         tgt_ids = [self._ids(self.tgt_dict, t, "tgt") for t in targets]
         lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]
@@ -264,43 +293,57 @@ class Translator(Engine):
         # candidates of a pair share the target (the foreign source), so this order pads both
         # sides far less than ordering by total length does.
         order = sorted(range(len(lengths)), key=lambda i: (len(tgt_ids[i]) // 4, len(src_ids[i])))
+        batches, arrays = [], []
         for batch in self._length_batches(lengths, rows_per_item=1, order=order):
-            src_tokens, src_lengths = self._collate_src([src_ids[i] for i in batch])
-            tl = max(len(tgt_ids[i]) for i in batch)
-            target = torch.full((len(batch), tl), self.pad, dtype=torch.long)
-            prev = torch.full((len(batch), tl), self.pad, dtype=torch.long)
-            for row, i in enumerate(batch):
-                t = torch.tensor(tgt_ids[i])
-                target[row, :len(t)] = t
-                prev[row, 0] = self.eos
-                prev[row, 1:len(t)] = t[:-1]
-            yield batch, src_tokens, src_lengths, prev.to(self.device), target.to(self.device)
+            src, src_len = _left_padded([src_ids[i] for i in batch], self.src_dict.pad())
+            target, tgt_len = _right_padded([tgt_ids[i] for i in batch], self.pad)
+            inside = np.arange(target.shape[1])[None, :] < tgt_len[:, None]
+            prev = np.roll(target, 1, axis=1)                         # </s> first, as fairseq shifts
+            prev[:, 0] = self.eos
+            prev[~inside] = self.pad
+            batches.append(batch)
+            arrays.append((src, src_len, prev, target, np.flatnonzero(inside)))
+        flat = [a.ravel() for group in arrays for a in group]
+        on_device = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)).to(self.device)
+        at = 0
+        for batch, group in zip(batches, arrays):
+            views = []
+            for a in group:
+                views.append(on_device[at:at + a.size].view(a.shape))
+                at += a.size
+            yield (batch, *views)
 
     @torch.inference_mode()
     def score(self, sources: list[str], targets: list[str]) -> list[float]:
         """Per-token NLL of each target given its source (forced decoding, </s> included); an
-        ensemble's token probability is the mean of its members' (fairseq's SequenceScorer)."""
-        out = [0.0] * len(sources)
-        for batch, src_tokens, src_lengths, prev, target in self.score_batches(sources, targets):
-            mask = target.ne(self.pad)
-            members = [self._member_token_log_probs(m, src_tokens, src_lengths, prev, target, mask)
+        ensemble's token probability is the mean of its members' (fairseq's SequenceScorer).
+        One transfer to the device and one back per call, however many batches."""
+        return self._smaller_batches_on_oom(lambda: self._score(sources, targets))
+
+    def _score(self, sources: list[str], targets: list[str]) -> list[float]:
+        indices, nlls = [], []
+        for batch, src_tokens, src_lengths, prev, target, real in self.score_batches(sources, targets):
+            members = [self._member_token_log_probs(m, src_tokens, src_lengths, prev, target, real)
                        for m in self.models]
-            tok_lp = members[0] if len(members) == 1 else _mean_probability(torch.stack(members))
-            nll = -(tok_lp * mask).sum(1) / mask.sum(1)
-            for row, i in enumerate(batch):
-                out[i] = float(nll[row])
+            tok_lp = members[0] if len(members) == 1 else mean_probability(torch.stack(members))
+            mask = target.ne(self.pad)
+            nlls.append(-(tok_lp * mask).sum(1) / mask.sum(1))
+            indices += batch
+        out = [0.0] * len(sources)
+        for i, nll in zip(indices, torch.cat(nlls).tolist() if nlls else []):
+            out[i] = nll
         return out
 
-    def _member_token_log_probs(self, model, src_tokens, src_lengths, prev, target, mask) -> torch.Tensor:
+    def _member_token_log_probs(self, model, src_tokens, src_lengths, prev, target, real) -> torch.Tensor:
         """log p(target token) at every position of one member (0 at padding)."""
         if getattr(model.decoder, "adaptive_softmax", None) is None:
             features, _ = model(src_tokens, src_lengths, prev, features_only=True)
-            tok_lp = torch.zeros(target.shape, device=self.device)
-            tok_lp[mask] = self._target_log_probs(model, features[mask], target[mask])
-            return tok_lp
+            lp = self._target_log_probs(model, features.flatten(0, 1).index_select(0, real),
+                                        target.flatten().index_select(0, real))
+            return torch.zeros(target.numel(), device=self.device).index_put_((real,), lp).view(target.shape)
         net_out = model(src_tokens, src_lengths, prev)                # adaptive softmax: fairseq normalises
         lprobs = model.get_normalized_probs(net_out, log_probs=True).float()
-        return lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask
+        return lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * target.ne(self.pad)
 
     def _target_log_probs(self, model, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """log p(target) at each real (non-pad) position: the output projection and log-softmax
@@ -341,6 +384,9 @@ class Translator(Engine):
     def sample(self, requests: list[SampleRequest], topk: int = 10, seed: int = 0,
                min_len: int = 1) -> list[list[Hypothesis]]:
         """Top-k samples per request, never completing one of the request's banned phrases."""
+        return self._smaller_batches_on_oom(lambda: self._sample(requests, topk, seed, min_len))
+
+    def _sample(self, requests: list[SampleRequest], topk: int, seed: int, min_len: int) -> list[list[Hypothesis]]:
         src_cache: dict[str, list[int]] = {}
         for r in requests:
             if r.source not in src_cache:
@@ -349,186 +395,35 @@ class Translator(Engine):
         per_item = max((r.num_samples for r in requests), default=1)
         lengths = [len(src_cache[r.source]) for r in requests]
         for batch in self._length_batches(lengths, rows_per_item=per_item, budget=self.sample_batch_tokens):
-            self._sample_batch([requests[i] for i in batch], [results[i] for i in batch],
-                               src_cache, topk, seed, min_len)
+            if not any(requests[i].num_samples > 0 for i in batch):
+                continue
+            for i, hyps in zip(batch, sample_batch(self, [requests[i] for i in batch], src_cache, topk, seed, min_len)):
+                results[i] = hyps
         return results
 
     def _top_tokens(self, decoder, features, k, no_eos, at_limit):
         """Top-k next tokens of each node with their log-probabilities. The whole vocabulary is
         normalised first (one fused kernel), then masks steer the choice: scores stay the model's
-        true log-probabilities. `no_eos`: before the minimum length; `at_limit`: nodes forced to
-        </s>. On the CPU the nodes go through in blocks of `_LOGIT_ROWS`, so that a block's
-        logits stay in cache (those of ~500 nodes over an 8,000-word vocabulary are 16 MB)."""
+        true log-probabilities. `no_eos`: before the minimum length; `at_limit`: None, or which
+        nodes are forced to </s>. On the CPU the nodes go through in blocks of `_LOGIT_ROWS`, so
+        that a block's logits stay in cache (those of ~500 nodes over an 8,000-word vocabulary
+        are 16 MB)."""
         n = features.shape[0]
         vals = torch.empty(n, k, device=self.device)
         idx = torch.empty(n, k, dtype=torch.long, device=self.device)
         for part in _logit_blocks(features):
-            limit = at_limit[part]
             lp = decoder.log_probs(features, part)
-            lp[:, self._never] = _NEG_INF
+            lp.index_fill_(1, self._never_t, _NEG_INF)
             if no_eos:
                 lp[:, self.eos] = _NEG_INF
-            if bool(limit.any()):
-                forced = lp[limit, self.eos].clone()
-                lp[limit] = _NEG_INF
-                lp[limit, self.eos] = torch.where(torch.isinf(forced), 0.0, forced)    # masked: certain
+            if at_limit is not None:
+                limit = at_limit[part]
+                forced = lp[:, self.eos].clone()
+                forced = torch.where(torch.isinf(forced), 0.0, forced)          # masked: certain
+                lp.masked_fill_(limit[:, None], _NEG_INF)
+                lp[:, self.eos] = torch.where(limit, forced, lp[:, self.eos])
             vals[part], idx[part] = topk_rows(lp, k)
         return vals, idx
-
-    def _sample_batch(self, reqs, outs, src_cache, topk, seed, min_len):
-        dev = self.device
-        # Only sources with samples to draw: the decoder starts with one node per source.
-        sources = list(dict.fromkeys(r.source for r in reqs if r.num_samples > 0))
-        if not sources:                                      # every request asked for 0 samples
-            return
-        src_index = {s: i for i, s in enumerate(sources)}
-        row_req, row_src, row_seed = [], [], []
-        for qi, r in enumerate(reqs):
-            for s in range(r.num_samples):
-                row_req.append(qi)
-                row_src.append(src_index[r.source])
-                row_seed.append(_key_seed(seed, r.key, s))
-        n_rows = len(row_req)
-        src_tokens, src_lengths = self._collate_src([src_cache[s] for s in sources])
-        max_len = max(self._max_len(len(src_cache[s])) for s in sources)
-        seeds = np.array(row_seed, dtype=np.uint64)
-
-        # Banned phrases per row: single pieces as (row, token) pairs, longer ones as
-        # right-aligned prefixes with -1 as wildcard padding plus their last token.
-        phrase_cache = {}
-        single_rows, single_toks, multi_rows, multi_prefix, multi_last = [], [], [], [], []
-        for row, qi in enumerate(row_req):
-            words = reqs[qi].banned_words
-            if not words:
-                continue
-            if words not in phrase_cache:
-                phrase_cache[words] = self.banned_phrases(words)
-            for ph in phrase_cache[words]:
-                if len(ph) == 1:
-                    single_rows.append(row)
-                    single_toks.append(ph[0])
-                else:
-                    multi_rows.append(row)
-                    multi_prefix.append(ph[:-1])
-                    multi_last.append(ph[-1])
-        lmax = max((len(p) for p in multi_prefix), default=0)
-        single_rows_t = torch.tensor(single_rows, dtype=torch.long, device=dev)
-        single_toks_t = torch.tensor(single_toks, dtype=torch.long, device=dev)
-        multi_rows_t = torch.tensor(multi_rows, dtype=torch.long, device=dev)
-        multi_last_t = torch.tensor(multi_last, dtype=torch.long, device=dev)
-        prefix_t = torch.full((len(multi_prefix), max(lmax, 1)), -1, dtype=torch.long, device=dev)
-        for j, p in enumerate(multi_prefix):
-            prefix_t[j, lmax - len(p):] = torch.tensor(p)
-
-        # tokens keeps `lmax` columns of -2 on the left so phrase windows never run off the start.
-        tokens = torch.full((n_rows, lmax + max_len + 2), -2, dtype=torch.long, device=dev)
-        tokens[:, lmax] = self.eos
-        score = torch.zeros(n_rows, device=dev)
-        active = torch.arange(n_rows, device=dev)           # global row ids still decoding
-        pos_of = torch.arange(n_rows, device=dev)           # global row -> position in active
-        # Rows with the same source and prefix have the same decoder state and next-token
-        # distribution, so the decoder, output projection, softmax and top-k run once per distinct
-        # prefix (a node; see models/nmt/prefix_decoder.py). Step 0 has one node per source.
-        node = torch.tensor(row_src, dtype=torch.long, device=dev)   # node of each active row
-        decoder = EnsembleDecoder([
-            prefix_decoder(m, m.encoder.forward_torchscript({"src_tokens": src_tokens, "src_lengths": src_lengths}),
-                           max_len, fast=self.fast_decoder) for m in self.models])
-        row_limit = torch.tensor([self._max_len(len(src_cache[reqs[q].source])) for q in row_req], device=dev)
-        vocab = len(self.tgt_dict)
-        for step in range(max_len + 1):
-            n_nodes = int(node.max()) + 1
-            rep = torch.empty(n_nodes, dtype=torch.long, device=dev).scatter_(
-                0, node, torch.arange(node.numel(), device=dev))     # an active row of each node
-            features = decoder.step(tokens[active[rep], lmax:lmax + step + 1].clamp(min=0))
-            # This step's banned (row position, token) pairs: single pieces always, a phrase's last
-            # piece when the row ends with the rest of the phrase.
-            ban_pos, ban_tok = [], []
-            if len(single_rows):
-                alive = pos_of[single_rows_t] >= 0
-                ban_pos.append(pos_of[single_rows_t[alive]])
-                ban_tok.append(single_toks_t[alive])
-            if len(multi_rows) and step >= 1:
-                alive = pos_of[multi_rows_t] >= 0
-                rows = multi_rows_t[alive]
-                window = tokens[rows, step + 1:lmax + step + 1]
-                pref = prefix_t[alive]
-                hit = ((pref == -1) | (window == pref)).all(1)
-                ban_pos.append(pos_of[rows[hit]])
-                ban_tok.append(multi_last_t[alive][hit])
-            ban_pos_t = torch.cat(ban_pos) if ban_pos else torch.zeros(0, dtype=torch.long, device=dev)
-            k = min(topk, vocab)
-            # A row's top k after its bans lie in its prefix's top (k + bans of that row).
-            widest = int(torch.bincount(ban_pos_t, minlength=active.numel()).max()) if ban_pos_t.numel() else 0
-            node_vals, node_idx = self._top_tokens(decoder, features, min(k + widest, vocab), step < min_len,
-                                                   row_limit[active][rep] <= step)
-            vals, idx = node_vals[node], node_idx[node]
-            if widest:
-                banned = torch.zeros(vals.shape, dtype=torch.int32, device=dev).index_add_(
-                    0, ban_pos_t, (idx[ban_pos_t] == torch.cat(ban_tok)[:, None]).int())
-                vals = vals.masked_fill(banned > 0, _NEG_INF)
-                vals, order = vals.topk(k, dim=-1)
-                idx = idx.gather(1, order)
-            g = _gumbel(seeds[active.cpu().numpy()], step, vals.shape[1]).to(dev)
-            choice = (vals + g).argmax(-1, keepdim=True)
-            tok = idx.gather(1, choice).squeeze(1)
-            tok_lp = vals.gather(1, choice).squeeze(1)
-            tokens[active, lmax + step + 1] = tok
-            score[active] += tok_lp
-            done = tok.eq(self.eos)
-            if bool(done.any()):
-                rows = active[done]                        # finished: read out in one go
-                for row, ids, total in zip(rows.tolist(), tokens[rows, lmax + 1:lmax + step + 1].tolist(),
-                                           score[rows].tolist()):
-                    text, pieces = self.decode_ids(ids)
-                    outs[row_req[row]].append(Hypothesis(text, pieces, tuple(ids), -total / (step + 1)))
-                keep = (~done).nonzero().squeeze(1)
-                active = active[keep]
-                if active.numel() == 0:
-                    break
-                pos_of.fill_(-1)
-                pos_of[active] = torch.arange(active.numel(), device=dev)
-                node, tok = node[keep], tok[keep]
-            children, node = torch.unique(node * vocab + tok, return_inverse=True)
-            parent = children // vocab                  # sorted, so nodes stay grouped by source
-            if parent.numel() != n_nodes or bool((parent != torch.arange(n_nodes, device=dev)).any()):
-                decoder.reorder(parent)
-
-
-def _mean_probability(log_probs: torch.Tensor) -> torch.Tensor:
-    """log of the mean of the members' probabilities (dimension 0 holds the members), as
-    fairseq's EnsembleModel combines them."""
-    return torch.logsumexp(log_probs, dim=0) - math.log(log_probs.shape[0])
-
-
-class EnsembleDecoder:
-    """The prefix decoders of an ensemble's members driven together: one tree of nodes, each
-    member's state reordered alike, next-token log-probabilities combined (_mean_probability).
-    Features are one tensor per member (their sizes may differ); `log_probs` takes a row slice."""
-
-    def __init__(self, decoders: list):
-        self.decoders = decoders
-
-    def step(self, prefixes: torch.Tensor) -> "_Features":
-        return _Features([d.step(prefixes) for d in self.decoders])
-
-    def reorder(self, parent: torch.Tensor) -> None:
-        for d in self.decoders:
-            d.reorder(parent)
-
-    def log_probs(self, features: "_Features", part: slice) -> torch.Tensor:
-        members = [torch.log_softmax(d.logits(f[part]).float(), dim=-1) for d, f in zip(self.decoders, features.parts)]
-        return members[0] if len(members) == 1 else _mean_probability(torch.stack(members))
-
-
-class _Features:
-    """Each member's decoder features of the same nodes; len() and shape[0] are the nodes."""
-
-    def __init__(self, parts: list):
-        self.parts = parts
-        self.shape, self.device = parts[0].shape, parts[0].device
-
-    def __len__(self):
-        return self.shape[0]
 
 
 _CACHE: dict = {}

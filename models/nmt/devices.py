@@ -1,0 +1,106 @@
+"""Which GPU a decoding process uses, and how much work it puts on it per batch.
+
+A machine's GPUs are shared by its decoding processes: with k GPUs and P processes per GPU, the
+DirectRunner starts k x P worker processes (beam_pipelines/generate.py), and each claims a slot
+the first time it loads a model (:func:`claim_gpu`): the lowest slot no living process holds, an
+exclusive ``flock`` on a file per slot, released by the kernel when the process ends (a killed
+worker never leaves a slot taken). Slot s decodes on GPU s mod k, so the processes spread evenly
+over the GPUs, and their host work (tokenization, constraint sets, detokenization, clustering,
+Parquet) overlaps the other processes' decoding instead of leaving the GPU idle. Dask workers and
+Dataflow/Flink SDK processes that are given one GPU each (``CUDA_VISIBLE_DEVICES``) see k = 1.
+
+Batch budgets (:func:`batch_budgets`) are in the engine's unit, padded source plus output tokens
+over a batch's decoder rows: on the CPU the constants that measured fastest there; on a GPU, what
+this process's share of the device's memory holds, from the model's size (layers, width,
+vocabulary) and the bytes per element of its precision.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import tempfile
+
+log = logging.getLogger("paragen")
+
+CPU_SCORE_TOKENS = 24_000         # beam search and forced decoding: source + output tokens per batch
+# Sampled rows share prefixes (models/nmt/prefix_decoder.py): a sampling batch holds far fewer
+# decoder states than rows, so it gets a larger budget (one batch for a typical 64-pair call).
+CPU_SAMPLE_TOKENS = 200_000
+MAX_SCORE_TOKENS = 2_000_000      # beyond these a batch is no faster, only harder to retry
+MAX_SAMPLE_TOKENS = 20_000_000
+_HELD: dict = {}                  # slot file descriptors this process holds (for its lifetime)
+
+
+def slots_dir() -> str:
+    """Where the slot files live: $PARAGEN_GPU_SLOTS, else a folder under the temporary directory
+    (processes in separate containers need a shared one)."""
+    return os.environ.get("PARAGEN_GPU_SLOTS") or os.path.join(tempfile.gettempdir(), f"paragen-gpu-slots-{os.getuid()}")
+
+
+def claim_gpu(n_gpus: int, processes_per_gpu: int, directory: str | None = None) -> int:
+    """The GPU index this process decodes on (the same on every call in a process). Takes the
+    lowest of n_gpus x processes_per_gpu slots that no living process holds; when all are held
+    (more processes than slots), the GPU of this process id."""
+    if n_gpus < 1:
+        raise ValueError(f"no GPU to claim (n_gpus={n_gpus})")
+    key = (os.getpid(), n_gpus)
+    if key in _HELD:
+        return _HELD[key][1]
+    directory = directory or slots_dir()
+    os.makedirs(directory, exist_ok=True)
+    for slot in range(n_gpus * max(1, processes_per_gpu)):
+        fd = os.open(os.path.join(directory, f"slot-{slot:03d}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        _HELD[key] = (fd, slot % n_gpus)
+        return slot % n_gpus
+    gpu = os.getpid() % n_gpus
+    log.warning("all %d GPU slots are held by other processes: decoding on GPU %d", n_gpus * processes_per_gpu, gpu)
+    _HELD[key] = (None, gpu)
+    return gpu
+
+
+def worker_device(device: str | None, processes_per_gpu: int) -> str:
+    """The torch device this worker process decodes on: DEVICE as given when it names a GPU
+    ('cuda:1') or the CPU; 'cuda' (or None with a GPU visible) becomes a claimed GPU."""
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cuda":
+        return device
+    return f"cuda:{claim_gpu(torch.cuda.device_count(), processes_per_gpu)}"
+
+
+def batch_budgets(device_type: str, memory_bytes: int = 0, layers: int = 6, dim: int = 512, vocab: int = 32_000,
+                  element_bytes: int = 2) -> tuple[int, int]:
+    """(scoring tokens, sampling tokens) per batch. MEMORY_BYTES: this process's share of the
+    GPU's memory, half of which the batches may fill (the rest: weights, the allocator's slack,
+    estimates that run short). Scoring holds a batch's logits, their float copy and log-softmax
+    (vocabulary x 12 bytes per target token) and layer activations; sampling holds each node's
+    self-attention cache (layers x 2 x width per position) and, at a step, its logits (a row's
+    vocabulary x 12 bytes spread over the ~20 or more positions it counts for in the budget)."""
+    if device_type != "cuda":
+        return CPU_SCORE_TOKENS, CPU_SAMPLE_TOKENS
+    per_score_token = vocab * 12 + 16 * dim * element_bytes
+    per_sample_token = layers * 2 * dim * element_bytes + vocab * 12 // 20
+    usable = memory_bytes // 2
+    return (max(CPU_SCORE_TOKENS, min(MAX_SCORE_TOKENS, usable // per_score_token)),
+            max(CPU_SAMPLE_TOKENS, min(MAX_SAMPLE_TOKENS, usable // per_sample_token)))
+
+
+def gpu_memory_share(device, processes_per_gpu: int) -> int:
+    """Bytes of DEVICE's memory one of its PROCESSES_PER_GPU processes may plan for."""
+    import torch
+
+    total = torch.cuda.get_device_properties(device).total_memory
+    return total // max(1, processes_per_gpu)
+
+
+__all__ = ["batch_budgets", "claim_gpu", "gpu_memory_share", "slots_dir", "worker_device"]

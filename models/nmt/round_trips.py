@@ -1,0 +1,68 @@
+"""Count host<->device round trips during a piece of decoding: a proxy, on any machine, for what
+leaves a GPU idle.
+
+On a GPU, building a tensor from Python data (``torch.tensor``, ``as_tensor``, ``from_numpy``)
+copies from the host, and reading one back (``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``,
+``bool()``/``int()``/``float()`` of a tensor) waits for every queued kernel to finish: the device
+idles while Python catches up. On a CPU these calls are cheap, but they are made just as often, so
+counting them on a CPU says how a decoding loop will behave on a GPU. A loop that calls them once
+per row or per phrase slows down with the batch; one that calls them a constant number of times
+per step does not. (Syncs inside torch, such as ``nonzero`` or boolean-mask indexing on a GPU,
+are not seen here: ``torch.cuda.set_sync_debug_mode`` reports those on a real GPU.)
+
+    with count_round_trips() as trips:
+        engine.sample(requests)
+    trips.total, trips.by_kind
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+
+import torch
+
+_FACTORIES = ("tensor", "as_tensor", "from_numpy")
+_READS = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+_LOCK = threading.Lock()
+
+
+class RoundTrips:
+    def __init__(self):
+        self.by_kind: Counter = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+
+@contextlib.contextmanager
+def count_round_trips():
+    """Count, in this process, the calls that move data between Python and tensors while the
+    block runs (every thread; not re-entrant)."""
+    trips = RoundTrips()
+    saved = []
+    with _LOCK:
+        for name in _FACTORIES:
+            saved.append((torch, name, getattr(torch, name)))
+        for name in _READS:
+            saved.append((torch.Tensor, name, getattr(torch.Tensor, name)))
+        for owner, name, original in saved:
+            setattr(owner, name, _counting(original, name, trips))
+    try:
+        yield trips
+    finally:
+        with _LOCK:
+            for owner, name, original in saved:
+                setattr(owner, name, original)
+
+
+def _counting(original, name: str, trips: RoundTrips):
+    def wrapper(*args, **kwargs):
+        trips.by_kind[name] += 1
+        return original(*args, **kwargs)
+    wrapper.__name__ = getattr(original, "__name__", name)
+    return wrapper
+
+
+__all__ = ["RoundTrips", "count_round_trips"]
