@@ -167,8 +167,19 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) -> dict:
+def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int, device: str = "cpu",
+                              batch_size: int = 16, fp16: bool = False) -> dict:
     """fairseq-generate --sampling on a binarised copy of the same sources (the baseline)."""
+    # --batch-size 16 (480 decoder rows) was fairseq-generate's fastest of 4 / 16 / 60 on the CPU.
+    return fairseq_generate(t, sources, ["--sampling", "--sampling-topk", str(topk), "--beam", str(samples),
+                                         "--nbest", str(samples), "--seed", "0"], samples, device, batch_size, fp16)
+
+
+def fairseq_generate(t, sources: list[str], search: list[str], per_source: int, device: str = "cpu",
+                     batch_size: int = 16, fp16: bool = False) -> dict:
+    """fairseq-generate with SEARCH options (sampling or beam) over the same sources, the same
+    model and maximum length as our engine; refuses a run that returned fewer than PER_SOURCE
+    hypotheses per source (fairseq-generate can drop sentences)."""
     with tempfile.TemporaryDirectory() as tmp:
         for lang in (t.src_lang, t.tgt_lang):     # the target side is a placeholder: generate needs one
             with open(os.path.join(tmp, f"test.{lang}"), "w") as f:
@@ -181,14 +192,12 @@ def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) ->
                        check=True, capture_output=True)
         # models.nmt.fairseq_compat hands fairseq-generate a sanitized copy of the checkpoint
         cmd = [sys.executable, "-m", "models.nmt.fairseq_compat", "generate", os.path.join(tmp, "bin"), "--path",
-               os.path.join(t.model_dir, "model.pt"), "--gen-subset", "test", "--sampling",
-               "--sampling-topk", str(topk), "--beam", str(samples), "--nbest", str(samples),
-               "--max-len-a", str(t.max_len_a), "--max-len-b", str(t.max_len_b), "--batch-size", "16",
+               os.path.join(t.model_dir, "model.pt"), "--gen-subset", "test", *search,
+               "--max-len-a", str(t.max_len_a), "--max-len-b", str(t.max_len_b), "--batch-size", str(batch_size),
                # fairseq drops the last partial batch without this (fairseq #5036, #5351)
                "--required-batch-size-multiple", "1",
-               "--cpu", "--seed", "0", "--remove-bpe", "sentencepiece", "--source-lang", t.src_lang,
-               "--target-lang", t.tgt_lang]
-        # --batch-size 16 (480 decoder rows) was fairseq-generate's fastest of 4 / 16 / 60 here.
+               "--remove-bpe", "sentencepiece", "--source-lang", t.src_lang, "--target-lang", t.tgt_lang,
+               *(["--cpu"] if device == "cpu" else []), *(["--fp16"] if fp16 else [])]
         start = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - start
@@ -196,8 +205,8 @@ def fairseq_generate_sampling(t, sources: list[str], samples: int, topk: int) ->
             raise RuntimeError(f"fairseq-generate failed:\n{done.stderr[-3000:]}")
         m = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s", done.stderr + done.stdout)
         n_hyps = sum(1 for line in done.stdout.splitlines() if line.startswith("H-"))
-        if n_hyps != samples * len(sources):       # the baseline must have done all the work
-            raise RuntimeError(f"fairseq-generate returned {n_hyps} hypotheses for {len(sources)} sources x {samples}")
+        if n_hyps != per_source * len(sources):       # the baseline must have done all the work
+            raise RuntimeError(f"fairseq-generate returned {n_hyps} hypotheses for {len(sources)} sources x {per_source}")
         # P- lines hold one positional score per token, </s> included (its summary counts 1-best only).
         n_tokens = sum(len(line.split("\t")[1].split()) for line in done.stdout.splitlines() if line.startswith("P-"))
         secs = float(m.group(3)) if m else wall

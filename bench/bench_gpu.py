@@ -1,0 +1,412 @@
+"""The generation job on a GPU: decoding engines and the whole job, each beside its baseline.
+
+    python bench/bench_gpu.py --forward_model M/cs-en --backward_model M/en-cs \\
+        --bitext ../shared/data/bitext/multi30k --out gpu.json [--pairs 2000] [--sources 500]
+
+--bitext is a folder with Multi30k-style train.{cs,en}.gz (the job's pairs) and val.{cs,en}.gz
+(the engines' sources). On a GPU it prints (Markdown) and writes to --out (JSON, rewritten after
+every section, so a run stopped by a time limit keeps what it measured):
+
+  1. engines, --sources sources, top-10: our sampler (30 samples; 5 constraint sets x 6) in fp32,
+     fp16 and bf16, against fairseq-generate --sampling (fp16 and fp32, batch 256, every output
+     checked); beam 12 in process (fairseq's SequenceGenerator) against fairseq-generate (batch 128);
+  2. device synchronisations per decoder step of one sample() call (torch.cuda sync debug mode);
+  3. scores in fp16 and bf16 against fp32 (largest and mean difference, nats per token);
+  4. the whole job (DirectRunner, --device cuda) at the parabank2 and paranmt presets on --pairs
+     pairs, with 1 and 4 decoding processes per GPU: pairs/s, worker time per stage, the GPU's
+     busy fraction (nvidia-smi every 0.5 s while the job runs), and the GPU-hours 50M pairs take.
+
+Without a GPU it prints the CPU proxies and exits 0: host<->device round trips during sample()
+and score() (models/nmt/round_trips.py) and the job's host milliseconds per pair by stage, outside
+the engines' calls (the given models on this CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+TARGET_PAIRS = 50_000_000
+ENGINE_STAGES = ("sample", "beam_search", "score", "dual_xent")     # time inside engine calls
+
+
+def read_pairs(folder: str, split: str, n: int) -> list[tuple[str, str]]:
+    def lines(lang):
+        with gzip.open(os.path.join(folder, f"{split}.{lang}.gz"), "rt", encoding="utf-8") as f:
+            return [line.strip() for _, line in zip(range(n), f)]
+    return [(s, t) for s, t in zip(lines("cs"), lines("en")) if s and t]
+
+
+def constrained_requests(pairs, sets: int, samples: int):
+    """SETS constraint sets per source (the job's own draw), SAMPLES samples each."""
+    from models.nmt.engine import SampleRequest
+    from paracorpus.constraints import draw_constraint_sets
+
+    return [SampleRequest(src, f"b{i}:{k}", words, samples) for i, (src, ref) in enumerate(pairs)
+            for k, words in enumerate(draw_constraint_sets(ref, sets, 1, f"b{i}", 3))]
+
+
+def free_requests(pairs, samples: int):
+    from models.nmt.engine import SampleRequest
+
+    return [SampleRequest(src, f"b{i}", (), samples) for i, (src, _) in enumerate(pairs)]
+
+
+def _sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_sample(engine, reqs, rounds: int = 2) -> dict:
+    """Median seconds of engine.sample over ROUNDS after a warm-up on a few requests."""
+    engine.sample(reqs[:8], topk=10, seed=0)
+    times, out = [], None
+    for _ in range(rounds):
+        _sync()
+        start = time.perf_counter()
+        out = engine.sample(reqs, topk=10, seed=0)
+        _sync()
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "candidates": sum(len(h) for h in out),
+            "tokens": sum(len(x.token_ids) + 1 for h in out for x in h)}
+
+
+# ---------------------------------------------------------------------------- on a GPU
+def bench_engines(args, sources_pairs, emit) -> None:
+    from bench_generation import fairseq_generate, fairseq_generate_sampling
+    from models.nmt.translator import Translator
+
+    n = len(sources_pairs)
+    sources = [s for s, _ in sources_pairs]
+    rows = []
+    engines = {p: Translator(args.forward_model, device=args.device, precision=p) for p in args.precisions}
+    for precision, engine in engines.items():
+        for label, reqs in ((f"ours, 30 samples, {precision}", free_requests(sources_pairs, 30)),
+                            (f"ours, 5 constraint sets x 6 samples, {precision}",
+                             constrained_requests(sources_pairs, 5, 6))):
+            r = timed_sample(engine, reqs)
+            rows.append({"engine": label, **r, "sources_per_s": n / r["seconds"]})
+            emit("engines", rows)
+    t = engines["fp32"]
+    for fp16 in (True, False):
+        if fp16 and args.device == "cpu":
+            continue
+        r = fairseq_generate_sampling(t, sources, 30, 10, device=args.device, batch_size=256, fp16=fp16)
+        rows.append({"engine": f"fairseq-generate --sampling, batch 256, {'fp16' if fp16 else 'fp32'}", **r,
+                     "sources_per_s": n / r["seconds"]})
+        emit("engines", rows)
+    for precision in args.precisions:
+        engine = engines[precision]
+        engine.beam_search(sources[:8], beam=12)
+        _sync()
+        start = time.perf_counter()
+        engine.beam_search(sources, beam=12)
+        _sync()
+        secs = time.perf_counter() - start
+        rows.append({"engine": f"beam 12 in process, {precision}", "seconds": secs, "sources_per_s": n / secs})
+    half = args.device != "cpu"
+    r = fairseq_generate(t, sources, ["--beam", "12", "--nbest", "1"], 1, device=args.device, batch_size=128, fp16=half)
+    rows.append({"engine": f"fairseq-generate --beam 12, batch 128, {'fp16' if half else 'fp32'}", **r,
+                 "sources_per_s": n / r["seconds"]})
+    emit("engines", rows)
+    base = {r["engine"]: r["sources_per_s"] for r in rows}
+    free = base["ours, 30 samples, fp32"]
+    ratios = {"constrained_cost_fp32": free / base["ours, 5 constraint sets x 6 samples, fp32"]}
+    for label, speed in base.items():
+        if label.startswith("fairseq-generate --sampling"):
+            ratios[f"ours fp32 vs {label}"] = free / speed
+    for precision in args.precisions[1:]:
+        ratios[f"{precision}_vs_fp32"] = base[f"ours, 30 samples, {precision}"] / free
+    emit("engine_ratios", ratios)
+
+
+def bench_syncs(args, sources_pairs, emit) -> None:
+    """Device synchronisations per decoder step of one sample() call, as torch's sync debug mode
+    reports them (every sync, explicit or inside torch), and the round-trip proxy beside them."""
+    import warnings
+
+    import torch
+
+    from models.nmt import ensemble
+    from models.nmt.round_trips import count_round_trips
+    from models.nmt.translator import Translator
+
+    engine = Translator(args.forward_model, device=args.device, precision="fp32")
+    engine.sample_batch_tokens = 10**9
+    out = []
+    for label, reqs in (("30 samples", free_requests(sources_pairs[:100], 30)),
+                        ("5 sets x 6 samples", constrained_requests(sources_pairs[:100], 5, 6))):
+        steps = [0]
+        step = ensemble.EnsembleDecoder.step
+
+        def counting(self, prefixes, step=step):
+            steps[0] += 1
+            return step(self, prefixes)
+        ensemble.EnsembleDecoder.step = counting
+        try:
+            with warnings.catch_warnings(record=True) as caught, count_round_trips() as trips:
+                warnings.simplefilter("always")
+                if args.device == "cuda":
+                    torch.cuda.set_sync_debug_mode("warn")
+                engine.sample(reqs, topk=10, seed=0)
+                if args.device == "cuda":
+                    torch.cuda.set_sync_debug_mode(0)
+        finally:
+            ensemble.EnsembleDecoder.step = step
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        out.append({"requests": label, "sources": 100, "steps": steps[0], "device_syncs": syncs,
+                    "syncs_per_step": syncs / max(steps[0], 1), "round_trips": trips.total})
+    emit("syncs", out)
+
+
+def bench_precision(args, pairs, emit) -> None:
+    from models.nmt.translator import Translator
+
+    english, foreign = [t for _, t in pairs], [s for s, _ in pairs]
+    base = Translator(args.backward_model, device=args.device, precision="fp32").score(english, foreign)
+    out = {}
+    for precision in args.precisions[1:]:
+        got = Translator(args.backward_model, device=args.device, precision=precision).score(english, foreign)
+        diffs = [abs(a - b) for a, b in zip(got, base)]
+        out[precision] = {"max_abs_diff": max(diffs), "mean_abs_diff": statistics.mean(diffs), "pairs": len(pairs)}
+    emit("score_precision", out)
+
+
+class GpuBusy:
+    """nvidia-smi's utilization.gpu every 0.5 s while the block runs (the fraction of time a
+    kernel was running)."""
+
+    def __enter__(self):
+        self.samples, self._stop = [], threading.Event()
+        self._proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                       "-lms", "500"], stdout=subprocess.PIPE, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self):
+        for line in self._proc.stdout:
+            try:
+                self.samples.append(float(line.split(",")[0]))
+            except ValueError:
+                pass
+
+    def __exit__(self, *exc):
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.mean(self.samples) / 100 if self.samples else None
+
+
+def run_job(args, tsv: str, workdir: str, preset: str, extra: list[str], gpu: bool) -> dict:
+    """The job as a user runs it (a fresh process); its manifest's counts and stage counters."""
+    out = os.path.join(workdir, f"job-{preset}-{len(os.listdir(workdir))}")
+    cmd = [sys.executable, "-m", "beam_pipelines.generate", "--input", tsv, "--output", out,
+           "--forward_model", args.forward_model, "--backward_model", args.backward_model,
+           "--src_lang", "cs", "--tgt_lang", "en", "--preset", preset, "--runner", "DirectRunner", *extra]
+    start = time.perf_counter()
+    if gpu and args.device == "cuda":
+        with GpuBusy() as busy:
+            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    else:
+        busy = None
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"the job failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+    manifest = json.load(open(os.path.join(out, "_manifest.json")))
+    counts, counters = manifest["counts"], manifest["counters"]
+    read = counts["records_read"]
+    return {"preset": preset, "options": " ".join(extra), "pairs": read, "seconds": wall,
+            "pairs_per_s": read / wall, "paraphrase_rows": counts["paraphrase_rows"],
+            "worker_ms_per_pair": {k[3:]: v / read for k, v in sorted(counters.items()) if k.startswith("ms_")},
+            "gpu_busy": busy.mean if busy else None,
+            "gpu_hours_for_50M": TARGET_PAIRS / (read / wall) / 3600}
+
+
+def host_stages(pairs, tsv: str) -> dict:
+    """ms per pair of the stages outside the decoding work units, run as plain functions on the
+    job's pairs: reading the shard, cleaning, and writing one Parquet file of paraphrase rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from common.shards import ShardSpec, read_shard
+    from paracorpus.cleaning import CleaningConfig, clean_pair
+    from paracorpus.schema import PARAPHRASE_SCHEMA, paraphrase_row
+
+    start = time.perf_counter()
+    records = [r for r in read_shard(ShardSpec("tsv", (tsv,), "pairs.tsv")) if not r.error]
+    read = time.perf_counter() - start
+    cfg = CleaningConfig()
+    start = time.perf_counter()
+    for r in records:
+        clean_pair(r.source, r.reference, cfg)
+    clean = time.perf_counter() - start
+    rows = [paraphrase_row(pair_id=f"{i:016x}", src_lang="cs", tgt_lang="en", source=s, reference=t, paraphrase=t,
+                            rank=k, cluster_id=k, cluster_size=3, forward_nll=1.0, backward_nll=1.0,
+                            combined_score=1.0, constraint_set=["a"], constraint_set_id=0, num_sampled=150,
+                            num_surviving=100, mode="sample", config_hash="0" * 16, input_shard="pairs.tsv",
+                            input_index=i)
+            for i, (s, t) in enumerate(pairs) for k in range(1, 6)]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, schema=PARAPHRASE_SCHEMA), os.path.join(tmp, "p.parquet"),
+                       compression="zstd")
+    write = time.perf_counter() - start
+    n = max(len(pairs), 1)
+    return {"read": read * 1e3 / n, "clean": clean * 1e3 / n, "write (5 rows a pair)": write * 1e3 / n}
+
+
+def bench_job(args, pairs, emit, gpu: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tsv = os.path.join(tmp, "pairs.tsv")
+        with open(tsv, "w", encoding="utf-8") as f:
+            f.writelines(f"{s}\t{t}\n" for s, t in pairs)
+        emit("host_stages_ms_per_pair", host_stages(pairs, tsv))
+        runs = []
+        if gpu:
+            off = [] if args.device == "cuda" else ["--dual_xent_threshold", "-1"]     # a rehearsal's tiny models
+            plan = [("parabank2", ["--device", args.device, "--processes_per_gpu", str(p), *off])
+                    for p in args.processes] + [("paranmt", ["--device", args.device])]
+        else:
+            plan = [("parabank2", ["--device", "cpu", "--dual_xent_threshold", "-1"])]
+        for preset, extra in plan:
+            runs.append(run_job(args, tsv, tmp, preset, extra, gpu))
+            emit("job", runs)
+
+
+# ---------------------------------------------------------------------------- CPU proxies
+def cpu_proxies(args, sources_pairs, emit) -> None:
+    from models.nmt import ensemble
+    from models.nmt.round_trips import count_round_trips
+    from models.nmt.translator import load_translator
+
+    fwd = load_translator(args.forward_model, device="cpu")
+    bwd = load_translator(args.backward_model, device="cpu")
+    fwd.sample_batch_tokens = 10**9                # one batch per call: steps comparable across rows
+    rows = []
+    for label, n, reqs in (("30 samples", 100, free_requests(sources_pairs[:100], 30)),
+                           ("5 constraint sets x 6 samples", 20, constrained_requests(sources_pairs[:20], 5, 6)),
+                           ("5 constraint sets x 6 samples", 100, constrained_requests(sources_pairs[:100], 5, 6))):
+        steps = [0]
+        step = ensemble.EnsembleDecoder.step
+
+        def counting(self, prefixes, step=step):
+            steps[0] += 1
+            return step(self, prefixes)
+        ensemble.EnsembleDecoder.step = counting
+        try:
+            with count_round_trips() as trips:
+                fwd.sample(reqs, topk=10, seed=0)
+        finally:
+            ensemble.EnsembleDecoder.step = step
+        rows.append({"call": f"sample(), {label}", "sources": n, "round_trips": trips.total, "steps": steps[0],
+                     "per_step": trips.total / steps[0]})
+    for n in (100, 500):
+        english, foreign = [t for _, t in sources_pairs[:n]], [s for s, _ in sources_pairs[:n]]
+        with count_round_trips() as trips:
+            bwd.score(english, foreign)
+        rows.append({"call": "score()", "sources": n, "round_trips": trips.total, "steps": None, "per_step": None})
+    emit("round_trips", rows)
+
+
+# ---------------------------------------------------------------------------- output
+def print_section(name: str, value, printed: set) -> None:
+    """A section as Markdown; a table that grows row by row prints its header once."""
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        keys = list(value[0])
+        if name not in printed:
+            print(f"\n## {name}\n\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+            value = value[-1:] if len(value) == 1 else value
+        else:
+            value = value[-1:]
+        for row in value:
+            print("| " + " | ".join(_fmt(row.get(k)) for k in keys) + " |")
+    else:
+        print(f"\n## {name}\n\n" + json.dumps(value, indent=1, default=_fmt))
+    printed.add(name)
+    sys.stdout.flush()
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_fmt(x)}" for k, x in v.items())
+    return str(v)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--forward_model", required=True, help="cs->en model directory (paragen-train-nmt)")
+    ap.add_argument("--backward_model", required=True, help="en->cs model directory")
+    ap.add_argument("--bitext", required=True, help="folder with train.{cs,en}.gz and val.{cs,en}.gz")
+    ap.add_argument("--pairs", type=int, default=2000, help="pairs of train for the whole job (default 2000)")
+    ap.add_argument("--sources", type=int, default=500, help="sources of val for the engines (default 500)")
+    ap.add_argument("--processes", default="1,4",
+                    help="decoding processes per GPU to run the parabank2 job with (default 1,4)")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: engines,syncs,precision,job")
+    ap.add_argument("--out", required=True, help="JSON file for the figures")
+    ap.add_argument("--rehearse", action="store_true",
+                    help="without a GPU, run the GPU sections on the CPU (fp32 only): a check of this script "
+                         "before a GPU machine's time is spent on it")
+    args = ap.parse_args(argv)
+    args.processes = [int(x) for x in args.processes.split(",") if x]
+    skip = set(args.skip.split(","))
+
+    import torch
+
+    gpu = torch.cuda.is_available() or args.rehearse
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.precisions = ["fp32", "fp16", "bf16"] if args.device == "cuda" else ["fp32"]
+    results = {"date": time.strftime("%Y-%m-%d"),
+               "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+               "torch": torch.__version__, "command": " ".join(sys.argv)}
+
+    printed: set = set()
+
+    def emit(name, value):
+        results[name] = value
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+        print_section(name, value, printed)
+
+    print(f"# bench_gpu on {results['device']} ({results['date']})", flush=True)
+    sources = read_pairs(args.bitext, "val", args.sources)
+    pairs = read_pairs(args.bitext, "train", args.pairs)
+    if not gpu:
+        print("\nno GPU visible: the CPU proxies (host<->device round trips, host time per stage)", flush=True)
+        cpu_proxies(args, sources, emit)
+        if "job" not in skip:
+            bench_job(args, pairs[:min(len(pairs), 200)], emit, gpu=False)
+        return 0
+    for name, fn in (("engines", lambda: bench_engines(args, sources, emit)),
+                     ("syncs", lambda: bench_syncs(args, sources, emit)),
+                     ("precision", lambda: bench_precision(args, sources, emit)),
+                     ("job", lambda: bench_job(args, pairs, emit, gpu=True))):
+        if name in skip:
+            continue
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001: one failed section must not lose the others' figures
+            emit(f"{name}_error", f"{type(exc).__name__}: {exc}"[:2000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
