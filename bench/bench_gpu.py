@@ -140,8 +140,7 @@ def bench_syncs(args, sources_pairs, emit) -> None:
 
     import torch
 
-    from models.nmt import ensemble
-    from models.nmt.round_trips import count_round_trips
+    from models.nmt.round_trips import count_decoder_steps, count_round_trips
     from models.nmt.translator import Translator
 
     engine = Translator(args.forward_model, device=args.device, precision="fp32")
@@ -149,26 +148,19 @@ def bench_syncs(args, sources_pairs, emit) -> None:
     out = []
     for label, reqs in (("30 samples", free_requests(sources_pairs[:100], 30)),
                         ("5 sets x 6 samples", constrained_requests(sources_pairs[:100], 5, 6))):
-        steps = [0]
-        step = ensemble.EnsembleDecoder.step
-
-        def counting(self, prefixes, step=step):
-            steps[0] += 1
-            return step(self, prefixes)
-        ensemble.EnsembleDecoder.step = counting
-        try:
-            with warnings.catch_warnings(record=True) as caught, count_round_trips() as trips:
-                warnings.simplefilter("always")
-                if args.device == "cuda":
-                    torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught, count_round_trips() as trips, \
+                count_decoder_steps() as steps:
+            warnings.simplefilter("always")
+            if args.device == "cuda":
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
                 engine.sample(reqs, topk=10, seed=0)
+            finally:
                 if args.device == "cuda":
                     torch.cuda.set_sync_debug_mode(0)
-        finally:
-            ensemble.EnsembleDecoder.step = step
         syncs = sum("synchroniz" in str(w.message) for w in caught)
-        out.append({"requests": label, "sources": 100, "steps": steps[0], "device_syncs": syncs,
-                    "syncs_per_step": syncs / max(steps[0], 1), "round_trips": trips.total})
+        out.append({"requests": label, "sources": 100, "steps": steps.total, "device_syncs": syncs,
+                    "syncs_per_step": syncs / max(steps.total, 1), "round_trips": trips.total})
     emit("syncs", out)
 
 
@@ -292,8 +284,7 @@ def bench_job(args, pairs, emit, gpu: bool) -> None:
 
 # ---------------------------------------------------------------------------- CPU proxies
 def cpu_proxies(args, sources_pairs, emit) -> None:
-    from models.nmt import ensemble
-    from models.nmt.round_trips import count_round_trips
+    from models.nmt.round_trips import count_decoder_steps, count_round_trips
     from models.nmt.translator import load_translator
 
     fwd = load_translator(args.forward_model, device="cpu")
@@ -303,20 +294,10 @@ def cpu_proxies(args, sources_pairs, emit) -> None:
     for label, n, reqs in (("30 samples", 100, free_requests(sources_pairs[:100], 30)),
                            ("5 constraint sets x 6 samples", 20, constrained_requests(sources_pairs[:20], 5, 6)),
                            ("5 constraint sets x 6 samples", 100, constrained_requests(sources_pairs[:100], 5, 6))):
-        steps = [0]
-        step = ensemble.EnsembleDecoder.step
-
-        def counting(self, prefixes, step=step):
-            steps[0] += 1
-            return step(self, prefixes)
-        ensemble.EnsembleDecoder.step = counting
-        try:
-            with count_round_trips() as trips:
-                fwd.sample(reqs, topk=10, seed=0)
-        finally:
-            ensemble.EnsembleDecoder.step = step
-        rows.append({"call": f"sample(), {label}", "sources": n, "round_trips": trips.total, "steps": steps[0],
-                     "per_step": trips.total / steps[0]})
+        with count_round_trips() as trips, count_decoder_steps() as steps:
+            fwd.sample(reqs, topk=10, seed=0)
+        rows.append({"call": f"sample(), {label}", "sources": n, "round_trips": trips.total, "steps": steps.total,
+                     "per_step": trips.total / steps.total})
     for n in (100, 500):
         english, foreign = [t for _, t in sources_pairs[:n]], [s for s, _ in sources_pairs[:n]]
         with count_round_trips() as trips:

@@ -13,6 +13,10 @@ JOB=generate (default) or JOB=filter picks the job. Workers need the project ins
 worker that is over 100 MB that the job does not need.)
 Dask starts workers with OMP_NUM_THREADS=1, so each decodes on one core: use N = cores, or pass
 the job's --torch_threads (cores / N) to give each worker its share.
+GPU machines: deploy/dask_gpu_workers.sh tcp://SCHEDULER:8786 on each starts P worker processes per
+GPU, each seeing its GPU only (CUDA_VISIBLE_DEVICES); run the job with --device cuda
+--processes_per_gpu P. With --local, GPUS=k spreads the N workers over k GPUs of this machine
+(N/k per GPU, rounded up) and adds those two options to a generation job that lacks them.
 USAGE
 }
 case "${1:-}" in -h|--help) usage; exit 0;; esac
@@ -30,9 +34,20 @@ if [ "${1:-}" = "--local" ]; then
       --dashboard-address :0 >"$tmp/scheduler.log" 2>&1 & pids+=($!)
   for _ in $(seq 100); do [ -s "$tmp/s.json" ] && break; sleep 0.2; done
   DASK_SCHEDULER=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['address'])" "$tmp/s.json")
-  DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False \
-  "$PY" -m distributed.cli.dask_worker "$DASK_SCHEDULER" --nworkers "$n" --nthreads 1 --no-dashboard \
-      >"$tmp/workers.log" 2>&1 & pids+=($!)
+  if [ -n "${GPUS:-}" ]; then
+    case "$GPUS" in ''|*[!0-9]*|0) echo "run_dask.sh: GPUS must be a positive integer, not $GPUS" >&2; exit 2;; esac
+    per=$(( (n + GPUS - 1) / GPUS ))
+    GPUS=$GPUS PROCESSES_PER_GPU=$per PYTHON=$PY deploy/dask_gpu_workers.sh "$DASK_SCHEDULER" \
+        >"$tmp/workers.log" 2>&1 & pids+=($!)
+    if [ "$JOB" = generate ]; then
+      case " $* " in *" --device"*) ;; *) set -- "$@" --device cuda;; esac
+      case " $* " in *" --processes_per_gpu"*) ;; *) set -- "$@" --processes_per_gpu "$per";; esac
+    fi
+  else
+    DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False \
+    "$PY" -m distributed.cli.dask_worker "$DASK_SCHEDULER" --nworkers "$n" --nthreads 1 --no-dashboard \
+        >"$tmp/workers.log" 2>&1 & pids+=($!)
+  fi
 fi
 : "${DASK_SCHEDULER:?set DASK_SCHEDULER or use --local N}"
 "$PY" -m "beam_pipelines.$JOB" --runner DaskRunner --dask_client_address "$DASK_SCHEDULER" "$@"

@@ -20,6 +20,11 @@ Environment:
                       H100: a3-highgpu-1g), n1-standard-8 without a GPU
   DISK_SIZE_GB        worker boot disk (default 100: the GPU image with torch's CUDA libraries is
                       about 12 GB, and Dataflow pulls it onto every worker; 50 without a GPU)
+  GPU_SHARING         mps (default): one SDK process per vCPU shares the VM's GPU through NVIDIA
+                      MPS, so one process's host work (tokenization, clustering, writing) overlaps
+                      the others' decoding, and the generation job gets --device cuda
+                      --processes_per_gpu <vCPUs>; single: one SDK process per VM
+                      (no_use_multiple_sdk_containers), --processes_per_gpu 1
   MAX_WORKERS         default 16
   PYTHON              interpreter (default .venv/bin/python if there, else python3)
 USAGE
@@ -39,6 +44,15 @@ machine_for_gpu() {
     *) echo "run_dataflow.sh: unknown GPU type $1 (set MACHINE_TYPE yourself)" >&2; return 2;;
   esac
 }
+# vCPUs of a machine type: Dataflow starts one Python SDK process per vCPU.
+vcpus_of() {
+  case "$1" in
+    a2-highgpu-1g|a2-ultragpu-1g) echo 12;;
+    a3-highgpu-1g) echo 26;;
+    *-[0-9]*) echo "${1##*-}";;
+    *) echo 1;;
+  esac
+}
 if [ -n "${GPU:-}" ] && [ -z "${MACHINE_TYPE:-}" ]; then
   MACHINE_TYPE=$(machine_for_gpu "$GPU") || exit 2
 fi
@@ -51,9 +65,18 @@ else
   args+=(--disk_size_gb "${DISK_SIZE_GB:-50}")
 fi
 if [ -n "${GPU:-}" ]; then
-  # One SDK process per VM, so the models are loaded once onto the GPU.
-  args+=(--dataflow_service_options "worker_accelerator=type:${GPU};count:1;install-nvidia-driver"
-         --experiments=no_use_multiple_sdk_containers)
+  # One GPU per VM (scale out with VMs): NVIDIA MPS on Dataflow needs a single-GPU worker.
+  case "${GPU_SHARING:-mps}" in
+    mps)
+      procs=$(vcpus_of "${MACHINE_TYPE:-n1-standard-8}")
+      args+=(--dataflow_service_options "worker_accelerator=type:${GPU};count:1;install-nvidia-driver;use_nvidia_mps")
+      if [ "$JOB" = generate ]; then args+=(--device cuda --processes_per_gpu "$procs" --torch_threads 1); fi;;
+    single)
+      args+=(--dataflow_service_options "worker_accelerator=type:${GPU};count:1;install-nvidia-driver"
+             --experiments=no_use_multiple_sdk_containers)
+      if [ "$JOB" = generate ]; then args+=(--device cuda --processes_per_gpu 1); fi;;
+    *) echo "run_dataflow.sh: GPU_SHARING must be mps or single, not ${GPU_SHARING}" >&2; exit 2;;
+  esac
 else
   # Dataflow starts one Python SDK process per vCPU: one torch thread each, or they oversubscribe
   # the cores (JOB_ARGS may override with their own --torch_threads, the last one wins).

@@ -26,6 +26,13 @@ Environment:
   JOB_SERVER_JAR     a local copy of Beam's Flink job-server jar. Without it Beam downloads the jar
                      (beam-runners-flink-<version>-job-server) from a Java package repository
                      (Maven Central) at submit time, which a machine without that access cannot do
+  GPUS               GPUs per task manager machine (default: none). Each machine then runs
+                     GPUS x PROCESSES_PER_GPU SDK worker processes (--sdk_worker_parallelism); each
+                     claims a GPU (a lock file per slot in the machine's temporary directory) and the
+                     generation job gets --device cuda --processes_per_gpu. Needs ENV_TYPE PROCESS
+                     or EXTERNAL (the SDK workers are then processes of one machine or container with
+                     the GPUs); Beam's DOCKER environment gives its containers no GPU
+  PROCESSES_PER_GPU  SDK worker processes per GPU (default 4)
   PYTHON             interpreter (default .venv/bin/python if there, else python3)
 USAGE
 }
@@ -45,6 +52,17 @@ case "$ENV_TYPE" in
   *) echo "ENV_TYPE must be DOCKER, PROCESS or EXTERNAL, not $ENV_TYPE" >&2; exit 2;;
 esac
 [ -n "${JOB_SERVER_JAR:-}" ] && args+=(--flink_job_server_jar "$JOB_SERVER_JAR")
+if [ -n "${GPUS:-}" ]; then
+  per=${PROCESSES_PER_GPU:-4}
+  case "$GPUS$per" in *[!0-9]*) echo "run_flink.sh: GPUS and PROCESSES_PER_GPU must be positive integers" >&2; exit 2;; esac
+  if [ "$GPUS" -lt 1 ] || [ "$per" -lt 1 ]; then echo "run_flink.sh: GPUS and PROCESSES_PER_GPU must be >= 1" >&2; exit 2; fi
+  if [ "$ENV_TYPE" = DOCKER ]; then
+    echo "run_flink.sh: GPUS needs ENV_TYPE=PROCESS or EXTERNAL: Beam's DOCKER environment starts containers without GPUs" >&2
+    exit 2
+  fi
+  args+=(--sdk_worker_parallelism "$((GPUS * per))")
+  if [ "$JOB" = generate ]; then args+=(--device cuda --processes_per_gpu "$per"); fi
+fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -n "${PYTHON:-}" ] || [ ! -x .venv/bin/python ] || PY=.venv/bin/python

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Create (or update) the project virtualenv with pinned dependencies. Idempotent.
-#   VENV=path  where to put it (default .venv)
+#   VENV=path   where to put it (default .venv)
+#   TORCH=cuda  the CUDA build of torch 2.13.0 from PyPI (it brings its CUDA runtime as nvidia-*
+#               packages, about 4 GB more; the machine needs only the NVIDIA driver), replacing a
+#               CPU build already in the venv; default: the build this machine's pip picks
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -11,6 +14,16 @@ command -v "$PY" >/dev/null || PY=python3
 . "$VENV/bin/activate"
 pip install -q --disable-pip-version-check "pip==25.3" "setuptools>=70" wheel
 # Build prerequisites of fairseq-fixed's C++/Cython extensions, then the locked set.
+case "${TORCH:-}" in
+  cuda)
+    if ! python -c "import torch, sys; sys.exit(torch.version.cuda is None)" 2>/dev/null; then
+      pip uninstall -q -y torch 2>/dev/null || true
+      echo "installing the CUDA build of torch from PyPI (about 4 GB)..." >&2
+      pip install -q --disable-pip-version-check --index-url https://pypi.org/simple torch==2.13.0
+    fi;;
+  ""|cpu) ;;
+  *) echo "TORCH must be cuda or cpu, not $TORCH" >&2; exit 2;;
+esac
 pip install -q --disable-pip-version-check torch==2.13.0 numpy==2.4.6 Cython==3.3.1
 pip install -q --disable-pip-version-check -r requirements.txt
 if ! python -c "import fairseq, fastBPE" 2>/dev/null; then
@@ -19,6 +32,9 @@ if ! python -c "import fairseq, fastBPE" 2>/dev/null; then
 fi
 pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 python -c "import fairseq, apache_beam, torch; print('environment ready:', 'torch', torch.__version__, 'beam', apache_beam.__version__, 'fairseq', fairseq.__version__)" 2>/dev/null
+if [ "${TORCH:-}" = cuda ]; then
+  python -c "import torch; print('CUDA', torch.version.cuda, '-', torch.cuda.device_count(), 'GPU(s) visible:', ', '.join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or 'none (is the NVIDIA driver installed?)')"
+fi
 # The tree_edit filter's parser comes from Debian's packages; without it that filter (and its
 # test) is skipped, everything else works.
 if [ "${SKIP_PARSER:-0}" != 1 ]; then

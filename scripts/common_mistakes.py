@@ -61,6 +61,7 @@ CASES = [
     Case("--precision bf16 on a CPU without bf16", "beam_pipelines.generate",
          _gen("--device", "cpu", "--precision", "bf16"), when="no_bf16"),
     Case("--precision fp16 on the CPU", "beam_pipelines.generate", _gen("--device", "cpu", "--precision", "fp16")),
+    Case("no process per GPU", "beam_pipelines.generate", _gen("--processes_per_gpu", "0")),
     Case("input file missing", "beam_pipelines.generate", _gen(inp="$WORK/nope.tsv")),
     Case("Moses file without its twin", "beam_pipelines.generate", _gen(inp="$WORK/corpus.cs")),
     Case("Parquet text column of the wrong type", "beam_pipelines.generate", _gen(inp="$WORK/ints.parquet")),

@@ -78,10 +78,27 @@ def test_dataflow_launcher_command(gpu):
         bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh"), *local],
                              env=env, capture_output=True, text=True, timeout=30)
         assert bad.returncode == 2 and "use a gs:// URL" in bad.stderr and not bad.stdout
-    if gpu:
-        assert "--experiments=no_use_multiple_sdk_containers" in cmd and "--torch_threads" not in cmd
+    if gpu:       # SDK processes share the VM's GPU through MPS; the filter job has no GPU options
+        assert "--experiments=no_use_multiple_sdk_containers" not in cmd and "--device" not in cmd
+        assert any(a.endswith(";install-nvidia-driver;use_nvidia_mps") for a in cmd)
     else:                                # one SDK process per vCPU: one torch thread each
         assert cmd[cmd.index("--torch_threads") + 1] == "1"
+
+
+@pytest.mark.parametrize("sharing,processes", [("", "8"), ("mps", "8"), ("single", "1")])
+def test_dataflow_gpu_workers_share_the_gpu_or_not(sharing, processes):
+    env = {"PATH": os.environ["PATH"], "PYTHON": "echo", "PROJECT": "p", "REGION": "r", "TEMP": "gs://b/t",
+           "IMAGE": "img", "GPU": "nvidia-l4", "GPU_SHARING": sharing}
+    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh"), "--input", "gs://b/x"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    cmd = done.stdout.split()
+    assert done.returncode == 0, done.stderr
+    assert cmd[cmd.index("--machine_type") + 1] == "g2-standard-8"           # 8 vCPUs: 8 SDK processes
+    assert cmd[cmd.index("--device") + 1] == "cuda" and cmd[cmd.index("--processes_per_gpu") + 1] == processes
+    assert ("--experiments=no_use_multiple_sdk_containers" in cmd) == (sharing == "single")
+    bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh")], env={**env, "GPU_SHARING": "x"},
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "GPU_SHARING" in bad.stderr
 
 
 def test_flink_launcher_command():
@@ -110,7 +127,7 @@ def test_dataflow_machine_type_fits_the_gpu_and_the_disk_fits_the_image(gpu, mac
     cmd = done.stdout.split()
     assert done.returncode == 0 and cmd[cmd.index("--machine_type") + 1] == machine
     assert int(cmd[cmd.index("--disk_size_gb") + 1]) >= 50
-    assert f"worker_accelerator=type:{gpu};count:1;install-nvidia-driver" in cmd
+    assert any(a.startswith(f"worker_accelerator=type:{gpu};count:1;install-nvidia-driver") for a in cmd)
     bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh")], env={**env, "GPU": "nvidia-x"},
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "unknown GPU type" in bad.stderr
@@ -230,3 +247,63 @@ def test_shell_scripts_lint_clean():
     done = subprocess.run([_linter("shellcheck"), "-x", *scripts], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_dask_gpu_workers_see_one_gpu_each(tmp_path):
+    """deploy/dask_gpu_workers.sh with GPUS=2 PROCESSES_PER_GPU=2 against a real scheduler: four
+    worker processes, two seeing GPU 0 and two GPU 1 (CUDA_VISIBLE_DEVICES), on a machine
+    without a GPU: what each process is assigned is what matters here."""
+    import json
+    import signal
+    import sys
+    import time
+
+    from distributed import Client
+
+    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                  "--port", "0", "--scheduler-file", str(tmp_path / "s.json"),
+                                  "--dashboard-address", ":0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = None
+    try:
+        for _ in range(150):
+            if (tmp_path / "s.json").exists() and (tmp_path / "s.json").stat().st_size:
+                break
+            time.sleep(0.2)
+        address = json.load(open(tmp_path / "s.json"))["address"]
+        env = {**os.environ, "GPUS": "2", "PROCESSES_PER_GPU": "2", "PYTHON": sys.executable}
+        workers = subprocess.Popen(["bash", os.path.join(ROOT, "deploy", "dask_gpu_workers.sh"), address], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(4, timeout=120)
+            seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+        assert sorted(seen.values()) == ["0", "0", "1", "1"]
+    finally:
+        if workers is not None:
+            os.killpg(workers.pid, signal.SIGTERM)
+            workers.wait(timeout=60)
+        scheduler.terminate()
+        scheduler.wait(timeout=60)
+    bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "dask_gpu_workers.sh"), "tcp://x:1"],
+                         env={**os.environ, "GPUS": "0"}, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "no GPU found" in bad.stderr
+
+
+def test_flink_gpu_workers_per_machine():
+    env = {"PATH": os.environ["PATH"], "PYTHON": "echo", "FLINK_MASTER": "h:8081", "ENV_TYPE": "PROCESS",
+           "GPUS": "2", "PROCESSES_PER_GPU": "3"}
+    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh"), "--preset", "parabank2"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    cmd = done.stdout.split()
+    assert done.returncode == 0, done.stderr
+    assert cmd[cmd.index("--sdk_worker_parallelism") + 1] == "6"
+    assert cmd[cmd.index("--device") + 1] == "cuda" and cmd[cmd.index("--processes_per_gpu") + 1] == "3"
+    from beam_pipelines.generate import build_parser
+    from beam_pipelines.options import check_beam_args
+
+    check_beam_args(["--runner", "DirectRunner", "--sdk_worker_parallelism", "6"], build_parser())   # Beam knows it
+    for bad_env, message in (({"ENV_TYPE": "DOCKER", "IMAGE": "img"}, "DOCKER environment"),
+                             ({"GPUS": "x"}, "positive integers"), ({"PROCESSES_PER_GPU": "0"}, ">= 1")):
+        bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh")], env={**env, **bad_env},
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

@@ -10,9 +10,9 @@ per row or per phrase slows down with the batch; one that calls them a constant 
 per step does not. (Syncs inside torch, such as ``nonzero`` or boolean-mask indexing on a GPU,
 are not seen here: ``torch.cuda.set_sync_debug_mode`` reports those on a real GPU.)
 
-    with count_round_trips() as trips:
+    with count_round_trips() as trips, count_decoder_steps() as steps:
         engine.sample(requests)
-    trips.total, trips.by_kind
+    trips.total, trips.by_kind, steps.total
 """
 from __future__ import annotations
 
@@ -65,4 +65,22 @@ def _counting(original, name: str, trips: RoundTrips):
     return wrapper
 
 
-__all__ = ["RoundTrips", "count_round_trips"]
+@contextlib.contextmanager
+def count_decoder_steps():
+    """Count the sampler's decoder steps (EnsembleDecoder.step calls) while the block runs."""
+    from models.nmt import ensemble
+
+    steps = RoundTrips()
+    step = ensemble.EnsembleDecoder.step
+
+    def counting(self, prefixes):
+        steps.by_kind["step"] += 1
+        return step(self, prefixes)
+    ensemble.EnsembleDecoder.step = counting
+    try:
+        yield steps
+    finally:
+        ensemble.EnsembleDecoder.step = step
+
+
+__all__ = ["RoundTrips", "count_decoder_steps", "count_round_trips"]

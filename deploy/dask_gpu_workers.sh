@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Start Dask workers for this machine's GPUs: one `dask worker` per GPU, each seeing only its GPU
+# (CUDA_VISIBLE_DEVICES), with PROCESSES_PER_GPU worker processes that share it.
+set -euo pipefail
+usage() {
+  cat <<USAGE
+usage: [GPUS=k] [PROCESSES_PER_GPU=P] deploy/dask_gpu_workers.sh SCHEDULER_ADDRESS
+
+Runs on every GPU machine of a Dask cluster (deploy/run_dask.sh --local with GPUS set runs it
+for you). It starts k x P worker processes, P per GPU, and waits for them; stop it with Ctrl-C or
+a signal, which stops them all. Run the job with --device cuda --processes_per_gpu P, so that each
+process plans its batches for its share of the GPU's memory.
+Environment:
+  GPUS               GPUs to use (default: every GPU nvidia-smi lists)
+  PROCESSES_PER_GPU  worker processes per GPU (default 4: one process's host work, such as
+                     tokenization and clustering, overlaps the others' decoding)
+  PYTHON             interpreter (default .venv/bin/python)
+USAGE
+}
+case "${1:-}" in -h|--help) usage; exit 0;; "") usage >&2; exit 2;; esac
+scheduler=$1
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+if [ -z "${GPUS:-}" ]; then
+  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU " || true)
+fi
+case "$GPUS" in ''|*[!0-9]*|0) echo "dask_gpu_workers.sh: no GPU found (set GPUS=k to name how many)" >&2; exit 2;; esac
+per=${PROCESSES_PER_GPU:-4}
+case "$per" in ''|*[!0-9]*|0) echo "dask_gpu_workers.sh: PROCESSES_PER_GPU must be a positive integer, not $per" >&2; exit 2;; esac
+pids=()
+stop() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done; }
+trap stop EXIT INT TERM
+for ((gpu = 0; gpu < GPUS; gpu++)); do
+  # Dask's statistical profiler keeps a call tree a second: over 100 MB a decoding worker does not need.
+  CUDA_VISIBLE_DEVICES=$gpu DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False \
+  "$PY" -m distributed.cli.dask_worker "$scheduler" --nworkers "$per" --nthreads 1 --no-dashboard \
+      --name "gpu$gpu" & pids+=($!)
+done
+wait
