@@ -86,6 +86,7 @@ import argparse
 import contextlib
 import io
 import json
+import logging
 import os
 import random
 import re
@@ -99,7 +100,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repos
 SRC, TGT = "cs", "en"
 LAYOUTS = ("hub_single", "hub_ensemble", "train_spm", "big_shrunk", "old_args", "old_keys", "hub_ensemble_en_cs")
 MARKER = "layouts.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 ENV_VAR = "PARAGEN_TEST_FAIRSEQ_LAYOUTS"
 
 TRAIN_PAIRS, VALID_PAIRS, TEST_SENTENCES = 1400, 60, 12
@@ -525,6 +526,9 @@ def build_all(root: str, jobs: int = 2, variation: bool = False) -> dict[str, di
                                  normalize_before=False, learned_pos=False, joined_dictionary=False,
                                  legacy_keys=True),
     }
+    t1 = time.time()
+    info = without_near_ties(info)
+    seconds["near ties"] = round(time.time() - t1, 1)
     seconds["total"] = round(time.time() - t0, 1)
     tmp = marker + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -532,6 +536,40 @@ def build_all(root: str, jobs: int = 2, variation: bool = False) -> dict[str, di
                   f, ensure_ascii=False, indent=1)
     os.replace(tmp, marker)
     return info
+
+
+MIN_MARGIN = 0.05                  # nats between a test sentence's best and second-best beam hypotheses
+MIN_TEST_SENTENCES = 8
+_PER_SENTENCE = ("test_sentences", "test_references", "test_acceptable")
+
+
+def beam_margins(info: dict) -> list[float]:
+    """Score of the best minus that of the second-best of a beam of 5, per test sentence, as fairseq's
+    hub interface decodes them."""
+    from fairseq.models.transformer import TransformerModel
+
+    from models.nmt.checkpoint import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    model = TransformerModel.from_pretrained(**info["hub_kwargs"]).eval()
+    outputs = model.generate([model.encode(s) for s in info["test_sentences"]], beam=5)
+    return [float(hypos[0]["score"]) - float(hypos[1]["score"]) for hypos in outputs]
+
+
+def without_near_ties(info: dict) -> dict:
+    """INFO without the test sentences that some layout's model decodes with a near-tie between its
+    two best hypotheses: a numerically different reimplementation could flip those, and whether
+    training on a given machine lands on one depends on its floating-point kernels. Every
+    layout's lists are indexed alike (the en-cs layout's sentences are the others' references)."""
+    logging.getLogger("fairseq").setLevel(logging.WARNING)
+    n = len(next(iter(info.values()))["test_sentences"])
+    keep = set(range(n))
+    for layout in info.values():
+        keep -= {i for i, margin in enumerate(beam_margins(layout)) if margin < MIN_MARGIN}
+    if len(keep) < MIN_TEST_SENTENCES:
+        raise RuntimeError(f"only {len(keep)} of {n} test sentences are decoded without a near-tie by every layout")
+    return {name: {**layout, **{key: [layout[key][i] for i in sorted(keep)] for key in _PER_SENTENCE}}
+            for name, layout in info.items()}
 
 
 def _relative(obj, root: str):

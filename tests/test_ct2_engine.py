@@ -98,7 +98,7 @@ def test_samples_never_contain_a_banned_word_and_a_unit_gives_the_same_samples(c
                 for k, words in enumerate(draw_constraint_sets(ref, 3, 1, f"p{i}", 2))]
     engine.start_unit("run:7")
     first = engine.sample(requests, topk=10, seed=1)
-    assert sum(map(len, first)) == 10 * len(requests) >= 300
+    assert sum(map(len, first)) == 10 * len(requests) >= 240          # 3 sets x 10 of 8 to 12 sentences
     broken = [(r.banned_words, h.text) for r, hs in zip(requests, first) for h in hs if violates(h.text, r.banned_words)]
     assert not broken, broken[:5]
     engine.start_unit("run:8")                              # another unit draws other samples

@@ -15,12 +15,13 @@ from tests import fairseq_fixtures as ff
 
 pytestmark = pytest.mark.slow
 
-# Floors on the 12 held-out test sentences (measured: BLEU 100 and 12/12 exact for every layout).
+# Floors on the held-out test sentences (12, less any near-tie: measured BLEU 100 and all exact for
+# every layout): BLEU, and at most this many not word for word the reference.
 MIN_BLEU = 80.0
-MIN_EXACT = 9
+MAX_INEXACT = 3
 # Best minus second-best hypothesis score (fairseq's length-normalised log-probability), measured
 # 0.25 or more on every sentence: no near-ties that a reimplementation's rounding could flip.
-MIN_MARGIN = 0.05
+MIN_MARGIN = ff.MIN_MARGIN
 
 
 def _state(path):
@@ -75,14 +76,15 @@ def test_info_dict(fairseq_layouts, name):
         assert sorted(os.listdir(info["source"])) == sorted(["bpecodes", "dict.cs.txt", "dict.en.txt",
                                                               *info["checkpoints"]])
     sentences = info["test_sentences"]
-    assert len(sentences) == 12 and len(set(sentences)) == 12
-    assert len(info["test_references"]) == len(info["test_acceptable"]) == 12
+    assert ff.MIN_TEST_SENTENCES <= len(sentences) <= ff.TEST_SENTENCES and len(set(sentences)) == len(sentences)
+    assert len(info["test_references"]) == len(info["test_acceptable"]) == len(sentences)
     assert all(ref == ok[0] for ref, ok in zip(info["test_references"], info["test_acceptable"]))
 
 
 def test_test_sentences_held_out(fairseq_layouts):
     train, valid, sources, refs, _ = ff.toy_data()
-    assert sources == fairseq_layouts["hub_single"]["test_sentences"]
+    kept = fairseq_layouts["hub_single"]["test_sentences"]
+    assert set(kept) <= set(sources) and len(kept) >= ff.MIN_TEST_SENTENCES     # less any near-tie
     seen = {cs for cs, _ in train + valid}
     assert not seen & set(sources)
     assert len(seen) > 250               # the rest of toy_bitext's 336 meanings
@@ -104,7 +106,7 @@ def test_fairseq_hub_translates(fairseq_layouts, hub, name):
     exact = sum(_words(h) == _words(ref) for h, ref in zip(hyps, info["test_references"]))
     report = "\n".join(f"  {s} => {h}" for s, h in zip(info["test_sentences"], hyps))
     assert bleu >= MIN_BLEU, f"{name}: BLEU {bleu:.1f}\n{report}"
-    assert exact >= MIN_EXACT, f"{name}: {exact}/12 exact\n{report}"
+    assert exact >= len(hyps) - MAX_INEXACT, f"{name}: {exact}/{len(hyps)} exact\n{report}"
     if info["tokenizer"] == "moses":      # fairseq's Moses detokenizer ran
         assert all(not h.endswith(" .") for h in hyps), report
     else:
@@ -118,6 +120,9 @@ def test_beam_is_not_a_near_tie(fairseq_layouts, hub, name):
     outputs = model.generate([model.encode(s) for s in info["test_sentences"]], beam=5)   # the whole beam each
     margins = [float(hypos[0]["score"]) - float(hypos[1]["score"]) for hypos in outputs]
     assert min(margins) >= MIN_MARGIN, f"{name}: margins {[round(m, 3) for m in margins]}"
+    # the build dropped the sentences some layout decodes with a near-tie, and kept enough
+    assert ff.MIN_TEST_SENTENCES <= len(info["test_sentences"]) <= ff.TEST_SENTENCES
+    assert len(info["test_references"]) == len(info["test_acceptable"]) == len(info["test_sentences"])
 
 
 def test_hub_encodes_as_the_training_text_was_encoded(fairseq_layouts, hub):

@@ -163,7 +163,7 @@ def test_samples_never_contain_a_banned_word(imported, fairseq_layouts, hub, nam
             requests.append(SampleRequest(source, f"p{i}:{s}", tuple(words), 10))
     samples = engine.sample(requests, topk=10, seed=1)
     total = sum(len(h) for h in samples)
-    assert total == 10 * len(requests) >= 300
+    assert total == 10 * len(requests) >= 240                 # 3 sets x 10 of 8 to 12 sentences
     broken = [(r.banned_words, h.text) for r, hs in zip(requests, samples) for h in hs if violates(h.text, r.banned_words)]
     assert not broken, broken[:5]
     assert all("@@" not in h.text and "\u2581" not in h.text and "&apos;" not in h.text for hs in samples for h in hs)
@@ -211,7 +211,8 @@ def test_the_generation_job_runs_with_imported_ensembles_both_ways(imported, fai
     manifest = run(["--input", str(inp), "--output", str(out), "--forward_model", imported["hub_ensemble"],
                     "--backward_model", imported["hub_ensemble_en_cs"], "--num_sets", "2", "--num_samples", "5",
                     "--score_threshold", "20", "--dual_xent_threshold", "20", "--device", "cpu"])
-    assert manifest["counts"]["reconciled"] and manifest["counts"]["pairs_with_paraphrases"] >= 10
+    counts = manifest["counts"]
+    assert counts["reconciled"] and counts["pairs_with_paraphrases"] >= len(info["test_sentences"]) - 2
     for side in ("forward", "backward"):
         entry = manifest["models"][side]
         assert entry["members"] == 2 and entry["engine"] == "fairseq"

@@ -35,7 +35,8 @@ _HELD: dict = {}                  # slot file descriptors this process holds (fo
 def slots_dir() -> str:
     """Where the slot files live: $PARAGEN_GPU_SLOTS, else a folder under the temporary directory
     (processes in separate containers need a shared one)."""
-    return os.environ.get("PARAGEN_GPU_SLOTS") or os.path.join(tempfile.gettempdir(), f"paragen-gpu-slots-{os.getuid()}")
+    default = os.path.join(tempfile.gettempdir(), f"paragen-gpu-slots-{os.getuid()}")
+    return os.environ.get("PARAGEN_GPU_SLOTS") or default
 
 
 def claim_gpu(n_gpus: int, processes_per_gpu: int, directory: str | None = None) -> int:
@@ -75,7 +76,9 @@ def worker_device(device: str | None, processes_per_gpu: int) -> str:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda":
         return device
-    return f"cuda:{claim_gpu(torch.cuda.device_count(), processes_per_gpu)}"
+    gpu = claim_gpu(torch.cuda.device_count(), processes_per_gpu)
+    torch.cuda.set_device(gpu)          # what a library allocates without naming a device lands there too
+    return f"cuda:{gpu}"
 
 
 def batch_budgets(device_type: str, memory_bytes: int = 0, layers: int = 6, dim: int = 512, vocab: int = 32_000,
