@@ -541,7 +541,9 @@ def run(argv=None) -> dict:
                                  if bitext.enabled else {}),
                               # Moses models' samples changed when "word." became banned (CHANGELOG)
                               **({"banned_forms": 2} if cfg.mode == "sample"
-                                 and fwd_meta["tokenization"].get("tokenizer") == "moses" else {})})
+                                 and fwd_meta["tokenization"].get("tokenizer") == "moses" else {}),
+                              # beam rows changed when each source got its own length limit (CHANGELOG)
+                              **({"length_limit": "per_source"} if cfg.mode == "beam" else {})})
     capacity = bin_capacity(file_target.rows, cfg.num_output_shards)
     reuse = plan_reuse(opts.previous, shards, chash, capacity) if opts.previous else Reuse(decode=list(shards))
     if reuse.why_not:

@@ -252,3 +252,35 @@ def test_refusals_are_one_line(fairseq_layouts, converted, tmp_path):
     refused("beam_pipelines.generate", ["--input", str(inp), "--output", str(tmp_path / "out"), "--forward_model",
                                         f16, "--device", "cpu"], "compute type float16 is not supported")
     assert not (tmp_path / "out").exists()
+
+
+def _odd_sources(info, n: int = 30) -> list[str]:
+    """Short Czech sources of a few test-sentence words in no sensible order: hypotheses that run
+    to their length limit, where a batch-wide limit used to make the output depend on batch-mates."""
+    import random
+
+    words = sorted({w for s in info["test_sentences"] for w in s.split() if w.isalpha()})
+    rnd = random.Random(4)
+    return list(dict.fromkeys(" ".join(rnd.choice(words) for _ in range(rnd.randint(1, 3))) for _ in range(n)))
+
+
+def test_beam_search_and_the_beam_job_do_not_depend_on_batch_mates(converted, fairseq_layouts, job_input, tmp_path):
+    from tests.test_batch_independence import LAYOUTS, assert_same_rows, job_rows
+
+    info = fairseq_layouts["hub_ensemble"]
+    engine = load_engine(converted["hub_ensemble"][1], device="cpu")
+    sources = _odd_sources(info)
+    long = " ".join(info["test_sentences"][:6])
+    alone = [engine.beam_search([s], beam=4)[0][0].text for s in sources]
+    assert [h[0].text for h in engine.beam_search(sources + [long], beam=4)[:-1]] == alone
+    # the job in beam mode, three unit sizes and two batch sizes: the same rows
+    inp = tmp_path / "in.tsv"
+    odd = [f"{s}\t{' '.join(info['test_references'][0].split()[:len(s.split())])}\n" for s in sources]
+    inp.write_text(job_input.read_text() + "".join(odd))
+    models = {"forward": converted["hub_ensemble"][1], "backward": converted["hub_ensemble_en_cs"][1]}
+    runs = [job_rows(str(inp), tmp_path / f"r{i}", models, "--preset", "paranmt", "--beam", "4", *layout)
+            for i, layout in enumerate(LAYOUTS)]
+    assert len(runs[0]) >= 40
+    for other in runs[1:]:
+        # int8 quantizes activations per batch: its scores move by up to ~5e-4 with batch-mates
+        assert_same_rows(other, runs[0], score_tolerance=2e-3)

@@ -221,18 +221,20 @@ class CT2Engine(Engine):
     def beam_search(self, sources: list[str], beam: int = 12, nbest: int = 1) -> list[list[Hypothesis]]:
         with self._lock:
             tokens = [self._source_tokens(s) for s in sources]
-            order = sorted(range(len(sources)), key=lambda i: len(tokens[i]))
+            limits = [self._max_len(len(self.source_pieces(s)) + 1) for s in sources]
+            order = sorted(range(len(sources)), key=lambda i: (limits[i], len(tokens[i])))
             outputs: list = [None] * len(sources)
             translator = self._get(self._seed)
-            for start in range(0, len(order), BATCH):
-                batch = order[start:start + BATCH]
-                longest = max(len(self.source_pieces(sources[i])) for i in batch) + 1
-                prefix = self._prefix()
+            prefix = self._prefix()
+            # A call has one length limit: only sources with the same limit share one, so that a
+            # source's hypotheses do not depend on what it is batched with.
+            batches = [[i for i in order if limits[i] == limit] for limit in sorted(set(limits))]
+            for batch in (b[start:start + BATCH] for b in batches for start in range(0, len(b), BATCH)):
                 results = translator.translate_batch([tokens[i] for i in batch],
                                                      target_prefix=[prefix] * len(batch) if prefix else None,
                                                      beam_size=beam, num_hypotheses=nbest,
                                                      suppress_sequences=self._never or None,
-                                                     max_decoding_length=self._max_len(longest) + (1 if prefix else 0))
+                                                     max_decoding_length=limits[batch[0]] + (1 if prefix else 0))
                 for i, r in zip(batch, results):
                     outputs[i] = [self._output(h) for h in r.hypotheses]
             flat = [(i, h) for i, hs in enumerate(outputs) for h in hs]

@@ -360,15 +360,16 @@ class Translator(Engine):
     @torch.inference_mode()
     def beam_search(self, sources: list[str], beam: int = 12, nbest: int = 1) -> list[list[Hypothesis]]:
         """fairseq's own SequenceGenerator (the reference engine), n-best per source; an ensemble
-        through fairseq's EnsembleModel."""
-        from fairseq.sequence_generator import SequenceGenerator
+        through fairseq's EnsembleModel. Each source ends at its own length limit
+        (models/nmt/beam.py), so its hypotheses do not depend on the sources batched with it."""
+        from models.nmt.beam import beam_generator
 
-        gen = SequenceGenerator(self.models, self.tgt_dict, beam_size=beam, max_len_a=self.max_len_a,
-                                max_len_b=self.max_len_b, normalize_scores=True, unk_penalty=0.0)
         src_ids = [self._ids(self.src_dict, s, "src") for s in sources]
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for batch in self._length_batches([len(x) for x in src_ids], rows_per_item=beam):
             src_tokens, src_lengths = self._collate_src([src_ids[i] for i in batch])
+            limits = torch.from_numpy(np.array([self._max_len(len(src_ids[i])) for i in batch])).to(self.device)
+            gen = beam_generator(self.models, self.tgt_dict, limits, beam, self.max_len_a, self.max_len_b)
             hypos = gen.generate(self.models, {"net_input": {"src_tokens": src_tokens,
                                                               "src_lengths": src_lengths}})
             for row, i in enumerate(batch):
