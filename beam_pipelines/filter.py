@@ -30,8 +30,8 @@ import apache_beam as beam
 
 from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, torch_threads_for
 from common import storage
-from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_output_location, cli_main, command_line,
-                        configure_logging, versions)
+from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_apart, check_output_location, cli_main,
+                        command_line, configure_logging, versions)
 from paracorpus.commit import Claim, new_run_id, publish, read_manifest, work_dir
 from paracorpus.runs import ParquetInput, open_input
 from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled
@@ -167,6 +167,7 @@ def run(argv=None) -> dict:
     beam_args = check_beam_args(beam_args, parser)
     threads = torch_threads_for(known.torch_threads, beam_args)
     output = check_output_location(known.output)
+    check_apart(output, known.input)
     inp: ParquetInput = open_input(known.input)
     gen_manifest = inp.manifest if inp.kind == "generation" else None
     if inp.kind == "parquet":

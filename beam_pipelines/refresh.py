@@ -9,7 +9,8 @@
 Layout under ROOT::
 
     runs/<run id>/             one generation run per refresh (its own _manifest.json)
-    runs/<run id>/filtered/    its filter run, when --filter_args are given
+    filtered/<run id>/         its filter run, when --filter_args are given (beside the run, never
+                               inside it: runs/<run id>/filtered/ in roots of earlier versions)
     latest/_manifest.json      the current run's manifest, its paths rewritten to open from latest/
     latest/filtered/_filter_manifest.json   the same for its filter run
     latest.json                written last: which run is current
@@ -160,10 +161,19 @@ def _failed(job: str, rc: int, log_file, since: int, log_path: str) -> "RefreshF
                          f"(log: {log_path})", rc if rc in (EXIT_USAGE, EXIT_EMPTY) else 1)
 
 
-def _committed(run_dir: str, with_filter: bool) -> bool:
-    if not storage.isfile(storage.join(run_dir, MANIFEST)):
+def filter_dir(root: str, run_id: str) -> str:
+    """Where run RUN_ID's filter run is: ROOT/filtered/<run id>, or inside the run in roots that
+    earlier versions wrote (the filter job now refuses an output inside the run it reads)."""
+    legacy = storage.join(root, "runs", run_id, "filtered")
+    if storage.isfile(storage.join(legacy, FILTER_MANIFEST)):
+        return legacy
+    return storage.join(root, "filtered", run_id)
+
+
+def _committed(root: str, name: str, with_filter: bool) -> bool:
+    if not storage.isfile(storage.join(root, "runs", name, MANIFEST)):
         return False
-    return not with_filter or storage.isfile(storage.join(run_dir, "filtered", FILTER_MANIFEST))
+    return not with_filter or storage.isfile(storage.join(filter_dir(root, name), FILTER_MANIFEST))
 
 
 def referenced_runs(run_dir: str) -> set[str]:
@@ -184,7 +194,7 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None) -> list[
     target) and the runs those take files from; and the logs of what was removed."""
     runs_dir = storage.join(root, "runs")
     names = storage.listdir(runs_dir)
-    committed = [n for n in names if _committed(storage.join(runs_dir, n), with_filter)]
+    committed = [n for n in names if _committed(root, n, with_filter)]
     kept = set(sorted(committed)[-keep:]) | ({current} if current else set())
     for name in list(kept):
         if name in committed:
@@ -192,6 +202,9 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None) -> list[
     removed = [n for n in names if n not in kept]
     for name in removed:
         storage.delete_tree(storage.join(runs_dir, name))
+    for name in storage.listdir(storage.join(root, "filtered")):       # filter runs of runs gone
+        if name not in kept:
+            storage.delete_tree(storage.join(root, "filtered", name))
     for log_name in storage.listdir(storage.join(root, "logs")):      # logs of runs gone, of no-op refreshes
         if log_name.removesuffix(".log") not in kept:
             storage.delete(storage.join(root, "logs", log_name))
@@ -215,10 +228,10 @@ def publish_latest(root: str, run_id: str) -> None:
         link = storage.resolve(latest)[1]
         if os.path.islink(link):
             os.remove(link)
-    filtered = storage.join(run_dir, "filtered", FILTER_MANIFEST)
-    if storage.isfile(filtered):
+    filtered = filter_dir(root, run_id)
+    if storage.isfile(storage.join(filtered, FILTER_MANIFEST)):
         storage.write_json(storage.join(latest, "filtered", FILTER_MANIFEST),
-                           _manifest_copy(storage.read_json(filtered), storage.join(run_dir, "filtered"),
+                           _manifest_copy(storage.read_json(storage.join(filtered, FILTER_MANIFEST)), filtered,
                                           storage.join(latest, "filtered")))
     else:
         storage.delete(storage.join(latest, "filtered", FILTER_MANIFEST))
@@ -282,7 +295,7 @@ def run(argv=None) -> dict:
             if filter_args:
                 since = buffer.tell()
                 rc, _ = _run_job("beam_pipelines.filter", filter_cmd,
-                                 ["--input", out, "--output", storage.join(out, "filtered"), *filter_args], buffer)
+                                 ["--input", out, "--output", filter_dir(root, run_id), *filter_args], buffer)
                 if rc != 0:
                     raise _failed("filter", rc, buffer, since, log_path)
             publish_latest(root, run_id)

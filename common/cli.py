@@ -88,6 +88,37 @@ def configure_logging(level: int = logging.INFO, quiet: tuple = ("apache_beam", 
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _comparable(path: str) -> str:
+    """PATH as a string that contains another path's exactly when the directory does: local paths
+    absolute with symbolic links resolved, URLs lower-cased in their scheme, without a trailing /."""
+    from common import storage
+
+    if storage.is_local(path):
+        local = storage.resolve(path)[1] if storage.is_url(path) else path
+        return os.path.realpath(local)
+    scheme, rest = path.split("://", 1)
+    return f"{scheme.lower()}://{rest.rstrip('/')}"
+
+
+def check_apart(output: str, input_: str, output_option: str = "--output", input_option: str = "--input") -> None:
+    """Refuse (UsageError) an OUTPUT directory equal to, inside or around the INPUT a job reads:
+    two jobs' files in one directory, which a retention or a refresh of one would delete with the
+    other's."""
+    out, inp = _comparable(output), _comparable(input_)
+    sep = "/" if "://" in out else os.sep
+    if out == inp:
+        where = "is"
+    elif out.startswith(inp.rstrip(sep) + sep):
+        where = "is inside"
+    elif inp.startswith(out.rstrip(sep) + sep):
+        where = "contains"
+    else:
+        return
+    raise UsageError(f"{output_option} {output} {where} {input_option} {input_}, the data this job reads: give the "
+                     "output a directory of its own (two jobs' files in one directory are deleted together by a "
+                     "retention or refresh of either)")
+
+
 def check_output_location(path: str, option: str = "--output") -> str:
     """PATH (absolute, or the URL unchanged), after checking a directory can be created (or exists)
     there: no existing ancestor is a file, and the nearest existing one is writable; for a URL,

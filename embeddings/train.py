@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv=None) -> dict:
-    from common.cli import check_output_location
+    from common.cli import check_apart, check_output_location
 
     a = build_parser().parse_args(argv)
     cfg = TrainConfig(**{k: getattr(a, k) for k in TrainConfig.__dataclass_fields__
@@ -248,6 +248,8 @@ def run(argv=None) -> dict:
     if len(columns) != 2:
         raise UsageError("--columns takes two column names")
     output = check_output_location(a.output)
+    if storage.isdir(a.input):                     # a run or a Parquet dataset (a TSV file's folder may hold both)
+        check_apart(output, a.input)
     if storage.isfile(storage.join(output, "config.json")) and not a.overwrite:
         raise UsageError(f"{output} already holds an encoder; pass --overwrite to replace it")
     if cfg.device == "cuda" and not torch.cuda.is_available():

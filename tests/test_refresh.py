@@ -40,8 +40,8 @@ def _latest(root):
 def _readable(root, run_id):
     """The run is whole: its manifest's files (its own and the earlier runs' it reuses) all open."""
     run_dir = storage.join(root, "runs", run_id)
-    files = committed_files(run_dir, "paraphrases") + committed_files(storage.join(run_dir, "filtered"), "scored",
-                                                                       "_filter_manifest.json")
+    files = committed_files(run_dir, "paraphrases") + committed_files(storage.join(root, "filtered", run_id),
+                                                                       "scored", "_filter_manifest.json")
     return files and all(storage.parquet_file(f).metadata.num_rows >= 0 for f in files)
 
 
@@ -167,5 +167,27 @@ def test_filter_args_are_words_not_shell_code(tmp_path):
         refresh(["--root", str(tmp_path / "root"), "--job_cmd", ok_job, "--filter_cmd", rec_filter,
                  f"--filter_args=--config '{odd}'", "--", "--input", "in"])
     assert not os.path.exists("pwned") and not (tmp_path / "root" / LATEST).exists()
-    run_dir = next((tmp_path / "root" / "runs").iterdir())
-    assert str(odd) in json.load(open(run_dir / "filtered" / "args.json"))
+    run_id = next((tmp_path / "root" / "runs").iterdir()).name
+    assert str(odd) in json.load(open(tmp_path / "root" / "filtered" / run_id / "args.json"))
+
+
+def test_a_root_of_an_earlier_version_keeps_its_filter_runs_inside_the_runs(tmp_path):
+    """Earlier refreshes wrote a run's filter run inside it (runs/<id>/filtered); they are still
+    found, published and pruned with their run, and new filter runs go beside: filtered/<id>."""
+    from beam_pipelines.refresh import filter_dir, prune, publish_latest
+    from paracorpus.schema import FILTER_MANIFEST, MANIFEST
+
+    root = tmp_path / "root"
+    for run_id, legacy in (("r1", True), ("r2", False), ("r3", False)):
+        (root / "runs" / run_id).mkdir(parents=True)
+        (root / "runs" / run_id / MANIFEST).write_text(json.dumps({"files": {}}))
+        where = root / "runs" / run_id / "filtered" if legacy else root / "filtered" / run_id
+        where.mkdir(parents=True)
+        (where / FILTER_MANIFEST).write_text(json.dumps({"files": {}, "run": run_id}))
+        assert filter_dir(str(root), run_id) == str(where)
+    assert filter_dir(str(root), "r9") == str(root / "filtered" / "r9")
+    publish_latest(str(root), "r1")
+    assert json.load(open(root / "latest" / "filtered" / FILTER_MANIFEST))["run"] == "r1"
+    assert prune(str(root), 1, True, "r1") == ["r2"]                # keeps the newest (r3) and latest (r1)
+    assert not (root / "filtered" / "r2").exists() and (root / "filtered" / "r3").exists()
+    assert (root / "runs" / "r1" / "filtered" / FILTER_MANIFEST).exists()

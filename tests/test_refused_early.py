@@ -216,3 +216,41 @@ def test_cli_main_reports_job_failures_with_their_status(capsys):
         raise JobFailed("every record was rejected", EXIT_EMPTY)
     assert cli_main(fails, []) == 3
     assert capsys.readouterr().err.strip() == "error: every record was rejected"
+
+
+# ------------------------------------------------------------------ an output inside the input
+def _generation_run(root):
+    from tests.toydata import paraphrase_rows, toy_paraphrases, write_generation_run
+
+    write_generation_run(root, paraphrase_rows(toy_paraphrases(12, seed=2)))
+    return root
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "around", "same_through_a_symlink"])
+def test_filter_and_embedding_jobs_refuse_an_output_inside_or_around_their_input(tmp_path, where):
+    from beam_pipelines.filter import run as filter_run
+    from embeddings.train import run as train_run
+
+    run_dir = _generation_run(tmp_path / "runs" / "gen")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    output = {"same": run_dir, "inside": run_dir / "filtered", "around": tmp_path / "runs",
+              "same_through_a_symlink": tmp_path / "link"}[where]
+    if where == "same_through_a_symlink":
+        os.symlink(run_dir, output)
+        before.append("link")
+    with pytest.raises(UsageError, match="the data this job reads"):
+        filter_run(["--input", str(run_dir), "--output", str(output), "--config", "paranmt", "--no_report"])
+    with pytest.raises(UsageError, match="the data this job reads"):
+        train_run(["--input", str(run_dir), "--output", str(output), "--encoder", "word", "--epochs", "1"])
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == sorted(before)   # nothing written
+
+
+def test_an_output_beside_the_input_is_fine():
+    from common.cli import check_apart
+
+    check_apart("/data/runs/gen-filtered", "/data/runs/gen")          # a common prefix is not a parent
+    check_apart("s3://b/runs/gen-filtered", "s3://b/runs/gen")
+    with pytest.raises(UsageError, match="is inside"):
+        check_apart("s3://b/runs/gen/filtered", "s3://b/runs/gen/")
+    with pytest.raises(UsageError, match="contains"):
+        check_apart("gs://b/runs", "gs://b/runs/gen")
