@@ -2,6 +2,7 @@
 
     python bench/bench_divergence.py [--data ../shared/data/divergence] [--epochs 2] [--threads 1]
     python bench/bench_divergence.py --model DIR     # a saved detector, no training
+    python bench/bench_divergence.py --model DIR --dev my-labels.tsv [--dev other.tsv]
 
 Trains on opensubs-parallel.{en,fr} (10,000 pairs: eflomal alignments -> bilingual dictionary
 and SVD word vectors -> synthetic examples, 5 negatives per positive -> interaction model), then
@@ -168,7 +169,7 @@ def report_dev_sets(devs: dict, detector, embeddings, a) -> None:
     print("| dev set | method | macro F1, threshold cross-validated | 95% interval (bootstrap) | macro F1, tuned on "
           "all (upper bound) | ROC AUC | paper (test) |\n|---|---|---:|---:|---:|---:|---:|")
     for name, method, cv, cv_std, low, high, full, auc in rows:
-        paper = PAPER[name].get("model" if method == "interaction model" else method, "")
+        paper = PAPER.get(name, {}).get("model" if method == "interaction model" else method, "")
         print(f"| {name} | {method} | **{100 * cv:.1f}** ± {100 * cv_std:.1f} | {100 * low:.1f}-{100 * high:.1f} | "
               f"{100 * full:.1f} | {auc:.3f} | {paper} |")
     print(f"\n(± : spread over {a.repeats} shuffles of the {a.folds}-fold split. Interval: 2.5th-97.5th percentile "
@@ -188,6 +189,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "divergence"),
                     help="folder with opensubs-parallel.{en,fr} and {commoncrawl,opensubs}.dev.tsv")
+    ap.add_argument("--dev", action="append", default=[], metavar="TSV",
+                    help="a labelled set to score (header 'english french label ...', label 1 = equivalent), any "
+                         "file name; repeat for several (default: commoncrawl.dev.tsv and opensubs.dev.tsv in --data)")
     ap.add_argument("--max_pairs", type=int, help="train on the first N parallel pairs (default: all)")
     ap.add_argument("--extra", action="append", default=[], metavar="PREFIX",
                     help="more en-fr training pairs: PREFIX.en and PREFIX.fr (.gz ok), e.g. "
@@ -221,7 +225,16 @@ def main() -> None:
                            epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device="cpu",
                            embeddings=a.embeddings,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, progress=False)
-    devs = {name: read_dev_tsv(os.path.join(a.data, f"{name}.dev.tsv")) for name in ("commoncrawl", "opensubs")}
+    paths = a.dev or [os.path.join(a.data, f"{name}.dev.tsv") for name in ("commoncrawl", "opensubs")]
+    devs = {}
+    for path in paths:
+        name = os.path.basename(path).split(".")[0] or path
+        if name in devs:
+            name = path                              # two files of the same name: keep them apart
+        try:
+            devs[name] = read_dev_tsv(path)
+        except (OSError, ValueError, UsageError) as exc:
+            ap.error(f"--dev {path}: {exc}")
     dev_sets = ", ".join(f"{k} ({len(v)})" for k, v in devs.items())
     if a.model:
         try:

@@ -344,3 +344,26 @@ def test_command_line_trains_tunes_and_refuses_to_overwrite(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     missing = [str(tmp_path / "missing.en") if a == str(tmp_path / "c.en") else a for a in args]
     assert main(missing + ["--overwrite"]) == 2 and "missing.en" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_divergence_scores_a_labelled_tsv_of_any_name(trained, tmp_path):
+    import subprocess
+    import sys
+
+    model = str(tmp_path / "det")
+    trained.detector.save(model)
+    src, tgt = substitution_corpus(24, seed=8, vocab=12)
+    rows = [f"{' '.join(s)}\t{' '.join(t)}\t1\t1.0\n" for s, t in zip(src, tgt)]
+    rows += [f"{' '.join(s)}\t{' '.join(t)}\t0\t1.0\n" for s, t in zip(src, tgt[3:] + tgt[:3])]
+    labels = tmp_path / "my labels.tsv"                           # no .dev.tsv in the name
+    labels.write_text("english\tfrench\tlabel\tagreement\n" + "".join(rows))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "bench/bench_divergence.py", "--model", model, "--dev", str(labels),
+                           "--folds", "2", "--repeats", "1", "--bootstrap", "20"],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "my labels (48)" in done.stdout
+    bad = subprocess.run([sys.executable, "bench/bench_divergence.py", "--model", model, "--dev", str(tmp_path / "no")],
+                         capture_output=True, text=True, cwd=root, timeout=300)
+    assert bad.returncode == 2 and "--dev" in bad.stderr

@@ -478,3 +478,18 @@ def test_cli_end_to_end_with_a_tiny_bilingual_encoder(tmp_path, capsys):
     assert set(res["methods"]) == set(EMBEDDING_METHODS) | {"levenshtein", "length"}
     for m in res["methods"].values():
         assert 0 <= m["src2tgt"] <= 1 and 0 <= m["tgt2src"] <= 1
+
+
+def test_faiss_is_imported_without_its_loaders_error_looking_info_lines():
+    """faiss's loader logs a ModuleNotFoundError at INFO while probing for a build this wheel lacks;
+    a user reads it as an error. The search functions import faiss with that logger quieted."""
+    import subprocess
+    import sys
+
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+            "import numpy as np; from models.bitext.similarity import build_index; "
+            "build_index(np.eye(4, dtype='float32')); print('built')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and "built" in done.stdout, done.stderr
+    assert "ModuleNotFoundError" not in done.stdout + done.stderr

@@ -38,6 +38,7 @@ among its ``candidates`` nearest targets by cosine, and a row is scored against 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass
 
@@ -89,10 +90,19 @@ def _same_shape(a, b) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------- k-NN search
+def _faiss():
+    """faiss, imported without its loader's INFO lines: it probes for an AVX2/AVX-512 build first
+    and logs the ModuleNotFoundError of the one this wheel lacks, which reads like an error."""
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    import faiss
+
+    return faiss
+
+
 @contextlib.contextmanager
 def faiss_threads(threads: int | None):
     """Run the block with faiss (OpenMP) limited to THREADS threads; None leaves faiss's setting."""
-    import faiss
+    faiss = _faiss()
 
     if not threads:
         yield
@@ -119,7 +129,7 @@ def build_index(base, exact: bool | None = None, metric: str = "cosine", nlist: 
                 nprobe: int | None = None, seed: int = 0, threads: int | None = None, normalized: bool = False):
     """A faiss index over BASE (rows normalised here for cosine, unless NORMALIZED says they are:
     at 1M x 512 every copy is 2 GB). exact=None: exact up to EXACT_LIMIT vectors, IVF above."""
-    import faiss
+    faiss = _faiss()
 
     if metric not in ("cosine", "euclidean"):
         raise ValueError(f"metric must be 'cosine' or 'euclidean', not {metric!r}")
@@ -151,7 +161,7 @@ def search(index, queries, k: int, metric: str = "cosine", threads: int | None =
            ) -> tuple[np.ndarray, np.ndarray]:
     """(sims, idx), each (n, k), best first. An approximate index may find fewer than k vectors in
     the lists it scans for some query: those rows are searched again exhaustively."""
-    import faiss
+    faiss = _faiss()
 
     queries = normalize(queries) if metric == "cosine" and not normalized else as_float32(queries)
     k = min(k, index.ntotal)

@@ -1,7 +1,7 @@
 """Train a semantic-divergence detector on a parallel corpus, without labels (Vyas et al. 2018).
 
     paragen-train-divergence --src corpus.en --tgt corpus.fr --src_lang en --tgt_lang fr \
-        --output runs/divergence-en-fr --dev ../shared/data/divergence/opensubs.dev.tsv
+        --output runs/divergence-en-fr --dev ../shared/data/divergence/commoncrawl.dev.tsv
 
 The pairs are aligned with eflomal (both directions); every aligned word pair goes into a
 bilingual dictionary; each pair is a positive and is given 5 negatives, cross pairs whose length
@@ -10,6 +10,11 @@ other; a pairwise word-interaction model (models/bitext/divergence.py) learns to
 --dev (tab-separated, header 'english french label ...', label 1 = equivalent) the decision
 threshold is tuned for macro F1 on those pairs; without, it is 0.5. OUT loads with
 models.bitext.divergence.load_divergence_detector.
+
+Tune on labelled pairs like the bitext the detector will judge: a threshold moves with the domain
+(docs/bitext-models.md). For your own data, label a few hundred of its pairs (equivalent or not)
+and pass them; the documented figures tuned on ../shared/data/divergence/commoncrawl.dev.tsv and
+report opensubs.dev.tsv as a second domain.
 """
 from __future__ import annotations
 
@@ -50,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--overwrite", action="store_true", help="replace a model already in --output (default: refuse)")
     ap.add_argument("--dev", nargs="+", action="extend", default=[], metavar="TSV",
                     help="labelled pairs to tune the threshold on (english<TAB>french<TAB>label ...; several "
-                         "files are pooled) (default: threshold 0.5)")
+                         "files are pooled), from the domain the detector will judge: a few hundred of your own "
+                         "pairs, labelled (default: threshold 0.5)")
     ap.add_argument("--max_pairs", type=int, help="use only the first N pairs (default: all)")
     d = DivergenceConfig()
     for name, typ, help_ in (("epochs", int, "epochs"), ("batch_size", int, "examples per mini-batch"),
