@@ -297,3 +297,20 @@ def test_cli_refuses_bad_options(tmp_path):
     with pytest.raises(FileNotFoundError, match="matches no file"):
         run(args("cs", "en", str(tmp_path / "none")))
     assert not (tmp_path / "m").exists()
+
+
+def test_cli_defaults_are_the_settings_behind_the_documented_figures():
+    """docs/benchmarks.md trains its encoders with the defaults and spells them out once: a user who
+    runs the documented command gets the documented settings."""
+    import re
+
+    from models.bitext.train_bilingual import build_parser
+
+    doc = open(os.path.join(ROOT, "docs", "benchmarks.md"), encoding="utf-8").read()
+    spelled = doc[doc.index("spelled out:"):]
+    spelled = spelled[:spelled.index(")")]
+    flags = dict(re.findall(r"--(\w+) ([\d.]+)", spelled))
+    assert {"hidden", "dropout", "epochs", "batch_size", "lr", "vocab_size", "emb_dim"} <= set(flags)
+    defaults = build_parser().parse_args(["--input", "x", "--src_lang", "cs", "--tgt_lang", "en", "--output", "o"])
+    for name, value in flags.items():
+        assert getattr(defaults, name) == type(getattr(defaults, name))(value), name
