@@ -417,7 +417,8 @@ def gpu_worker_processes(beam_args: list[str], runner: str, processes_per_gpu: i
     processes (each claims its GPU: models/nmt/devices.py), unless the user chose the running mode."""
     import torch
 
-    if not is_local(runner) or any(a.startswith(("--direct_running_mode", "--direct_num_workers")) for a in beam_args):
+    chosen = any(a.startswith(("--direct_running_mode", "--direct_num_workers")) for a in beam_args)
+    if chosen or not is_local(runner):
         return beam_args
     n = max(1, torch.cuda.device_count()) * processes_per_gpu
     log.info("%d GPU(s), %d decoding processes each: --direct_running_mode multi_processing --direct_num_workers %d",
