@@ -4,7 +4,8 @@
     python bench/bench_divergence.py --model DIR     # a saved detector, no training
     python bench/bench_divergence.py --model DIR --dev my-labels.tsv [--dev other.tsv]
 
-Trains on opensubs-parallel.{en,fr} (10,000 pairs: eflomal alignments -> bilingual dictionary
+Trains on opensubs-parallel.{en,fr} (10,000 pairs: word alignments (fast_align's model, or
+--aligner eflomal) -> bilingual dictionary
 and SVD word vectors -> synthetic examples, 5 negatives per positive -> interaction model), then
 scores the two labelled development sets (commoncrawl, opensubs; 100 pairs each) with the model
 and, in the same run, the paper's two baselines: cosine of averaged bilingual word vectors (the
@@ -203,6 +204,8 @@ def main() -> None:
                     help=f"CNN channels (default {','.join(map(str, d.channels))})")
     ap.add_argument("--train_embeddings", action="store_true", help="fine-tune the SVD word vectors (default: fixed)")
     ap.add_argument("--embeddings", choices=["svd", "random"], default="svd")
+    ap.add_argument("--aligner", choices=["fast_align", "eflomal"], default=d.aligner,
+                    help=f"word aligner (default {d.aligner}; eflomal cannot be seeded)")
     ap.add_argument("--batch_size", type=int, default=d.batch_size)
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--seed", type=int, default=1)
@@ -223,7 +226,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     cfg = DivergenceConfig(dim=a.dim, hidden=a.hidden, channels=tuple(int(c) for c in a.channels.split(",")),
                            epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device="cpu",
-                           embeddings=a.embeddings,
+                           embeddings=a.embeddings, aligner=a.aligner,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, progress=False)
     paths = a.dev or [os.path.join(a.data, f"{name}.dev.tsv") for name in ("commoncrawl", "opensubs")]
     devs = {}
@@ -260,7 +263,7 @@ def main() -> None:
     src_tok, tgt_tok = [tokenize(s) for s in src], [tokenize(t) for t in tgt]
     from models.bitext.divergence import word_alignments
     t_align = time.time()
-    alignments = word_alignments(src_tok, tgt_tok, a.seed)
+    alignments = word_alignments(src_tok, tgt_tok, a.seed, aligner=a.aligner)
     align_s = time.time() - t_align
     trained = train_divergence(src_tok, tgt_tok, cfg, alignments=alignments, log=log)
     total_s = time.time() - t0
@@ -281,7 +284,7 @@ def main() -> None:
           f"BiLSTM {cfg.hidden}, CNN channels {list(cfg.channels)}, {cfg.epochs} epoch(s), batch {cfg.batch_size}, "
           f"Adam lr {cfg.lr}.")
     epochs = ", ".join(f"{e['seconds']:.0f}" for e in r["epochs"])
-    print(f"\nTraining time: **{total_s / 60:.1f} min** in all: eflomal alignment {align_s:.0f} s, dictionary + "
+    print(f"\nTraining time: **{total_s / 60:.1f} min** in all: {a.aligner} alignment {align_s:.0f} s, dictionary + "
           f"vectors + synthetic data {r['prep_seconds']:.0f} s, epochs {epochs} s (wall clock; the machine is "
           f"shared: load average {os.getloadavg()[0]:.1f} at the end).")
     print(f"\npeak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")

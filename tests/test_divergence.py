@@ -56,9 +56,10 @@ def test_tokenize_matches_moses_escapes_and_raw_text():
     assert tokenize("") == []
 
 
-def test_dictionary_from_eflomal_alignments_has_the_known_translations():
+@pytest.mark.parametrize("aligner", ["fast_align", "eflomal"])
+def test_dictionary_from_word_alignments_has_the_known_translations(aligner):
     src, tgt = substitution_corpus(300)
-    fwd, rev = word_alignments(src, tgt, seed=1)
+    fwd, rev = word_alignments(src, tgt, seed=1, aligner=aligner)
     assert len(fwd) == len(rev) == 300
     assert all(0 <= i < len(s) and 0 <= j < len(t) for links in (fwd, rev)
                for s, t, row in zip(src, tgt, links) for i, j in row)
@@ -71,6 +72,9 @@ def test_dictionary_from_eflomal_alignments_has_the_known_translations():
         assert best == t
     strict = dictionary_from_counts(counts, min_count=10)
     assert strict.src_to_tgt == {w: {t} for w, t in TRANSLATION.items()}
+    if aligner == "fast_align":       # deterministic: the known alignment, swaps included
+        true = true_alignments(src, tgt)[0]
+        assert [sorted(r) for r in fwd] == [sorted(r) for r in rev] == [sorted(r) for r in true]
     # bilingual_dictionary = align + count + keep, in one call (alignments passed: no second run)
     assert bilingual_dictionary(src, tgt, min_count=10, alignments=(fwd, rev)) == strict
 
@@ -367,3 +371,31 @@ def test_bench_divergence_scores_a_labelled_tsv_of_any_name(trained, tmp_path):
     bad = subprocess.run([sys.executable, "bench/bench_divergence.py", "--model", model, "--dev", str(tmp_path / "no")],
                          capture_output=True, text=True, cwd=root, timeout=300)
     assert bad.returncode == 2 and "--dev" in bad.stderr
+
+
+@pytest.mark.slow
+def test_two_trainings_with_the_same_seed_give_the_same_detector(tmp_path):
+    """The aligner is deterministic and everything after it seeded: the same data and --seed give the
+    same threshold and the same scores (with eflomal they did not: it seeds itself)."""
+    from models.bitext.train_divergence import run
+
+    src, tgt = substitution_corpus(150, seed=6, vocab=14)
+    (tmp_path / "c.en").write_text("".join(" ".join(s) + "\n" for s in src))
+    (tmp_path / "c.fr").write_text("".join(" ".join(t) + "\n" for t in tgt))
+    dev_src, dev_tgt = substitution_corpus(30, seed=7, vocab=14)
+    rows = [f"{' '.join(s)}\t{' '.join(t)}\t1\t1.0\n" for s, t in zip(dev_src, dev_tgt)]
+    rows += [f"{' '.join(s)}\t{' '.join(t)}\t0\t1.0\n" for s, t in zip(dev_src, dev_tgt[2:] + dev_tgt[:2])]
+    (tmp_path / "dev.tsv").write_text("english\tfrench\tlabel\tagreement\n" + "".join(rows))
+    texts = ([" ".join(s) for s in dev_src], [" ".join(t) for t in dev_tgt[::-1]])
+
+    def train(name, seed):
+        run(["--src", str(tmp_path / "c.en"), "--tgt", str(tmp_path / "c.fr"), "--src_lang", "en", "--tgt_lang", "fr",
+             "--output", str(tmp_path / name), "--dev", str(tmp_path / "dev.tsv"), "--epochs", "1", "--dim", "8",
+             "--hidden", "8", "--channels", "4,4", "--batch_size", "16", "--device", "cpu", "--threads", "1",
+             "--seed", str(seed), "--no_progress"])
+        det = load_divergence_detector(str(tmp_path / name), device="cpu")
+        return det.threshold, det.score(*texts)
+
+    (th1, s1), (th2, s2), (th3, s3) = train("a", 3), train("b", 3), train("c", 4)
+    assert th1 == th2 and np.array_equal(s1, s2)
+    assert not np.array_equal(s1, s3)                      # the seed does matter

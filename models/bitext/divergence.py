@@ -8,8 +8,10 @@ No divergence labels are needed to train. A parallel corpus gives the positives 
 as equivalent); the negatives are cross pairs (e_i, f_j), i != j, that look like translations on
 the surface: length ratio at most 2, and at least half of the words of EACH side have a
 translation in the other side according to a bilingual dictionary made from word alignments
-(eflomal, both directions, every aligned word pair as in the authors' code, SemDiverge). Five
-negatives per positive, sampled with a seeded generator.
+(both directions, every aligned word pair as in the authors' code, SemDiverge). The aligner is
+fast_align's model (models/bitext/word_align.py), which has no randomness, so a training is
+reproducible with its seed; eflomal (``aligner="eflomal"``) aligns from samplers that seed
+themselves and cannot be reproduced. Five negatives per positive, sampled with a seeded generator.
 
 The classifier is He & Lin's (2016) pairwise word-interaction model, as Vyas et al. use it:
 bilingual word embeddings -> one BiLSTM (shared by both languages) -> a similarity cube (cosine,
@@ -91,22 +93,30 @@ def tokenize(text: str, max_tokens: int | None = None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- alignments, dictionary
+ALIGNERS = ("fast_align", "eflomal")
+
+
 def word_alignments(src_tok: Sequence[Sequence[str]], tgt_tok: Sequence[Sequence[str]], seed: int | None = None,
-                    n_samplers: int = 3, rel_iterations: float = 1.0
+                    n_samplers: int = 3, rel_iterations: float = 1.0, aligner: str = "fast_align"
                     ) -> tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]:
-    """Word alignments of each pair by eflomal in both directions: (forward, reverse), each a list
-    (one per pair) of (source position, target position) links.
-
-    SEED is not honoured: eflomal 2.0 has no seed option (its samplers seed themselves from
-    /dev/urandom), so links of rare words may differ between runs; it is accepted so callers can
-    pass their run's seed, and everything downstream of the alignments is deterministic."""
-    import eflomal
-
+    """Word alignments of each pair in both directions: (forward, reverse), each a list (one per
+    pair) of (source position, target position) links. ALIGNER "fast_align" (the default) is
+    deterministic (models/bitext/word_align.py); "eflomal" does not honour SEED: eflomal 2.0 has no
+    seed option (its samplers seed themselves from /dev/urandom), so links of rare words differ
+    between runs, and the dictionary, vectors and negatives built on them with them."""
     del seed
+    if aligner not in ALIGNERS:
+        raise ValueError(f"aligner must be one of {', '.join(ALIGNERS)}, not {aligner!r}")
     if len(src_tok) != len(tgt_tok):
         raise ValueError(f"{len(src_tok)} source sentences but {len(tgt_tok)} target sentences")
     if not src_tok:
         return [], []
+    if aligner == "fast_align":
+        from models.bitext.word_align import fast_align
+
+        return fast_align(src_tok, tgt_tok)
+    import eflomal
+
     with tempfile.TemporaryDirectory(prefix="paragen-eflomal-") as tmp:
         fwd, rev = os.path.join(tmp, "fwd"), os.path.join(tmp, "rev")
         # eflomal reads whitespace-separated tokens; ours never contain whitespace
@@ -272,8 +282,9 @@ def svd_embeddings(counts: Counter, src_words: Vocabulary, tgt_words: Vocabulary
     m = csr_matrix((vals, (rows, cols)), shape=shape, dtype=np.float64)
     k = min(dim, min(shape) - 3)
     if m.nnz and k >= 1:
-        v0 = np.random.default_rng(seed).uniform(-1, 1, min(shape))    # ARPACK's start: fixed for repeatability
-        u, sv, vt = svds(m, k=k, v0=v0)
+        # PROPACK with a seeded start: ARPACK keeps a random state of its own across calls, and gave
+        # other vectors for the same matrix from one call to the next when it had to restart
+        u, sv, vt = svds(m, k=k, solver="propack", rng=np.random.default_rng(seed))
         order = np.argsort(-sv)
         u, sv, vt = u[:, order], sv[order], vt[order]
         src[:, :k] = _unit_rows(u * np.sqrt(sv))               # tiny corpora: fewer than DIM columns, zero-padded
@@ -455,6 +466,7 @@ class DivergenceConfig:
     max_train_tokens: int = 50            # positives longer than this (either side) are not trained on
     embeddings: str = "svd"               # svd (alignment counts) | random (learned end to end)
     freeze_embeddings: bool = True       # svd vectors stay fixed (fine-tuning them did worse on dev data)
+    aligner: str = "fast_align"           # word alignments for the dictionary: fast_align (deterministic) | eflomal
     min_count: int = 1                    # dictionary: times a word pair must be aligned
     negatives_per_positive: int = 5
     max_length_ratio: float = 2.0
@@ -473,6 +485,8 @@ class DivergenceConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.channels or any(int(c) < 1 for c in self.channels):
             raise ValueError(f"channels must be positive integers, got {self.channels}")
+        if self.aligner not in ALIGNERS:
+            raise ValueError(f"aligner must be one of {', '.join(ALIGNERS)}, not {self.aligner!r}")
         if self.embeddings not in ("svd", "random"):
             raise ValueError(f"embeddings must be svd or random, got {self.embeddings!r}")
         if self.embeddings == "random" and self.freeze_embeddings:
@@ -713,8 +727,8 @@ def train_divergence(src_tok: Sequence[Sequence[str]], tgt_tok: Sequence[Sequenc
     src_tok, tgt_tok = [s for s, _ in pairs], [t for _, t in pairs]
     align_s = 0.0
     if alignments is None:
-        log(f"aligning {len(pairs)} pairs with eflomal ...")
-        alignments = word_alignments(src_tok, tgt_tok, cfg.seed)
+        log(f"aligning {len(pairs)} pairs with {cfg.aligner} ...")
+        alignments = word_alignments(src_tok, tgt_tok, cfg.seed, aligner=cfg.aligner)
         align_s = time.time() - t0
     else:                                          # given for the pairs as passed: drop the empty ones too
         if any(len(links) != n_given for links in alignments):

@@ -3,8 +3,9 @@
     paragen-train-divergence --src corpus.en --tgt corpus.fr --src_lang en --tgt_lang fr \
         --output runs/divergence-en-fr --dev ../shared/data/divergence/commoncrawl.dev.tsv
 
-The pairs are aligned with eflomal (both directions); every aligned word pair goes into a
-bilingual dictionary; each pair is a positive and is given 5 negatives, cross pairs whose length
+The pairs are word-aligned in both directions (fast_align's model, deterministic: the same data
+and --seed give the same detector; --aligner eflomal for eflomal, which cannot be seeded); every
+aligned word pair goes into a bilingual dictionary; each pair is a positive and is given 5 negatives, cross pairs whose length
 ratio is at most 2 and of which at least half the words of each side have a translation in the
 other; a pairwise word-interaction model (models/bitext/divergence.py) learns to tell them apart. With
 --dev (tab-separated, header 'english french label ...', label 1 = equivalent) the decision
@@ -69,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{name}", type=typ, default=getattr(d, name), help=f"{help_} (default {getattr(d, name)})")
     ap.add_argument("--channels", default=",".join(map(str, d.channels)),
                     help=f"conv channels of the CNN blocks, comma-separated (default {','.join(map(str, d.channels))})")
+    ap.add_argument("--aligner", choices=["fast_align", "eflomal"], default=d.aligner,
+                    help="word aligner for the dictionary and word vectors: fast_align's model (deterministic: the "
+                         "same --seed, the same detector) or eflomal (seeds itself: every training differs) "
+                         f"(default {d.aligner})")
     ap.add_argument("--embeddings", choices=["svd", "random"], default=d.embeddings,
                     help="initial word vectors: svd (cross-lingual, from the alignment counts) or random "
                          f"(default {d.embeddings})")
@@ -88,7 +93,7 @@ def _config(a) -> DivergenceConfig:
         raise UsageError(f"--channels {a.channels!r}: expected comma-separated integers") from None
     cfg = DivergenceConfig(src_lang=a.src_lang, tgt_lang=a.tgt_lang, dim=a.dim, hidden=a.hidden, channels=channels,
                            dense=a.dense, max_tokens=a.max_tokens, max_train_tokens=a.max_train_tokens,
-                           embeddings=a.embeddings,
+                           embeddings=a.embeddings, aligner=a.aligner,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, min_count=a.min_count,
                            epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=a.device,
                            progress=not a.no_progress)
