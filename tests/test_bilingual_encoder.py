@@ -314,3 +314,21 @@ def test_cli_defaults_are_the_settings_behind_the_documented_figures():
     defaults = build_parser().parse_args(["--input", "x", "--src_lang", "cs", "--tgt_lang", "en", "--output", "o"])
     for name, value in flags.items():
         assert getattr(defaults, name) == type(getattr(defaults, name))(value), name
+
+
+@pytest.mark.slow
+def test_two_trainings_with_the_same_seed_give_the_same_encoder(tmp_path):
+    from models.bitext.train_bilingual import run
+
+    (tmp_path / "bitext.tsv").write_text("".join(f"{cs}\t{en}\n" for cs, en in toy_bitext(150, seed=8)),
+                                         encoding="utf-8")
+
+    def train(name, seed):
+        run(["--input", str(tmp_path / "bitext.tsv"), "--src_lang", "cs", "--tgt_lang", "en",
+             "--output", str(tmp_path / name), "--vocab_size", "90", "--emb_dim", "16", "--hidden", "12",
+             "--epochs", "1", "--batch_size", "16", "--threads", "1", "--seed", str(seed), "--no_progress"])
+        return load_bilingual_encoder(str(tmp_path / name), device="cpu").encode(["Žena čeká .", "Pes spí ."], "cs")
+
+    first, again, other = train("a", 5), train("b", 5), train("c", 6)
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, other)
