@@ -2,7 +2,7 @@
 speed, and the generation job's bitext filter on a bitext with injected misaligned pairs.
 
     python bench/bench_bitext.py --data ../shared/data [--part align,filter]
-        [--encoders runs/bilingual-{lang}-en] [--nmt runs/multi30k-fr-models]
+        [--encoders runs/bilingual-{lang}-en] [--train PREFIX] [--eval PREFIX] [--nmt runs/multi30k-fr-models]
         [--divergence runs/divergence-en-fr]
 
 Parts (Markdown on stdout, every figure beside its baseline from the same run):
@@ -11,7 +11,9 @@ Parts (Markdown on stdout, every figure beside its baseline from the same run):
           the Multi30k ``val`` set (1,014 pairs), target side shuffled, each sentence's match
           recovered by cosine, Euclidean, CSLS, margin (ratio, distance) and an MLP trained here on
           --mlp_pairs training pairs (random negatives), vs the Levenshtein and length baselines;
-          and encoding speed (sentences/s on this CPU).
+          the error by source length and by the pair's words absent from the encoder's training
+          text (--train); and encoding speed (sentences/s on this CPU). --eval PREFIX scores
+          other pairs than val, e.g. a split of train held out to choose settings on.
   filter  the generation job on --pairs Multi30k fr-en training pairs of which 10% are replaced
           by misaligned ones (a French sentence with another line's English), plus the 100
           labelled OpenSubtitles dev pairs, with and without the bitext filter (the fr-en encoder's
@@ -26,6 +28,7 @@ import gzip
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -49,32 +52,66 @@ def lines(path: str, limit: int | None = None, skip: int = 0) -> list[str]:
     return out
 
 
+WORD = re.compile(r"\w+")
+LENGTH_BINS = ((1, 9), (10, 14), (15, 19), (20, None))     # source words
+UNSEEN_BINS = ("0", "1", "2", "3+")                         # words of the pair absent from training
+
+
+def words(sentence: str) -> list[str]:
+    return WORD.findall(sentence.lower())
+
+
+def length_label(n: int) -> str:
+    for low, high in LENGTH_BINS:
+        if high is None or n <= high:
+            return f"{low}-{high}" if high else f"{low}+"
+    raise AssertionError(n)
+
+
+def breakdowns(src: list[str], tgt: list[str], seen_src: set[str], seen_tgt: set[str]) -> dict[str, list[str]]:
+    """A label per pair: its source length in words, and how many of its words (both sides) the
+    encoder's training text lacks."""
+    unseen = [sum(w not in seen_src for w in words(s)) + sum(w not in seen_tgt for w in words(t))
+              for s, t in zip(src, tgt)]
+    return {"source words": [length_label(len(words(s))) for s in src],
+            "unseen words": [str(u) if u < 3 else "3+" for u in unseen]}
+
+
 def part_align(a, bitext: str) -> None:
-    from models.bitext.alignment import markdown, recover_alignment
+    from models.bitext.alignment import markdown, markdown_breakdown, recover_alignment
     from models.bitext.bilingual_encoder import load_bilingual_encoder
     from models.bitext.pair_classifier import make_negatives, train_pair_classifier
 
+    train = a.train or f"{bitext}/train"
+    evaluate = a.eval or f"{bitext}/val"
+    print(f"\nEvaluation pairs: {evaluate}.*.gz; the encoders' training text: {train}.*.gz")
     for lang in ("cs", "de", "fr"):
         enc_dir = a.encoders.format(lang=lang)
         if not os.path.isfile(os.path.join(enc_dir, "config.json")):
             print(f"\n(no {lang}-en encoder in {enc_dir}: skipped)")
             continue
         enc = load_bilingual_encoder(enc_dir, device="cpu")
-        src, tgt = lines(f"{bitext}/val.{lang}.gz"), lines(f"{bitext}/val.en.gz")
+        src, tgt = lines(f"{evaluate}.{lang}.gz"), lines(f"{evaluate}.en.gz")
         start = time.perf_counter()
         e_src, e_tgt = enc.encode(src, lang), enc.encode(tgt, "en")
         speed = (len(src) + len(tgt)) / (time.perf_counter() - start)
+        tr_src, tr_tgt = lines(f"{train}.{lang}.gz"), lines(f"{train}.en.gz")
         mlp = None
         if a.mlp_pairs:
-            tr_src, tr_tgt = lines(f"{bitext}/train.{lang}.gz", a.mlp_pairs), lines(f"{bitext}/train.en.gz", a.mlp_pairs)
-            pa, pb = enc.encode(tr_src, lang), enc.encode(tr_tgt, "en")
+            pa, pb = enc.encode(tr_src[:a.mlp_pairs], lang), enc.encode(tr_tgt[:a.mlp_pairs], "en")
             mlp = train_pair_classifier(pa, pb, *make_negatives("random", pa, pb, seed=0), epochs=10, seed=0)
-        results = recover_alignment(src, tgt, embeddings=(e_src, e_tgt), mlp=mlp, k=4, seed=0)
+        groups = breakdowns(src, tgt, {w for s in tr_src for w in words(s)}, {w for s in tr_tgt for w in words(s)})
+        results = recover_alignment(src, tgt, embeddings=(e_src, e_tgt), mlp=mlp, k=4, seed=0, groups=groups)
         results.update(src_lang=lang, tgt_lang="en")
         print()
         print(markdown(results))
         print(f"encoding: {speed:,.0f} sentences/s on this CPU ({len(src) + len(tgt):,} sentences, "
               f"{enc.dim}-dim embeddings)" + (f"; MLP trained on {a.mlp_pairs:,} training pairs" if mlp else ""))
+        shown = ("cosine", "csls", "levenshtein")
+        for breakdown, order in (("source words", [length_label(lo) for lo, _ in LENGTH_BINS]),
+                                 ("unseen words", UNSEEN_BINS)):
+            print(f"\nMean error by {breakdown} ({lang}-en):\n")
+            print(markdown_breakdown(results, breakdown, shown, order))
 
 
 def _generate(args: list[str]) -> tuple[float, dict]:
@@ -189,6 +226,11 @@ def main() -> None:
                     help="en-fr divergence detector (paragen-train-divergence; see docs/benchmarks.md)")
     ap.add_argument("--similarity_percentile", type=float, default=5.0,
                     help="the encoder's cosine threshold: this percentile of clean held-out pairs (default 5)")
+    ap.add_argument("--train", metavar="PREFIX",
+                    help="the encoders' training bitext, PREFIX.<lang>.gz: the MLP's pairs and the words counted as "
+                         "seen (default: Multi30k train under --data)")
+    ap.add_argument("--eval", metavar="PREFIX",
+                    help="the align part's pairs, PREFIX.<lang>.gz (default: Multi30k val under --data)")
     ap.add_argument("--mlp_pairs", type=int, default=5000, help="training pairs of the MLP (0: no MLP)")
     ap.add_argument("--pairs", type=int, default=1000, help="Multi30k pairs of the filter run (default 1000)")
     ap.add_argument("--workdir", help="write the filter part's input and runs here and keep them (default: a "

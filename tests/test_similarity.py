@@ -13,7 +13,8 @@ import torch
 
 from models.bitext import similarity
 from models.bitext.align import main as align_main
-from models.bitext.alignment import bootstrap_interval, nearest_by_edit_distance, nearest_by_length, recover_alignment
+from models.bitext.alignment import (bootstrap_interval, markdown_breakdown, nearest_by_edit_distance, nearest_by_length,
+                                     recover_alignment)
 from models.safety import UnsafeModelError
 from models.bitext.pair_classifier import (PairClassifier, load_pair_classifier, make_negatives, random_negatives,
                                     train_pair_classifier, worst_negatives)
@@ -346,6 +347,28 @@ def test_corrupted_rows_give_the_expected_error(seed):
         assert res["src2tgt"] == pytest.approx(m / n) and res["tgt2src"] == pytest.approx(m / n), name
         assert res["interval"] == bootstrap_interval(both_wrong, seed), name
         assert 0 < res["interval"][0] < m / n < res["interval"][1] < 3 * m / n
+
+
+def test_error_broken_down_by_a_label_per_pair():
+    """The corrupted rows above, labelled apart: their group errs on every pair, the rest on none;
+    a label list of the wrong length is refused."""
+    rng = np.random.default_rng(14)
+    n, m = 60, 6
+    src, tgt = sentences(n)
+    e_tgt = rng.standard_normal((n, 16)).astype(np.float32)
+    e_src = e_tgt.copy()
+    e_src[:m] = e_tgt[np.roll(np.arange(m), -1)]
+    labels = ["bad" if i < m else ("even" if i % 2 else "odd") for i in range(n)]
+    r = recover_alignment(src, tgt, embeddings=(e_src, e_tgt), methods=("cosine", "csls"), baselines=(),
+                          groups={"kind": labels}, seed=2)
+    for name in ("cosine", "csls"):
+        by = r["methods"][name]["by"]["kind"]
+        assert by == {"bad": {"pairs": m, "mean": 1.0}, "odd": {"pairs": (n - m) // 2, "mean": 0.0},
+                      "even": {"pairs": (n - m) // 2, "mean": 0.0}}, name
+    table = markdown_breakdown(r, "kind", ("cosine", "csls"), order=["odd", "bad", "missing"])
+    assert table.splitlines()[2:] == ["| odd | 27 | 0.00 | 0.00 |", "| bad | 6 | 100.00 | 100.00 |"]
+    with pytest.raises(ValueError, match="59 labels for 60"):
+        recover_alignment(src, tgt, embeddings=(e_src, e_tgt), baselines=(), groups={"kind": labels[:-1]})
 
 
 def test_bootstrap_interval_of_an_error_rate():

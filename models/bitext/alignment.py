@@ -104,7 +104,7 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
                       methods: Sequence[str] = METHODS, k: int = 4, mlp=None, seed: int = 0,
                       baselines: Sequence[str] = BASELINES, src_lang: str | None = None, tgt_lang: str | None = None,
                       workers: int = -1, mlp_candidates: int | None = None, exact: bool | None = None,
-                      threads: int | None = None) -> dict:
+                      threads: int | None = None, groups: dict[str, Sequence] | None = None) -> dict:
     """Error rates of recovering the alignment of SRC[i] <-> TGT[i] after shuffling TGT (SEED).
 
     Embeddings come from ENCODER (``encode(sentences, lang)``, languages from its cfg unless
@@ -112,8 +112,10 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
     TGT (shuffled here with the sentences). K: neighbours of CSLS and the margins. MLP: a
     PairClassifier; with MLP_CANDIDATES None it scores every pair up to MLP_FULL_LIMIT sentences
     and reranks the MLP_CANDIDATES nearest by cosine above; an integer always reranks that many.
+    GROUPS: {breakdown name: a label per pair}, e.g. {"source words": ["1-9", "10-14", ...]}; each
+    method's error is then also given per label, in "by": {breakdown: {label: {"pairs", "mean"}}}.
     Returns {"n", "seed", "k", "methods": {name: {"src2tgt", "tgt2src", "mean", "interval",
-    "seconds"}}, ...}; errors are fractions, "interval" the 95% bootstrap interval of "mean"."""
+    "seconds"[, "by"]}}, ...}; errors are fractions, "interval" the 95% bootstrap interval of "mean"."""
     n = len(src)
     if len(tgt) != n:
         raise UsageError(f"the two sides differ in length: {n} source and {len(tgt)} target sentences")
@@ -124,6 +126,10 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
         raise UsageError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS + BASELINES)}")
     if encoder is not None and embeddings is not None:
         raise ValueError("give either an encoder or precomputed embeddings, not both")
+    groups = {name: np.asarray(labels, dtype=object) for name, labels in (groups or {}).items()}
+    for name, labels in groups.items():
+        if len(labels) != n:
+            raise ValueError(f"breakdown {name!r}: {len(labels)} labels for {n} sentence pairs")
     if (methods or mlp is not None) and encoder is None and embeddings is None:
         raise ValueError("the embedding similarities need an encoder or precomputed embeddings")
 
@@ -143,6 +149,12 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
         results["methods"][name] = {"src2tgt": e_f, "tgt2src": e_b, "mean": (e_f + e_b) / 2,
                                     "interval": bootstrap_interval(per_pair / 2, seed),
                                     "seconds": round(seconds, 3), **extra}
+        if groups:
+            results["methods"][name]["by"] = {
+                breakdown: {label: {"pairs": int((labels == label).sum()),
+                                    "mean": float(per_pair[labels == label].mean() / 2)}
+                            for label in dict.fromkeys(labels)}
+                for breakdown, labels in groups.items()}
         log.info("%s: error %.2f%% src->tgt, %.2f%% tgt->src (%.1fs)", name, 100 * e_f, 100 * e_b, seconds)
 
     if methods or mlp is not None:
@@ -200,6 +212,22 @@ def markdown(results: dict, title: str = "") -> str:
         low, high = r["interval"]
         lines.append(f"| {label} | {100 * r['src2tgt']:.2f} | {100 * r['tgt2src']:.2f} | {100 * r['mean']:.2f} | "
                      f"{100 * low:.2f}-{100 * high:.2f} | {r['seconds']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_breakdown(results: dict, breakdown: str, methods: Sequence[str], order: Sequence[str] | None = None
+                       ) -> str:
+    """One row per label of BREAKDOWN (in ORDER, default sorted): its pairs and each of METHODS'
+    mean error there, %."""
+    first = results["methods"][methods[0]]["by"][breakdown]
+    labels = list(order) if order is not None else sorted(first)
+    lines = [f"| {breakdown} | pairs | " + " | ".join(f"{m} error %" for m in methods) + " |",
+             "|---|---:|" + "---:|" * len(methods)]
+    for label in labels:
+        if label not in first:
+            continue
+        cells = [f"{100 * results['methods'][m]['by'][breakdown][label]['mean']:.2f}" for m in methods]
+        lines.append(f"| {label} | {first[label]['pairs']:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
