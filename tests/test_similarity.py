@@ -331,16 +331,21 @@ def test_identical_embeddings_recover_everything():
         assert m["src2tgt"] == m["tgt2src"] == m["mean"] == 0.0, name
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_corrupted_rows_give_the_expected_error(seed):
-    """Rows 0..m-1 of the source side take the embedding of the next corrupted row's target: those
-    m sources each find a wrong target at cosine 1, and those m targets a wrong source."""
-    rng = np.random.default_rng(13)
-    n, m = 120, 9
-    src, tgt = sentences(n)
-    e_tgt = rng.standard_normal((n, 16)).astype(np.float32)
+def corrupted_embeddings(n: int, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random target embeddings, the source's a copy except rows 0..m-1, which take the embedding
+    of the next corrupted row's target: those m sources each find a wrong target at cosine 1, and
+    those m targets a wrong source."""
+    e_tgt = np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
     e_src = e_tgt.copy()
     e_src[:m] = e_tgt[np.roll(np.arange(m), -1)]
+    return e_src, e_tgt
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_corrupted_rows_give_the_expected_error(seed):
+    n, m = 120, 9
+    src, tgt = sentences(n)
+    e_src, e_tgt = corrupted_embeddings(n, m, 13)
     r = recover_alignment(src, tgt, embeddings=(e_src, e_tgt), seed=seed, baselines=())
     both_wrong = np.arange(n) < m            # pairs 0..m-1 fail in both directions, the rest in neither
     for name, res in r["methods"].items():
@@ -350,14 +355,11 @@ def test_corrupted_rows_give_the_expected_error(seed):
 
 
 def test_error_broken_down_by_a_label_per_pair():
-    """The corrupted rows above, labelled apart: their group errs on every pair, the rest on none;
-    a label list of the wrong length is refused."""
-    rng = np.random.default_rng(14)
+    """Corrupted rows labelled apart: their group errs on every pair, the rest on none; a label
+    list of the wrong length is refused."""
     n, m = 60, 6
     src, tgt = sentences(n)
-    e_tgt = rng.standard_normal((n, 16)).astype(np.float32)
-    e_src = e_tgt.copy()
-    e_src[:m] = e_tgt[np.roll(np.arange(m), -1)]
+    e_src, e_tgt = corrupted_embeddings(n, m, 14)
     labels = ["bad" if i < m else ("even" if i % 2 else "odd") for i in range(n)]
     r = recover_alignment(src, tgt, embeddings=(e_src, e_tgt), methods=("cosine", "csls"), baselines=(),
                           groups={"kind": labels}, seed=2)
