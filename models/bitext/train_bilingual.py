@@ -78,7 +78,7 @@ def read_monolingual(path: str) -> tuple[list[str], int]:
     return lines, skipped
 
 
-DOCUMENTED = {"hidden": 256, "dropout": 0.2, "epochs": 6, "batch_size": 128, "lr": 0.002}
+DOCUMENTED = {"hidden": 256, "dropout": 0.1, "epochs": 6, "batch_size": 128, "lr": 0.002}
 
 
 def build_parser() -> argparse.ArgumentParser:
