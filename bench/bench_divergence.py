@@ -183,8 +183,8 @@ def main() -> None:
     import torch
 
     from common.cli import UsageError
-    from models.bitext.divergence import (BilingualEmbeddings, DivergenceConfig, load_divergence_detector, read_dev_tsv,
-                                   tokenize, train_divergence)
+    from models.bitext.divergence import (ALIGNERS, BilingualEmbeddings, DivergenceConfig, load_divergence_detector,
+                                          read_dev_tsv, tokenize, train_divergence)
 
     d = DivergenceConfig()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
@@ -204,7 +204,7 @@ def main() -> None:
                     help=f"CNN channels (default {','.join(map(str, d.channels))})")
     ap.add_argument("--train_embeddings", action="store_true", help="fine-tune the SVD word vectors (default: fixed)")
     ap.add_argument("--embeddings", choices=["svd", "random"], default="svd")
-    ap.add_argument("--aligner", choices=["fast_align", "eflomal"], default=d.aligner,
+    ap.add_argument("--aligner", choices=ALIGNERS, default=d.aligner,
                     help=f"word aligner (default {d.aligner}; eflomal cannot be seeded)")
     ap.add_argument("--batch_size", type=int, default=d.batch_size)
     ap.add_argument("--lr", type=float, default=d.lr)

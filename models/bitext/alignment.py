@@ -150,11 +150,8 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
                                     "interval": bootstrap_interval(per_pair / 2, seed),
                                     "seconds": round(seconds, 3), **extra}
         if groups:
-            results["methods"][name]["by"] = {
-                breakdown: {label: {"pairs": int((labels == label).sum()),
-                                    "mean": float(per_pair[labels == label].mean() / 2)}
-                            for label in dict.fromkeys(labels)}
-                for breakdown, labels in groups.items()}
+            results["methods"][name]["by"] = {breakdown: _by_label(per_pair / 2, labels)
+                                              for breakdown, labels in groups.items()}
         log.info("%s: error %.2f%% src->tgt, %.2f%% tgt->src (%.1fs)", name, 100 * e_f, 100 * e_b, seconds)
 
     if methods or mlp is not None:
@@ -178,6 +175,15 @@ def recover_alignment(src: Sequence[str], tgt: Sequence[str], encoder=None, embe
         fwd, bwd = nearest_by_length(src_text, tgt_shuffled), nearest_by_length(tgt_shuffled, src_text)
         record("length", fwd, bwd, time.perf_counter() - t0)
     return results
+
+
+def _by_label(errors: np.ndarray, labels: np.ndarray) -> dict:
+    """{label: {"pairs", "mean"}}: the pairs of each label and their mean error."""
+    out = {}
+    for label in dict.fromkeys(labels):
+        mask = labels == label
+        out[label] = {"pairs": int(mask.sum()), "mean": float(errors[mask].mean())}
+    return out
 
 
 def _embeddings(src, tgt_shuffled, perm, encoder, embeddings, src_lang, tgt_lang, results: dict):

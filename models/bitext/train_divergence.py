@@ -5,9 +5,10 @@
 
 The pairs are word-aligned in both directions (fast_align's model, deterministic: the same data
 and --seed give the same detector; --aligner eflomal for eflomal, which cannot be seeded); every
-aligned word pair goes into a bilingual dictionary; each pair is a positive and is given 5 negatives, cross pairs whose length
-ratio is at most 2 and of which at least half the words of each side have a translation in the
-other; a pairwise word-interaction model (models/bitext/divergence.py) learns to tell them apart. With
+aligned word pair goes into a bilingual dictionary; each pair is a positive and is given 5
+negatives, cross pairs whose length ratio is at most 2 and of which at least half the words of
+each side have a translation in the other; a pairwise word-interaction model
+(models/bitext/divergence.py) learns to tell them apart. With
 --dev (tab-separated, header 'english french label ...', label 1 = equivalent) the decision
 threshold is tuned for macro F1 on those pairs; without, it is 0.5. OUT loads with
 models.bitext.divergence.load_divergence_detector.
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from models.bitext.divergence import DivergenceConfig, read_dev_tsv, tokenize, train_divergence
+from models.bitext.divergence import ALIGNERS, DivergenceConfig, read_dev_tsv, tokenize, train_divergence
 from common import storage
 from common.cli import UsageError, check_output_location, configure_logging
 
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{name}", type=typ, default=getattr(d, name), help=f"{help_} (default {getattr(d, name)})")
     ap.add_argument("--channels", default=",".join(map(str, d.channels)),
                     help=f"conv channels of the CNN blocks, comma-separated (default {','.join(map(str, d.channels))})")
-    ap.add_argument("--aligner", choices=["fast_align", "eflomal"], default=d.aligner,
+    ap.add_argument("--aligner", choices=ALIGNERS, default=d.aligner,
                     help="word aligner for the dictionary and word vectors: fast_align's model (deterministic: the "
                          "same --seed, the same detector) or eflomal (seeds itself: every training differs) "
                          f"(default {d.aligner})")

@@ -58,8 +58,9 @@ def _align_one_way(src: list[np.ndarray], tgt: list[np.ndarray], n_src_words: in
     if not f:
         return [[] for _ in src]
     f, e, j_pos, i_pos, group, prior = (np.concatenate(x) for x in (f, e, j_pos, i_pos, group, prior))
-    pairs, pair_of = np.unique(f * (int(e.max()) + 1) + e, return_inverse=True)
-    f_of_pair = pairs // (int(e.max()) + 1)
+    base = int(e.max()) + 1
+    pairs, pair_of = np.unique(f * base + e, return_inverse=True)
+    f_of_pair = pairs // base
     t_table = np.ones(len(pairs))                            # uniform start: t(e|f) equal for every e
     for _ in range(iterations):
         w = t_table[pair_of] * prior
@@ -70,8 +71,8 @@ def _align_one_way(src: list[np.ndarray], tgt: list[np.ndarray], n_src_words: in
     # Viterbi: each target word's best source position (the first of equal scores, NULL last)
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])      # each group is contiguous
     best = np.maximum.reduceat(score, starts)
-    first = np.unique(group[score == best[group]], return_index=True)[1]
-    chosen = np.flatnonzero(score == best[group])[first]
+    is_best = score == best[group]
+    chosen = np.flatnonzero(is_best)[np.unique(group[is_best], return_index=True)[1]]
     links: list[list[tuple[int, int]]] = [[] for _ in src]
     pair_index = np.repeat(np.arange(len(src)), [len(t) if len(s) and len(t) else 0 for s, t in zip(src, tgt)])
     m_of = np.array([len(s) for s in src])
