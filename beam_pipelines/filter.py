@@ -25,14 +25,17 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import apache_beam as beam
 
+from beam_pipelines.commit import Claim, commit, refuse_to_replace
 from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, torch_threads_for
+from beam_pipelines.report import print_filter_summary, top_reasons
 from common import storage
 from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_apart, check_output_location, cli_main,
                         command_line, configure_logging, versions)
-from paracorpus.commit import Claim, new_run_id, publish, read_manifest, work_dir
+from paracorpus.commit import new_run_id, work_dir
 from paracorpus.runs import ParquetInput, open_input
 from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled
 from transforms.filtering import ScoreFile, merge_stats
@@ -159,9 +162,36 @@ def check_args(argv: list[str], forward_model: str | None = None) -> None:
     filter_config(known, {"models": {"forward": {"path": forward_model}}} if forward_model else None)
 
 
-def run(argv=None) -> dict:
-    """Check everything, then run the job; returns the manifest. UsageError for a mistake."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+@dataclass(frozen=True)
+class FilterJob:
+    """What the check phase established: the input run and its files, the config, where to write."""
+    input: ParquetInput
+    input_path: str                  # --input as given, absolute (the manifest records it)
+    output: str
+    cfg: object                      # filtering.config.FilterConfig, its given models loaded
+    overrides: dict                  # what the options changed in the config (workers apply them too)
+    rows_expected: int
+    threads: int | None
+    beam_args: tuple
+    report: bool
+    command: tuple
+
+    @property
+    def generation_manifest(self) -> dict | None:
+        return self.input.manifest if self.input.kind == "generation" else None
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The plan phase's result: the config with the fitted models' parameters filled in."""
+    raw: dict                        # the config as the workers build it
+    fit_ids: list                    # pair ids of the fitting sample (flagged fit_sample in the output)
+    files: list                      # the fitted models' manifest entries
+
+
+def check(argv: list[str]) -> FilterJob:
+    """The checked FilterJob of ARGV: options, input run, config and its given models, the output
+    (apart from the input; an earlier filter run there only replaced with --overwrite)."""
     parser = build_parser()
     known, beam_args = parser.parse_known_args(argv)
     beam_args = check_beam_args(beam_args, parser)
@@ -177,88 +207,111 @@ def run(argv=None) -> dict:
         raise UsageError(f"{known.input}: the generation run's counts do not reconcile (a failed or partial run, "
                          "see its _manifest.json); pass --allow_unreconciled to filter it anyway")
     cfg, overrides = filter_config(known, gen_manifest)
-    committed = read_manifest(output, FILTER_MANIFEST)
-    if committed is not None and not known.overwrite:
-        raise UsageError(f"{output} already holds a filter run ({committed.get('run_id')}); pass --overwrite "
-                         "to replace it (it stays readable until the new run commits)")
-    files = list(inp.files)
-    rows_expected = sum(storage.parquet_file(f).metadata.num_rows for f in files)
-    run_id = new_run_id()
-    t0 = time.time()
+    refuse_to_replace(output, FILTER_MANIFEST, "a filter run", known.overwrite)
+    rows_expected = sum(storage.parquet_file(f).metadata.num_rows for f in inp.files)
+    return FilterJob(inp, storage.absolute(known.input), output, cfg, overrides, rows_expected, threads,
+                     tuple(beam_args), not known.no_report, tuple(command_line(argv)))
+
+
+def fit(job: FilterJob, run_id: str) -> Fitted:
+    """The models that must be fitted on the data (KenLM, classifiers), fitted on the driver on a
+    hash-selected sample of the input and saved under OUTPUT/_fitted/RUN_ID."""
+    cfg = job.cfg
+    raw = json.loads(json.dumps(cfg.raw))
+    if not any(f.needs_fit() for f in cfg.filters):
+        return Fitted(raw, [], [])
+    sample = fit_sample(list(job.input.files), cfg.fit_sample)
+    if sample is None or sample.num_rows < 10:
+        raise UsageError("too few rows to fit the LM / classifiers (need 10 in the hash sample)")
+    fit_ids = sorted(set(sample.column("pair_id").to_pylist()))
+    print(f"fitting on {sample.num_rows} sample rows ({len(fit_ids)} pairs)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="paragen-fit-") as workdir:
+        fitted = [entry for f, entry in zip(cfg.filters, raw["filters"]) if f.needs_fit()]
+        for f, entry in zip(cfg.filters, raw["filters"]):
+            if f.needs_fit():
+                entry.update(f.fit(sample, workdir, log=lambda m: print(m, flush=True)))
+        remote = storage.join(job.output, "_fitted", run_id)
+        files = [{**e, "path": f"_fitted/{run_id}/{e['path']}"} for e in _upload_fitted(workdir, remote, fitted)]
+    return Fitted(raw, fit_ids, files)
+
+
+class ScoreFiles(beam.PTransform):
+    """(input file, its path inside the table) -> the merged stats of every file scored, written
+    to WORK/stats.json: each file scored and decided by one worker (transforms/filtering.py)."""
+
+    def __init__(self, job: FilterJob, fitted: Fitted, work: str):
+        super().__init__()
+        self.job, self.fitted, self.work = job, fitted, work
+
+    def expand(self, files):
+        job, work, workers = self.job, self.work, direct_workers(list(self.job.beam_args))
+        return (files
+                | "Reshuffle" >> beam.Reshuffle()
+                | "Score" >> beam.ParDo(ScoreFile(job.output, self.fitted.raw, job.overrides, self.fitted.fit_ids,
+                                                  job.threads, job.rows_expected // workers if workers else None))
+                | "Key" >> beam.Map(lambda s: (None, s))
+                | "Group" >> beam.GroupByKey()
+                | "Merge" >> beam.Map(lambda kv: merge_stats(kv[1]))
+                | "WriteStats" >> beam.Map(lambda stats: storage.write_json(storage.join(work, "stats.json"), stats)))
+
+
+def score(job: FilterJob, fitted: Fitted, work: str) -> tuple[dict, dict]:
+    """Run the scoring pipeline: (the merged stats, its counters)."""
+    todo = list(zip(job.input.files, job.input.relatives))        # (file to read, its path inside the table)
+    counters = run_pipeline(lambda p: p | "Files" >> beam.Create(todo) | "ScoreFiles" >> ScoreFiles(job, fitted, work),
+                            list(job.beam_args))
+    return storage.read_json(storage.join(work, "stats.json")), counters
+
+
+def collect(job: FilterJob, fitted: Fitted, run_id: str, stats: dict, counters: dict, elapsed: float) -> dict:
+    """The filter run's manifest from the pipeline's merged STATS."""
+    gen_manifest, rows_expected = job.generation_manifest, job.rows_expected
+    scored = sorted(stats.pop("files"), key=lambda e: e["path"])
+    rows_out = sum(e["rows"] for e in scored)
+    return {"contract_version": CONTRACT_VERSION, "run_id": run_id, "input": job.input_path,
+            "input_run_id": (job.input.manifest or {}).get("run_id"),
+            "input_config_hash": (gen_manifest or {}).get("config_hash"),
+            "config": fitted.raw, "config_source": job.cfg.source,
+            "rules": [r.describe() for r in job.cfg.rules], "input_files": len(job.input.files),
+            "rows_in": rows_expected, "rows_out": rows_out, "kept": stats.get("kept", 0),
+            "rejected_by_reason": {k[7:]: v for k, v in sorted(stats.items()) if k.startswith("reason:")},
+            # rows a score could not be computed for (null in the output): its rule let them pass
+            "unscored_by_score": {k[9:]: v for k, v in sorted(stats.items()) if k.startswith("unscored:")},
+            "reconciled": rows_expected == rows_out == stats.get("rows", -1),
+            "fit_sample_pairs": len(fitted.fit_ids), "seconds": round(elapsed, 2),
+            "rows_per_s": round(rows_expected / max(elapsed, 1e-9), 1),
+            "files": {"scored": scored, "fitted": fitted.files, "report": []},
+            "counters": counters, "versions": versions(), "command": list(job.command)}
+
+
+def run(argv=None) -> dict:
+    """Check everything, then run the job; returns the manifest. UsageError for a mistake."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    job = check(argv)                                   # 1. check: refused before anything is written
+    run_id, started, output = new_run_id(), time.time(), job.output
     with Claim(output, run_id):
-        print(f"filter run {run_id}: {len(files)} file(s), {rows_expected:,} rows under {inp.root}; config "
-              f"{cfg.source}; rules: {'; '.join(r.describe() for r in cfg.rules) or 'none'}", flush=True)
-        raw = json.loads(json.dumps(cfg.raw))
-        fit_ids: list[str] = []
-        fitted_files: list[dict] = []
-        if any(f.needs_fit() for f in cfg.filters):
-            sample = fit_sample(files, cfg.fit_sample)
-            if sample is None or sample.num_rows < 10:
-                raise UsageError("too few rows to fit the LM / classifiers (need 10 in the hash sample)")
-            fit_ids = sorted(set(sample.column("pair_id").to_pylist()))
-            print(f"fitting on {sample.num_rows} sample rows ({len(fit_ids)} pairs)", flush=True)
-            with tempfile.TemporaryDirectory(prefix="paragen-fit-") as workdir:
-                fitted = [entry for f, entry in zip(cfg.filters, raw["filters"]) if f.needs_fit()]
-                for f, entry in zip(cfg.filters, raw["filters"]):
-                    if f.needs_fit():
-                        entry.update(f.fit(sample, workdir, log=lambda m: print(m, flush=True)))
-                remote = storage.join(output, "_fitted", run_id)
-                fitted_files = [{**e, "path": f"_fitted/{run_id}/{e['path']}"}
-                                for e in _upload_fitted(workdir, remote, fitted)]
+        cfg = job.cfg
+        print(f"filter run {run_id}: {len(job.input.files)} file(s), {job.rows_expected:,} rows under "
+              f"{job.input.root}; config {cfg.source}; rules: {'; '.join(r.describe() for r in cfg.rules) or 'none'}",
+              flush=True)
+        fitted = fit(job, run_id)                       # 2. plan: the models fitted on a sample
         work = work_dir(output, run_id)
-        workers = direct_workers(beam_args)
-        todo = list(zip(files, inp.relatives))        # (file to read, its path inside the table)
-
-        def build(p):
-            _ = (p | "Files" >> beam.Create(todo)
-                 | "Reshuffle" >> beam.Reshuffle()
-                 | "Score" >> beam.ParDo(ScoreFile(output, raw, overrides, fit_ids, threads,
-                                                   rows_expected // workers if workers else None))
-                 | "Key" >> beam.Map(lambda s: (None, s))
-                 | "Group" >> beam.GroupByKey()
-                 | "Merge" >> beam.Map(lambda kv: merge_stats(kv[1]))
-                 | "WriteStats" >> beam.Map(lambda stats: storage.write_json(storage.join(work, "stats.json"), stats)))
-
-        counters = run_pipeline(build, beam_args)
-        elapsed = time.time() - t0
-        stats = storage.read_json(storage.join(work, "stats.json"))
-        scored = sorted(stats.pop("files"), key=lambda e: e["path"])
-        rows_out = sum(e["rows"] for e in scored)
-        manifest = {"contract_version": CONTRACT_VERSION, "run_id": run_id, "input": storage.absolute(known.input),
-                    "input_run_id": (inp.manifest or {}).get("run_id"),
-                    "input_config_hash": (gen_manifest or {}).get("config_hash"),
-                    "config": raw, "config_source": cfg.source,
-                    "rules": [r.describe() for r in cfg.rules], "input_files": len(files), "rows_in": rows_expected,
-                    "rows_out": rows_out, "kept": stats.get("kept", 0),
-                    "rejected_by_reason": {k[7:]: v for k, v in sorted(stats.items()) if k.startswith("reason:")},
-                    # rows a score could not be computed for (null in the output): its rule let them pass
-                    "unscored_by_score": {k[9:]: v for k, v in sorted(stats.items()) if k.startswith("unscored:")},
-                    "reconciled": rows_expected == rows_out == stats.get("rows", -1),
-                    "fit_sample_pairs": len(fit_ids), "seconds": round(elapsed, 2),
-                    "rows_per_s": round(rows_expected / max(elapsed, 1e-9), 1),
-                    "files": {"scored": scored, "fitted": fitted_files, "report": []},
-                    "counters": counters, "versions": versions(), "command": command_line(argv)}
-        print(f"scored {rows_expected} rows in {elapsed:.1f}s ({manifest['rows_per_s']:.0f} rows/s): "
-              f"kept {manifest['kept']}, rejected {rows_expected - manifest['kept']}", flush=True)
-        for reason, n in manifest["rejected_by_reason"].items():
-            print(f"  {reason}: {n}")
-        for score, n in manifest["unscored_by_score"].items():
-            print(f"  no {score} score (rule not applied): {n}")
-        print(f"  reconciled (rows in = rows out): {manifest['reconciled']}", flush=True)
-        if not manifest["reconciled"]:
-            storage.write_json(storage.join(work, "manifest.json"), manifest)
-            raise JobFailed(f"rows in != rows out; not published; see {work}/manifest.json")
-        if not known.no_report and scored:
-            manifest["files"]["report"] = _write_report([storage.join(output, e["path"]) for e in scored],
+        stats, counters = score(job, fitted, work)      # 3. score: the pipeline
+        manifest = collect(job, fitted, run_id, stats, counters, time.time() - started)
+        print_filter_summary(manifest, job.rows_expected, manifest["seconds"])   # 4. report
+        problem = None if manifest["reconciled"] else JobFailed(f"rows in != rows out; not published; see "
+                                                                f"{work}/manifest.json")
+        if problem is None and job.report and manifest["files"]["scored"]:
+            manifest["files"]["report"] = _write_report([storage.join(output, e["path"])
+                                                         for e in manifest["files"]["scored"]],
                                                         storage.join(output, "report"), cfg, manifest)
             print(f"report: {storage.join(output, 'report', 'report.md')}", flush=True)
-        publish(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES)
+        commit(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES, work, problem)  # 5.
     if manifest["kept"] == 0:
         # published (its report says why), but a scheduler must notice an empty corpus
-        top = sorted(manifest["rejected_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))[:3]
-        raise JobFailed(f"the filter kept no row of {rows_expected:,}" +
-                        (f" (top reasons: {', '.join(f'{r} {n:,}' for r, n in top)})" if top else "") +
-                        f"; published with its report in {output}", EXIT_EMPTY)
+        top = top_reasons(manifest["rejected_by_reason"])
+        raise JobFailed(f"the filter kept no row of {job.rows_expected:,}" + (f" (top reasons: {top})" if top else "")
+                        + f"; published with its report in {output}", EXIT_EMPTY)
     return manifest
 
 

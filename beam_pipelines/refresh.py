@@ -40,11 +40,13 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from common import storage
 from common.cli import EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError, cli_main, configure_logging
-from beam_pipelines.generate import NOOP_MARKER_ENV
-from paracorpus.commit import Claim, entry_path, file_location, is_under, new_run_id
+from beam_pipelines.report import NOOP_MARKER_ENV
+from beam_pipelines.commit import Claim
+from paracorpus.commit import entry_path, file_location, is_under, new_run_id
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
 log = logging.getLogger("paragen.refresh")
@@ -241,7 +243,21 @@ def publish_latest(root: str, run_id: str) -> None:
                                                     "published_at": time.time()})
 
 
-def run(argv=None) -> dict:
+@dataclass(frozen=True)
+class RefreshRequest:
+    """What the check phase established: where the refreshes live and how to run each job."""
+    root: str
+    keep: int
+    job_args: tuple                  # the generation job's options, without --output and --previous
+    filter_args: tuple               # the filter job's options; empty: no filter job
+    job_cmd: tuple                   # run the generation job as this command (empty: in this process)
+    filter_cmd: tuple
+    dry_run: bool
+
+
+def check(argv) -> RefreshRequest:
+    """The checked RefreshRequest of ARGV; the filter job's options are checked now, not after a
+    whole generation run (UsageError)."""
     a = build_parser().parse_args(argv)
     job_args = [x for x in a.job_args if x != "--"] if a.job_args[:1] == ["--"] else list(a.job_args)
     if a.keep < 1:
@@ -251,62 +267,94 @@ def run(argv=None) -> dict:
             raise UsageError(f"{forbidden} is set by the refresh; leave it out of the job's options")
     filter_args = _words(a.filter_args, "--filter_args")
     job_cmd, filter_cmd = _words(a.job_cmd, "--job_cmd"), _words(a.filter_cmd, "--filter_cmd")
-    if filter_args:           # a filter mistake is found now, not after a whole generation run
+    if filter_args:
         from beam_pipelines.filter import check_args
 
         check_args(filter_args, _option_value(job_args, "--forward_model"))
-    root = storage.absolute(a.root.rstrip("/"))
-    if a.dry_run:
-        from beam_pipelines.generate import run as generate
+    return RefreshRequest(storage.absolute(a.root.rstrip("/")), a.keep, tuple(job_args), tuple(filter_args),
+                          tuple(job_cmd), tuple(filter_cmd), a.dry_run)
 
-        previous = latest_run(root) if storage.isdir(root) else None
-        print(f"refresh dry run: previous run {previous or 'none'}", flush=True)
-        return generate([*job_args, "--output", storage.join(root, "runs", "dry-run"), "--dry_run"]
-                        + (["--previous", previous] if previous else []))
+
+def dry_run(req: RefreshRequest) -> dict:
+    """The generation job's --dry_run against the run latest names; nothing written, not even a log."""
+    from beam_pipelines.generate import run as generate
+
+    previous = latest_run(req.root) if storage.isdir(req.root) else None
+    print(f"refresh dry run: previous run {previous or 'none'}", flush=True)
+    return generate([*req.job_args, "--output", storage.join(req.root, "runs", "dry-run"), "--dry_run"]
+                    + (["--previous", previous] if previous else []))
+
+
+def generate_run(req: RefreshRequest, run_id: str, previous: str | None, log_file, log_path: str) -> bool:
+    """The generation job into ROOT/runs/RUN_ID on top of PREVIOUS: True when it published a run,
+    False when nothing changed; RefreshFailed otherwise."""
+    out = storage.join(req.root, "runs", run_id)
+    gen_args = [*req.job_args, "--output", out, "--run_id", run_id] + (["--previous", previous] if previous else [])
+    noop_marker = storage.join(req.root, "logs", f"{run_id}.noop.json")
+    since = log_file.tell()
+    rc, result = _run_job("beam_pipelines.generate", list(req.job_cmd), gen_args, log_file,
+                          env={NOOP_MARKER_ENV: noop_marker})
+    if rc != 0:
+        raise _failed("generation", rc, log_file, since, log_path)
+    if storage.isfile(storage.join(out, MANIFEST)):
+        return True
+    noop = (result or {}).get("noop") or storage.isfile(noop_marker)
+    storage.delete(noop_marker)
+    if not noop:
+        raise RefreshFailed(f"the generation job exited 0 but published no run in {out} and did not "
+                            f"say that nothing changed; latest unchanged (log: {log_path})", 1)
+    return False
+
+
+def filter_run(req: RefreshRequest, run_id: str, log_file, log_path: str) -> None:
+    """The filter job on run RUN_ID, into ROOT/filtered/RUN_ID; RefreshFailed when it fails."""
+    since = log_file.tell()
+    rc, _ = _run_job("beam_pipelines.filter", list(req.filter_cmd),
+                     ["--input", storage.join(req.root, "runs", run_id), "--output", filter_dir(req.root, run_id),
+                      *req.filter_args], log_file)
+    if rc != 0:
+        raise _failed("filter", rc, log_file, since, log_path)
+
+
+@contextlib.contextmanager
+def run_log(log_path: str):
+    """The refresh's log file: a local one is written as the jobs run; a bucket's is uploaded at the end."""
+    local_log = storage.resolve(log_path)[1] if storage.is_local(log_path) else None
+    if local_log:
+        os.makedirs(os.path.dirname(local_log), exist_ok=True)
+    buffer = open(local_log, "a", encoding="utf-8") if local_log else io.StringIO()
+    try:
+        yield buffer
+    finally:
+        if local_log:
+            buffer.close()
+        else:
+            storage.write_bytes(log_path, buffer.getvalue().encode("utf-8"))
+
+
+def run(argv=None) -> dict:
+    req = check(argv)                                   # 1. check, the filter's options included
+    if req.dry_run:
+        return dry_run(req)
+    root = req.root
     storage.makedirs(root)
     run_id = new_run_id()
-    with Claim(root, run_id, name=LOCK):
+    with Claim(root, run_id, name=LOCK):                # 2. claim: one refresh at a time
         previous = latest_run(root)
         out = storage.join(root, "runs", run_id)
         log_path = storage.join(root, "logs", f"{run_id}.log")
         print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)
-        # a local log is written as the jobs run; a bucket's is uploaded at the end
-        local_log = storage.resolve(log_path)[1] if storage.is_local(log_path) else None
-        if local_log:
-            os.makedirs(os.path.dirname(local_log), exist_ok=True)
-        buffer = open(local_log, "a", encoding="utf-8") if local_log else io.StringIO()
-        try:
-            gen_args = [*job_args, "--output", out, "--run_id", run_id] + (["--previous", previous] if previous else [])
-            noop_marker = storage.join(root, "logs", f"{run_id}.noop.json")
-            since = buffer.tell()
-            rc, result = _run_job("beam_pipelines.generate", job_cmd, gen_args, buffer,
-                                  env={NOOP_MARKER_ENV: noop_marker})
-            if rc != 0:
-                raise _failed("generation", rc, buffer, since, log_path)
-            if not storage.isfile(storage.join(out, MANIFEST)):
-                noop = (result or {}).get("noop") or storage.isfile(noop_marker)
-                storage.delete(noop_marker)
-                if not noop:
-                    raise RefreshFailed(f"the generation job exited 0 but published no run in {out} and did not "
-                                        f"say that nothing changed; latest unchanged (log: {log_path})", 1)
+        with run_log(log_path) as log_file:
+            if not generate_run(req, run_id, previous, log_file, log_path):     # 3. the generation job
                 print(f"refresh {run_id}: nothing changed since {previous}; nothing published, latest unchanged",
                       flush=True)
                 return {"run_id": run_id, "noop": True, "latest": previous}
-            if filter_args:
-                since = buffer.tell()
-                rc, _ = _run_job("beam_pipelines.filter", filter_cmd,
-                                 ["--input", out, "--output", filter_dir(root, run_id), *filter_args], buffer)
-                if rc != 0:
-                    raise _failed("filter", rc, buffer, since, log_path)
-            publish_latest(root, run_id)
-            removed = prune(root, a.keep, bool(filter_args), run_id)
+            if req.filter_args:
+                filter_run(req, run_id, log_file, log_path)                    # 4. the filter job
+            publish_latest(root, run_id)                                        # 5. publish: latest moves
+            removed = prune(root, req.keep, bool(req.filter_args), run_id)      # 6. retention
             print(f"refresh {run_id} done; latest -> runs/{run_id}; removed {len(removed)} old run(s)", flush=True)
             return {"run_id": run_id, "noop": False, "latest": out, "removed": removed}
-        finally:
-            if local_log:
-                buffer.close()
-            else:
-                storage.write_bytes(log_path, buffer.getvalue().encode("utf-8"))
 
 
 class RefreshFailed(JobFailed):

@@ -219,7 +219,7 @@ def test_a_bitext_model_changed_since_the_job_started_is_refused(tmp_path, bitex
     """Workers check every file against the sha256 the driver recorded, as for the NMT models."""
     import shutil
 
-    from beam_pipelines.generate import directory_sha256
+    from beam_pipelines.generation.model_checks import directory_sha256
     from models.safety import UnsafeModelError
     from paracorpus.steps import BitextFilterConfig, bitext_steps
 

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from beam_pipelines.generate import gpu_worker_processes, hashed_precision
+from beam_pipelines.generation.devices import gpu_worker_processes, hashed_precision
 from models.nmt.devices import CPU_SAMPLE_TOKENS, CPU_SCORE_TOKENS, batch_budgets, claim_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

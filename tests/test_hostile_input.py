@@ -13,7 +13,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipelines.generate import resolve_device, run
+from beam_pipelines.generate import run
+from beam_pipelines.generation.devices import resolve_device
 from common.cli import UsageError
 from common.names import check_lang_code, check_path_component, check_run_id
 from common.shards import ShardError, check_shard, discover_shards, read_shard
@@ -220,7 +221,7 @@ def test_swapped_models_are_detected(tmp_path, tiny_nmt_models):
 
 @pytest.mark.slow
 def test_swapped_models_are_detected_with_the_default_languages(tmp_path, tiny_nmt_models):
-    from beam_pipelines.generate import check_models
+    from beam_pipelines.generation.model_checks import check_models
 
     with pytest.raises(UsageError, match="swapped"):
         check_models(os.path.join(tiny_nmt_models, "en-cs"), os.path.join(tiny_nmt_models, "cs-en"), "cs", "en")

@@ -1,0 +1,45 @@
+"""The phases the jobs share around their pipelines: claim the output, commit (or hold back) and
+publish. The protocol itself (owner record, manifests written last, no renames) is
+paracorpus/commit.py; this is how a job uses it.
+
+    refuse_to_replace(...)       before anything is written: a committed run stays unless asked
+    with Claim(output, run_id):  one writer at a time (a heartbeat; a dead holder is taken over)
+        ... the job's pipeline ...
+        commit(...)              publish the manifest, or hold it back in _work/ and say why
+"""
+from __future__ import annotations
+
+import logging
+
+from common import storage
+from common.cli import JobFailed, UsageError
+from paracorpus.commit import Claim, publish, read_manifest
+
+log = logging.getLogger("paragen")
+
+__all__ = ["Claim", "refuse_to_replace", "commit"]
+
+
+def refuse_to_replace(output: str, manifest_name: str, what: str, allowed: bool) -> None:
+    """UsageError when OUTPUT already holds a committed run (its MANIFEST_NAME) and replacing it
+    is not ALLOWED (--overwrite); WHAT names it in the message."""
+    committed = read_manifest(output, manifest_name)
+    if committed is not None and not allowed:
+        raise UsageError(f"{output} already holds {what} ({committed.get('run_id')}); pass --overwrite "
+                         "to replace it (it stays readable until the new run commits)")
+
+
+def commit(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...], work: str,
+           problem: JobFailed | None = None) -> list[str]:
+    """Publish MANIFEST as OUTPUT/MANIFEST_NAME (the files it does not list under TABLES, and the
+    run's _work, are removed after); the removed files. With a PROBLEM (counts that do not
+    reconcile, nothing to publish) nothing is published: the manifest is kept as WORK/manifest.json
+    for a person to read, and PROBLEM is raised. Either way the run committed before stays whole
+    until this one's manifest replaces it."""
+    if problem is not None:
+        storage.write_json(storage.join(work, "manifest.json"), manifest)
+        raise problem
+    removed = publish(output, manifest_name, manifest, tables)
+    log.info("published run %s: %d files; removed %d files of earlier runs and attempts", manifest.get("run_id"),
+             sum(len(v) for v in manifest.get("files", {}).values()), len(removed))
+    return removed

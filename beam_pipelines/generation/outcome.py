@@ -1,0 +1,103 @@
+"""After the pipeline: the run's manifest from its summary, and whether it may be published.
+
+``collect`` sums the read and group records the pipeline gathered (compact.py) into the run's
+counts and files, adds what the run reuses from ``--previous``, and builds the manifest (checked
+against the contract, paracorpus/schema.py). The ``Outcome`` says whether the run can be
+published (its counts reconcile; it has rows, or --allow_empty) for the commit phase
+(beam_pipelines/commit.py), and carries what the report prints (beam_pipelines/report.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from beam_pipelines.generation.check import Job, Request
+from beam_pipelines.generation.compact import read_summary
+from beam_pipelines.generation.plan import Inputs, Plan
+from beam_pipelines.report import nothing_to_publish
+from common.cli import EXIT_EMPTY, JobFailed, versions
+from paracorpus.commit import entry_path, file_location
+from paracorpus.compaction import TABLES as DATA_TABLES
+from paracorpus.incremental import Reuse
+from paracorpus.schema import CONTRACT_VERSION, check_manifest
+from paracorpus.units import summarize_run, totals
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished pipeline's run: its manifest and what decides whether it is published."""
+    manifest: dict
+    output: str
+    counters: dict                   # the pipeline's counters
+    elapsed: float                   # seconds the pipeline took
+    work: str                        # the run's _work directory
+    allow_empty: bool
+
+    @property
+    def counts(self) -> dict:
+        return self.manifest["counts"]
+
+    @property
+    def problem(self) -> JobFailed | None:
+        """Why the run must not be published, or None."""
+        if not self.counts["reconciled"]:
+            return JobFailed(f"counts do not reconcile (records read != pairs with output + rejects); "
+                             f"not published, the previous run (if any) stays; see {self.work}/manifest.json")
+        if self.counts["paraphrase_rows"] == 0 and not self.allow_empty:
+            return JobFailed(f"{nothing_to_publish(self.counts)}; not published, the previous run (if any) stays; its "
+                             f"rejects are listed in {self.work}/manifest.json (--allow_empty publishes such a run)",
+                             EXIT_EMPTY)
+        return None
+
+
+def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: dict, elapsed: float) -> Outcome:
+    """The Outcome of PLAN's pipeline, from the summary it wrote and its COUNTERS."""
+    reuse, output = inputs.reuse, plan.output
+    summary = read_summary(plan.work)
+    _counts, new_files, units, decoded = summarize_run(summary["groups"], summary["reads"])
+    shards = input_entries(plan.run_id, summary["reads"], decoded, reuse, plan.bins)
+    files = {t: sorted([_reused_entry(output, reuse.previous, f) for f in reuse.kept_files[t]] + new_files[t],
+                       key=lambda e: (e["bin"], e["shard"], e["path"])) for t in DATA_TABLES}
+    units.update(planned=plan.num_units, published_files=sum(len(v) for v in files.values()))
+    precision = job.precision
+    manifest = check_manifest({
+        "contract_version": CONTRACT_VERSION, "run_id": plan.run_id, "config_hash": plan.config_hash,
+        "preset": job.preset, "config": job.cfg.to_dict(), "cleaning": job.cleaning_dict, "models": job.models,
+        "runner": job.runner.rsplit(".", 1)[-1],
+        "precision": {"requested": job.requested_precision, "resolved": precision if precision != "auto" else None,
+                      "workers": {k[len("workers_"):]: v for k, v in counters.items() if k.startswith("workers_")}},
+        "device": job.device, "torch_threads_per_worker": job.threads,
+        "inputs": [shards[name] for name in sorted(shards)],
+        "previous": {"run_id": reuse.previous_run_id, "path": reuse.previous, "why_nothing_reused": reuse.why_not,
+                     "reused_shards": sorted(reuse.reused), "copied_shards": sorted(reuse.carried),
+                     "removed_shards": reuse.removed}
+        if request.previous else None,
+        "counts": totals(shards), "files": files, "units": units, "counters": counters,
+        "file_target": {"rows": job.file_target.rows, "mb": job.file_target.megabytes},
+        "versions": versions(), "command": list(request.command), "resumed": plan.resumed,
+        "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return Outcome(manifest, output, counters, elapsed, plan.work, request.allow_empty)
+
+
+def input_entries(run_id: str, reads: list[dict], decoded: dict, reuse: Reuse, bins: dict) -> dict:
+    """{shard: its manifest entry} of a run: the shards it decoded (read records and their counts)
+    and those it reuses from REUSE.previous (their entries taken over); BINS: the bin of each
+    decoded or carried shard."""
+    inputs = {}
+    for read in reads:
+        name = read["input_shard"]
+        inputs[name] = {**{k: read[k] for k in ("input_shard", "kind", "paths", "sha256", "bytes")},
+                        "versions": reuse.fingerprints.get(name, {}).get("versions"),
+                        "records_read": decoded[name]["records_read"], "counts": decoded[name]["counts"],
+                        "decoded_in": run_id, "bin": bins[name]}
+    for name, entry in reuse.reused.items():
+        inputs[name] = {**entry, "versions": reuse.fingerprints[name]["versions"], "bin": bins.get(name, entry["bin"])}
+    return inputs
+
+
+def _reused_entry(output: str, previous: str, entry: dict) -> dict:
+    """The previous run's manifest ENTRY as OUTPUT's manifest names it: its path rewritten to be
+    relative to OUTPUT (or a full URL), so every entry opens as <OUTPUT>/<path>."""
+    moved = {k: v for k, v in entry.items() if k != "root"}
+    moved["path"] = entry_path(output, file_location(previous, entry))
+    return moved

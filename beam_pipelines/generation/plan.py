@@ -1,0 +1,149 @@
+"""The plan phase: what the run reads, where its rows go, and which run it is.
+
+``plan_inputs`` finds what there is to decode: the input shards (minus those ``--previous`` gives
+unchanged, paracorpus/incremental.py), their records (counted, or estimated from a sample for
+compressed text), and the bins their rows are packed into (paracorpus/bins.py). The dry run stops
+there. ``plan_run`` then decides the run: a new one, or the unfinished run with the same plan
+(``--resume``), cut into work units (paracorpus/units.py). ``record_plan``, under the output's
+claim, writes the plan where a later ``--resume`` finds it and says which units are done already.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+
+from beam_pipelines.commit import refuse_to_replace
+from beam_pipelines.generation.check import Job, Request
+from common import storage
+from common.shards import estimate_records, shard_size
+from paracorpus.bins import bin_capacity, pack
+from paracorpus.commit import file_location, new_run_id, resumable_run, work_dir
+from paracorpus.compaction import TABLES as DATA_TABLES
+from paracorpus.compaction import carry_item, group_key
+from paracorpus.incremental import Reuse, plan_reuse
+from paracorpus.schema import MANIFEST
+from paracorpus.units import finished_units, plan_units
+
+log = logging.getLogger("paragen")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the run has to decode and what it takes from --previous."""
+    reuse: Reuse                     # shards to decode, shards reused or carried from --previous
+    per_shard: dict                  # input shard to decode -> records (estimated unless EXACT)
+    exact: bool
+    bins: dict                       # input shard (decoded or carried) -> bin
+    capacity: int                    # records per bin (all but the last)
+
+    @property
+    def decode(self) -> list:
+        return self.reuse.decode
+
+    @property
+    def expected(self) -> int:
+        return sum(self.per_shard.values())
+
+    @property
+    def nothing_to_do(self) -> bool:
+        """Every shard unchanged since --previous: the run would be that run."""
+        return self.reuse.nothing_to_do
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run will do, fixed before the pipeline starts (and kept for --resume)."""
+    run_id: str
+    output: str
+    layout: dict                 # input shard -> (first unit, number of units): paracorpus.units.plan_units
+    lang_pair: str
+    config_hash: str
+    bins: dict = field(default_factory=dict)     # input shard -> bin (decoded and carried shards)
+    carries: list = field(default_factory=list)  # (group key, compaction.carry_item): rows to copy
+    plan_key: str = ""           # what --resume compares (_plan_key)
+    resumed: bool = False        # continues an unfinished run
+    unit_pairs: int = 0
+
+    @property
+    def work(self) -> str:
+        return work_dir(self.output, self.run_id)
+
+    @property
+    def num_units(self) -> int:
+        return sum(n for _first, n in self.layout.values())
+
+
+def plan_inputs(job: Job, previous: str | None) -> Inputs:
+    """The shards JOB decodes, their records and bins, after taking what the run PREVIOUS gives."""
+    capacity = bin_capacity(job.file_target.rows, job.cfg.num_output_shards)
+    reuse = plan_reuse(previous, list(job.shards), job.config_hash, capacity) if previous \
+        else Reuse(decode=list(job.shards))
+    if reuse.why_not:
+        log.warning("--previous %s: nothing reused: %s", previous, reuse.why_not)
+    if reuse.nothing_to_do:
+        return Inputs(reuse, {}, True, {}, capacity)
+    per_shard, exact = estimate_records(reuse.decode)
+    bins = pack({**per_shard, **{n: reuse.reused[n]["records_read"] for n in reuse.carried}}, capacity)
+    return Inputs(reuse, per_shard, exact, bins, capacity)
+
+
+def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
+    """The run into REQUEST.output: the unfinished run with the same plan (--resume), or a new one.
+    A committed run there is only replaced with --overwrite (UsageError)."""
+    key = _plan_key(job.config_hash, inputs.decode, job.unit_pairs, inputs.reuse.previous_run_id, inputs.capacity)
+    output = request.output
+    refuse_to_replace(output, MANIFEST, "a committed run", request.overwrite or request.resume)
+    run_id, layout, resumed = None, None, False
+    if request.resume:
+        run_id = resumable_run(output, key)
+        if run_id is not None:
+            plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
+            layout, resumed = {k: tuple(v) for k, v in plan["layout"].items()}, True
+        else:
+            log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
+    if not resumed:
+        run_id, layout = request.run_id or new_run_id(), plan_units(inputs.per_shard, job.unit_pairs)
+    return Plan(run_id, output, layout, job.lang_pair, job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins),
+                key, resumed, job.unit_pairs)
+
+
+def record_plan(plan: Plan, job: Job, request: Request, inputs: Inputs) -> frozenset:
+    """Under the output's claim: the units an earlier attempt of this run finished (none for a new
+    run), after writing the plan where --resume finds it, and one log line saying what runs."""
+    finished = frozenset(finished_units(plan.work)) if plan.resumed else frozenset()
+    storage.write_json(storage.join(plan.work, "plan.json"),
+                       {"run_id": plan.run_id, "plan_key": plan.plan_key, "layout": plan.layout, "bins": plan.bins,
+                        "unit_pairs": plan.unit_pairs, "config_hash": plan.config_hash,
+                        "command": list(request.command)})
+    reuse = inputs.reuse
+    log.info("generation run %s%s: %d shard(s) to decode (%s%s records, %d work units%s)%s, preset %s, mode %s, "
+             "%s->%s, runner %s, config %s", plan.run_id, " (resumed)" if plan.resumed else "", len(inputs.decode),
+             "" if inputs.exact else "~", f"{inputs.expected:,}", plan.num_units,
+             f", {len(finished)} finished earlier" if finished else "",
+             f", {len(reuse.reused)} reused from run {reuse.previous_run_id} ({len(reuse.carried)} of them copied "
+             f"into new files), {len(reuse.removed)} removed" if reuse.previous else "", job.preset, job.cfg.mode,
+             job.cleaning.src_lang, job.cleaning.tgt_lang, job.runner.rsplit(".", 1)[-1], plan.config_hash)
+    return finished
+
+
+def _plan_key(chash: str, shards, unit_pairs: int, previous_run: str | None = None, capacity: int = 0) -> str:
+    """What must be the same for --resume to continue a run: config, inputs to decode (names and
+    sizes), how records are cut into units, the run it builds on and how shards are binned."""
+    inputs = [(s.name, shard_size(s)) for s in shards]
+    return hashlib.sha256(json.dumps([chash, inputs, unit_pairs, previous_run, capacity]).encode()).hexdigest()[:16]
+
+
+def carries(reuse: Reuse, bins: dict) -> list[tuple[str, dict]]:
+    """(group key, compaction.carry_item) for every previous file holding rows of a carried shard:
+    what each new group copies from the previous run."""
+    out = []
+    for old_bin, files in sorted(reuse.copy_from.items()):
+        carried = reuse.carried_from(old_bin)
+        for new_bin in sorted({bins[n] for n in carried}):
+            members = [n for n in carried if bins[n] == new_bin]
+            for table in DATA_TABLES:
+                out += [(group_key(new_bin, f["shard"]),
+                         carry_item(table, file_location(reuse.previous, f), members, f)) for f in files[table]]
+    return out
