@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Create (or update) the project virtualenv with pinned dependencies. Idempotent.
 #   VENV=path   where to put it (default .venv)
-#   TORCH=cuda  the CUDA build of torch 2.13.0 from PyPI (it brings its CUDA runtime as nvidia-*
-#               packages, about 4 GB more; the machine needs only the NVIDIA driver), replacing a
-#               CPU build already in the venv; default: the build this machine's pip picks
+#   TORCH=cuda  the CUDA build of torch 2.13.0 (PyPI's wheel for Linux x86_64: it brings its CUDA
+#               runtime as nvidia-* packages, about 4 GB more; the machine needs only the NVIDIA
+#               driver), replacing a CPU build already in the venv; default: the build this
+#               machine's pip picks. Packages come from wherever your pip configuration says (an
+#               index, a mirror, a proxy): this script names no host. TORCH=cuda asks for
+#               "torch==2.13.0,!=2.13.0+cpu", which rules out a CPU-only build (a local wheel, or
+#               PyTorch's CPU index) wherever it is found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -18,8 +22,8 @@ case "${TORCH:-}" in
   cuda)
     if ! python -c "import torch, sys; sys.exit(torch.version.cuda is None)" 2>/dev/null; then
       pip uninstall -q -y torch 2>/dev/null || true
-      echo "installing the CUDA build of torch from PyPI (about 4 GB)..." >&2
-      pip install -q --disable-pip-version-check --index-url https://pypi.org/simple torch==2.13.0
+      echo "installing the CUDA build of torch (about 4 GB)..." >&2
+      pip install -q --disable-pip-version-check "torch==2.13.0,!=2.13.0+cpu"
     fi;;
   ""|cpu) ;;
   *) echo "TORCH must be cuda or cpu, not $TORCH" >&2; exit 2;;
