@@ -9,6 +9,7 @@ paracorpus/commit.py; this is how a job uses it.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from common import storage
@@ -30,16 +31,17 @@ def refuse_to_replace(output: str, manifest_name: str, what: str, allowed: bool)
 
 
 def commit(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...], work: str,
-           problem: JobFailed | None = None) -> list[str]:
+           problem: JobFailed | None = None, guard=contextlib.nullcontext) -> list[str]:
     """Publish MANIFEST as OUTPUT/MANIFEST_NAME (the files it does not list under TABLES, and the
     run's _work, are removed after); the removed files. With a PROBLEM (counts that do not
     reconcile, nothing to publish) nothing is published: the manifest is kept as WORK/manifest.json
     for a person to read, and PROBLEM is raised. Either way the run committed before stays whole
-    until this one's manifest replaces it."""
+    until this one's manifest replaces it. GUARD (stopping.Stopping.critical) keeps a signal from
+    cutting the manifest's write in half."""
     if problem is not None:
         storage.write_json(storage.join(work, "manifest.json"), manifest)
         raise problem
-    removed = publish(output, manifest_name, manifest, tables)
+    removed = publish(output, manifest_name, manifest, tables, guard)
     log.info("published run %s: %d files; removed %d files of earlier runs and attempts", manifest.get("run_id"),
              sum(len(v) for v in manifest.get("files", {}).values()), len(removed))
     return removed

@@ -9,6 +9,8 @@ and the run to start or continue (plan.py; ``--dry_run`` stops here with an esti
 dry_run.py) -> under the output's claim, **decode** with one Beam pipeline (decode.py) whose last
 stages **compact** the unit files (compact.py) -> **commit**: publish the manifest only if the
 counts reconcile (outcome.py, beam_pipelines/commit.py) -> **report** (beam_pipelines/report.py).
+The same command run again after a stop continues the run (plan.py); a signal or a failure ends
+it in one line with the committed units kept (beam_pipelines/stopping.py).
 
 One pair's path: ReadShard (transforms/io.py, common/shards.py) -> Clean (paracorpus/steps.py
 CleanStep through transforms/steps.py) -> Deduplicate -> GroupByKey on the pair's work unit ->
@@ -27,8 +29,9 @@ from beam_pipelines.generation.decode import decode
 from beam_pipelines.generation.dry_run import dry_run
 from beam_pipelines.generation.options import build_parser
 from beam_pipelines.generation.outcome import collect
-from beam_pipelines.generation.plan import plan_inputs, plan_run, record_plan
-from beam_pipelines.report import report_generation, report_nothing_changed
+from beam_pipelines.generation.plan import plan_inputs, plan_run, record_plan, units_committed
+from beam_pipelines.report import report_already_done, report_generation, report_nothing_changed
+from beam_pipelines.stopping import RunnerNoise, Stopping, pipeline_failure
 from common.cli import cli_main, configure_logging
 from paracorpus.schema import MANIFEST
 
@@ -40,21 +43,29 @@ __all__ = ["run", "main", "build_parser", "TABLES"]
 def run(argv=None) -> dict:
     """Check everything, then run the job; returns the manifest. UsageError for a mistake."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    request, job = check(argv)                          # 1. check: refused before anything is written
-    inputs = plan_inputs(job, request.previous)         # 2. plan: what to decode, what --previous gives
-    if inputs.nothing_to_do:
-        return report_nothing_changed(inputs.reuse.previous_run_id, inputs.reuse.previous)
-    if request.dry_run:
-        return dry_run(job, request, inputs)            #    the plan and its estimate; nothing written
-    plan = plan_run(job, request, inputs)               #    a new run, or the unfinished one (--resume)
-    with Claim(plan.output, plan.run_id):
-        finished = record_plan(plan, job, request, inputs)
-        counters, elapsed = decode(job, plan, inputs, finished)     # 3-4. the pipeline: decode, compact
-        outcome = collect(job, request, inputs, plan, counters, elapsed)
-        try:                                            # 5. commit: publish only if the counts reconcile
-            commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem)
-        finally:                                        # 6. report, published or not
-            report_generation(outcome.manifest, counters, elapsed, plan.output)
+    with Stopping("the generation job") as stopping:    # SIGTERM/SIGINT: stop in one line, workers too
+        request, job = check(argv)                      # 1. check: refused before anything is written
+        inputs = plan_inputs(job, request.previous)     # 2. plan: what to decode, what --previous gives
+        if inputs.nothing_to_do:
+            return report_nothing_changed(inputs.reuse.previous_run_id, inputs.reuse.previous)
+        if request.dry_run:
+            return dry_run(job, request, inputs)        #    the plan and its estimate; nothing written
+        plan = plan_run(job, request, inputs)           #    new, the stopped one continued, or done
+        if plan.done:
+            return report_already_done(plan.run_id, plan.output)
+        with Claim(plan.output, plan.run_id) as claim:
+            stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)
+            finished = record_plan(plan, job, request, inputs)
+            try:                                        # 3-4. the pipeline: decode, compact
+                with RunnerNoise(stopping.on_worker_lost(plan.work)) as noise:
+                    counters, elapsed = decode(job, plan, inputs, finished)
+            except Exception as exc:  # noqa: BLE001: any failure of the pipeline is one line; units kept
+                raise pipeline_failure(exc, plan.work, units_committed(plan), noise.kept, plan.output) from None
+            outcome = collect(job, request, inputs, plan, counters, elapsed)
+            try:                                        # 5. commit: publish only if the counts reconcile
+                commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical)
+            finally:                                    # 6. report, published or not
+                report_generation(outcome.manifest, counters, elapsed, plan.output)
     return outcome.manifest
 
 

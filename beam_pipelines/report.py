@@ -41,6 +41,13 @@ def report_nothing_changed(previous_run_id: str, previous: str) -> dict:
     return {"noop": True, "run_id": previous_run_id, "previous": previous}
 
 
+def report_already_done(run_id: str, output: str) -> dict:
+    """The same command run again on an output whose committed run has its plan: said; the result."""
+    print(f"nothing to do: run {run_id} in {output} is committed with this plan (same input shards, models and "
+          "settings); nothing decoded, nothing published (--overwrite makes it again)", flush=True)
+    return {"noop": True, "run_id": run_id, "done": True}
+
+
 def report_generation(manifest: dict, counters: dict, elapsed: float, output: str) -> None:
     """A warning for each input shard the run decoded that gave no paraphrase, then the summary."""
     warn_empty_shards(manifest["inputs"], manifest["run_id"])

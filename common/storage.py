@@ -16,6 +16,14 @@ Writes: :func:`open_output` gives readers the whole file or nothing: on a local 
 temporary name and renames; an object store makes an object visible only when its upload
 completes. There is no rename on object stores, so the jobs commit runs with manifests written
 last (paracorpus/commit.py), never by renaming directories.
+
+Faults: a remote store's transient errors (503 SlowDown, 500, a connection reset or refused, a
+timeout) are retried with exponential backoff for up to ``PARAGEN_STORAGE_RETRY_SECONDS`` (300
+by default) per operation, so a flaky store or one that is down for a few minutes slows a run but
+does not end it; permanent ones (403, 404, bad credentials, no such bucket) fail at once. Every
+operation is safe to repeat: reads re-read a range, a write is spooled to a local file and
+uploaded again whole (an object appears only when its upload completes), deletes of what is
+gone succeed. Past the budget the operation fails with one StorageError line naming the store.
 """
 from __future__ import annotations
 
@@ -24,14 +32,20 @@ import fnmatch
 import hashlib
 import io
 import json
+import logging
 import os
+import random
+import re
 import shutil
+import tempfile
 import threading
+import time
 import uuid
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+log = logging.getLogger("paragen.storage")
 _FS_CACHE: dict = {}
 _FS_LOCK = threading.Lock()
 _SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs", "file"}
@@ -50,7 +64,12 @@ DEFAULT_TIMEOUT = 60.0
 
 
 class StorageError(OSError):
-    """A remote store that did not answer (in time) or refused: one line naming the endpoint."""
+    """A remote store that did not answer (in time) or refused: one line naming the endpoint.
+    TRANSIENT: whether asking again may help; DETAIL: the store's own words, shortened."""
+
+    def __init__(self, message: str, transient: bool = False, detail: str = ""):
+        super().__init__(message)
+        self.transient, self.detail = transient, detail or message
 
 
 def timeout_seconds() -> float:
@@ -64,6 +83,90 @@ def timeout_seconds() -> float:
     if not 0 < seconds < 86400:
         raise StorageError(f"PARAGEN_STORAGE_TIMEOUT={value!r} must be between 0 and 86400 seconds")
     return seconds
+
+
+DEFAULT_RETRY_SECONDS = 300.0
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 30.0       # backoff: doubled each try, jittered, capped
+# what a store answers when asking again cannot help: refusals, missing things, bad requests
+_PERMANENT = re.compile(
+    r"ACCESS_DENIED|AccessDenied|Forbidden|NO_SUCH_|NoSuch|INVALID_ACCESS_KEY|InvalidAccessKey|SIGNATURE_DOES_NOT_MATCH"
+    r"|SignatureDoesNotMatch|PERMISSION_DENIED|UNAUTHENTICATED|NOT_FOUND|INVALID_ARGUMENT|HTTP status (4(0[0-9]|1[0-9]))\b"
+    r"|[Ii]nvalid bucket name|BUCKET_ALREADY|[Ee]xpected a (file|directory)|[Nn]ot a directory|[Ii]s a directory")
+
+
+def retry_seconds() -> float:
+    """How long one operation on a remote store is retried through transient errors before the
+    command gives up: $PARAGEN_STORAGE_RETRY_SECONDS (default 300; 0: no retry)."""
+    value = os.environ.get("PARAGEN_STORAGE_RETRY_SECONDS", "")
+    try:
+        seconds = float(value) if value else DEFAULT_RETRY_SECONDS
+    except ValueError:
+        raise StorageError(f"PARAGEN_STORAGE_RETRY_SECONDS={value!r} is not a number of seconds") from None
+    if not 0 <= seconds < 86400 * 7:
+        raise StorageError(f"PARAGEN_STORAGE_RETRY_SECONDS={value!r} must be between 0 and 604800 seconds")
+    return seconds
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a remote store's error that asking again may cure (throttling, a server error, a
+    dropped or refused connection, a timeout); False for refusals and what does not exist."""
+    if isinstance(exc, StorageError):
+        return exc.transient
+    if not isinstance(exc, OSError) or isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                                                        NotADirectoryError, FileExistsError)):
+        return False
+    return not _PERMANENT.search(str(exc))
+
+
+class _RetryLog:
+    """At most one warning line per 30 s per process about transient store errors being retried."""
+
+    def __init__(self):
+        self.lock, self.last, self.count = threading.Lock(), 0.0, 0
+
+    def note(self, path: str, detail: str) -> None:
+        with self.lock:
+            self.count += 1
+            now = time.monotonic()
+            if now - self.last < 30:
+                return
+            self.last, count = now, self.count
+        log.warning("%s: the store at %s did not answer (%s); retrying for up to %gs (PARAGEN_STORAGE_RETRY_SECONDS); "
+                    "%d transient error(s) so far in this process", path, endpoint_of(path), detail, retry_seconds(),
+                    count)
+
+
+_RETRY_LOG = _RetryLog()
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return first if len(first) <= limit else first[:limit - 3] + "..."
+
+
+def retrying(path: str, fn, *args, **kwargs):
+    """FN(*ARGS, **KWARGS), its transient remote errors retried with backoff for up to
+    retry_seconds(); past that, or for a permanent error, one StorageError line naming PATH's
+    store. Local paths are not retried (a full disk does not empty itself)."""
+    if not is_url(path) or is_local(path):
+        return fn(*args, **kwargs)
+    deadline, delay = None, _RETRY_FIRST_S
+    while True:
+        try:
+            with _explained(path):
+                return fn(*args, **kwargs)
+        except StorageError as exc:
+            if not exc.transient:
+                raise
+            now = time.monotonic()
+            budget = retry_seconds()
+            deadline = deadline if deadline is not None else now + budget
+            if now + delay > deadline:
+                raise StorageError(f"{exc}; retried for {budget:g}s (PARAGEN_STORAGE_RETRY_SECONDS)",
+                                   transient=True) from None
+            _RETRY_LOG.note(path, exc.detail)
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, _RETRY_MAX_S)
 
 
 def _s3_endpoint() -> str | None:
@@ -142,10 +245,12 @@ def _explained(path: str):
     except OSError as exc:
         if not is_url(path) or is_local(path):
             raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        detail = first if len(first) <= 160 else first[:157] + "..."
+        detail = _first_line(exc)
+        if not is_transient(exc):
+            raise StorageError(f"{path}: the store at {endpoint_of(path)} refused ({detail})", detail=detail) from None
         raise StorageError(f"{path}: the store at {endpoint_of(path)} did not answer or refused "
-                           f"({detail}); timeout {timeout_seconds():g}s (PARAGEN_STORAGE_TIMEOUT)") from None
+                           f"({detail}); timeout {timeout_seconds():g}s (PARAGEN_STORAGE_TIMEOUT)",
+                           transient=True, detail=detail) from None
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -207,8 +312,7 @@ def absolute(path: str) -> str:
 
 def _info(path: str):
     fs, inner = resolve(path)
-    with _explained(path):
-        return fs.get_file_info(inner)
+    return retrying(path, fs.get_file_info, inner)
 
 
 def exists(path: str) -> bool:
@@ -252,8 +356,7 @@ def list_files(path: str, recursive: bool = True) -> list[str]:
     Hidden names (a part starting with '.' or '_') are included; callers filter."""
     fs, inner = resolve(path)
     try:
-        with _explained(path):
-            infos = fs.get_file_info(pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
+        infos = retrying(path, fs.get_file_info, pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
     except FileNotFoundError:
         return []
     return sorted(_url_of(path, inner, i.path) for i in infos if i.type == pafs.FileType.File)
@@ -264,8 +367,7 @@ def listdir(path: str) -> list[str]:
     recursive listing: GCS lists no 'directory' that is only a prefix of objects."""
     fs, inner = resolve(path)
     try:
-        with _explained(path):
-            return _listdir(fs, inner)
+        return retrying(path, _listdir, fs, inner)
     except FileNotFoundError:
         return []
 
@@ -295,20 +397,80 @@ def glob(pattern: str) -> list[str]:
     return [p for p in list_files(base) if fnmatch.fnmatchcase(p, pattern)]
 
 
+class _RetryingReader(io.RawIOBase):
+    """A remote file read range by range, each range retried through transient errors (a fresh
+    handle after a failure): a dropped connection in the middle of a large shard costs a retry,
+    not the rest of the shard."""
+
+    def __init__(self, path: str, fs, inner: str):
+        super().__init__()
+        self.path, self._fs, self._inner = path, fs, inner
+        self._file = retrying(path, fs.open_input_file, inner)
+        self._size, self._pos = self._file.size(), 0
+
+    def _read_at(self, n: int, offset: int) -> bytes:
+        try:
+            return self._file.read_at(n, offset)
+        except OSError:
+            self._file = self._fs.open_input_file(self._inner)      # a handle that failed is not trusted again
+            raise
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = retrying(self.path, self._read_at, n, self._pos)
+        buffer[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def readall(self) -> bytes:
+        # RawIOBase's own reads 8 KiB at a time: one request each
+        parts = []
+        while self._pos < self._size:
+            part = retrying(self.path, self._read_at, min(8 << 20, self._size - self._pos), self._pos)
+            if not part:
+                break
+            parts.append(part)
+            self._pos += len(part)
+        return b"".join(parts)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = max(0, {0: offset, 1: self._pos + offset, 2: self._size + offset}[whence])
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
+
+
 def open_input(path: str):
     """A buffered binary stream of PATH's bytes as stored (no decompression)."""
     fs, inner = resolve(path)
     if fs.type_name == "local":
         return open(inner, "rb")
-    with _explained(path):
-        return io.BufferedReader(fs.open_input_stream(inner, compression=None), buffer_size=1 << 20)
+    return io.BufferedReader(_RetryingReader(path, fs, inner), buffer_size=1 << 20)
 
 
 def open_random_access(path: str):
-    """A seekable file for PATH (what Parquet readers need)."""
+    """A seekable file for PATH (what Parquet readers need); a remote one retries each read."""
     fs, inner = resolve(path)
-    with _explained(path):
+    if fs.type_name == "local":
         return fs.open_input_file(inner)
+    return io.BufferedReader(_RetryingReader(path, fs, inner), buffer_size=1 << 20)
 
 
 @contextlib.contextmanager
@@ -329,17 +491,25 @@ def open_output(path: str):
             if os.path.exists(tmp):
                 os.remove(tmp)
         return
-    with _explained(path):
-        stream = fs.open_output_stream(inner, compression=None)
+    # Spooled to a local file, then uploaded whole: an upload that fails half-way is made again
+    # from the spool (idempotent: the object appears only when an upload completes).
+    with tempfile.TemporaryFile(prefix="paragen-upload-", dir=os.environ.get("PARAGEN_SPOOL_DIR")) as spool:
+        yield spool
+        spool.flush()
+        retrying(path, _upload, fs, inner, spool)
+
+
+def _upload(fs, inner: str, spool) -> None:
+    spool.seek(0)
+    stream = fs.open_output_stream(inner, compression=None)
     try:
-        yield stream
+        shutil.copyfileobj(spool, stream, 1 << 20)
     except BaseException:
         # pyarrow's S3/GCS streams upload on close(); abort() drops the upload instead
         with contextlib.suppress(Exception):
             stream.abort() if hasattr(stream, "abort") else None
         raise
-    with _explained(path):
-        stream.close()
+    stream.close()
 
 
 def read_bytes(path: str) -> bytes:
@@ -372,18 +542,18 @@ def delete(path: str) -> None:
     """Remove the file PATH (no error if it is already gone)."""
     fs, inner = resolve(path)
     with contextlib.suppress(FileNotFoundError):
-        fs.delete_file(inner)
+        retrying(path, fs.delete_file, inner)
 
 
 def delete_tree(path: str) -> None:
     """Remove the directory or prefix PATH and everything under it (no error if absent)."""
     fs, inner = resolve(path)
-    info = fs.get_file_info(inner)
+    info = _info(path)
     if info.type == pafs.FileType.File:
-        fs.delete_file(inner)
+        delete(path)
     elif info.type == pafs.FileType.Directory:
         try:
-            fs.delete_dir(inner)
+            retrying(path, fs.delete_dir, inner)
         except FileNotFoundError:
             pass        # GCS: the objects went, then the never-created "dir/" marker was not found
 

@@ -20,6 +20,7 @@ instant, the one whose record was overwritten steps back.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import socket
@@ -203,13 +204,22 @@ def committed_files(output: str, table: str, manifest_name: str = "_manifest.jso
     return [file_location(output, f) for f in manifest.get("files", {}).get(table, [])]
 
 
-def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...]) -> list[str]:
-    """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME, then remove
-    what it does not list under OUTPUT/<table> and all of OUTPUT/_work. Returns the removed files.
+def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...],
+            guard=contextlib.nullcontext) -> list[str]:
+    """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME (inside
+    GUARD(): a signal waits for it), then remove what it does not list (remove_unlisted). Returns
+    the removed files."""
+    with guard():
+        storage.write_json(storage.join(output, manifest_name), manifest)
+    return remove_unlisted(output, manifest, tables)
+
+
+def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...]) -> list[str]:
+    """Remove what MANIFEST does not list under OUTPUT/<table> (an earlier run's files, a dead
+    attempt's) and all of OUTPUT/_work; the removed files. Safe to cut short and to run again.
 
     What is kept is decided by where each listed file really is, so a file the manifest reuses
     from the run it replaces (``--previous OUT --output OUT``) stays, however it is named."""
-    storage.write_json(storage.join(output, manifest_name), manifest)
     for table in manifest.get("files", {}):
         storage.makedirs(storage.join(output, table))       # a table with no rows is still there, empty
     keep = {file_location(output, f) for files in manifest.get("files", {}).values() for f in files}

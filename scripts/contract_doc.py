@@ -307,7 +307,9 @@ Each job publishes its run by writing its manifest last. These keys are always t
 
 The job also records the preset, the cleaning settings, the runner, the device, the precision
 each worker resolved, torch threads per worker, `previous` (for an incremental run), the Beam
-counters, whether it was resumed and its seconds.
+counters, whether it was resumed, its `plan_key` (what the same command run again compares: the
+config hash, the input shards to decode and their sizes, the unit size, the previous run and the
+bins) and its seconds.
 
 ### `{schema.FILTER_MANIFEST}` (filter job)
 

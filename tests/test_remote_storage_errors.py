@@ -28,6 +28,7 @@ def unreachable(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("PARAGEN_STORAGE_TIMEOUT", "2")
+    monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "3")     # a store that is down is retried this long
     return f"127.0.0.1:{port}"
 
 
@@ -40,6 +41,7 @@ def test_an_unreachable_store_is_one_line_naming_it_within_the_timeout(unreachab
         discover_shards([url], "cs", "en")
     message = str(info.value)
     assert unreachable in message and "\n" not in message and "PARAGEN_STORAGE_TIMEOUT" in message
+    assert "retried for 3s (PARAGEN_STORAGE_RETRY_SECONDS)" in message
     # pyarrow's default for GCS retries for about 15 minutes; two seconds were asked for
     assert time.monotonic() - start < 30
 

@@ -74,7 +74,7 @@ def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: di
         if request.previous else None,
         "counts": totals(shards), "files": files, "units": units, "counters": counters,
         "file_target": {"rows": job.file_target.rows, "mb": job.file_target.megabytes},
-        "versions": versions(), "command": list(request.command), "resumed": plan.resumed,
+        "versions": versions(), "command": list(request.command), "resumed": plan.resumed, "plan_key": plan.plan_key,
         "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return Outcome(manifest, output, counters, elapsed, plan.work, request.allow_empty)
 

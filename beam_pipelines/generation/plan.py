@@ -4,8 +4,10 @@
 unchanged, paracorpus/incremental.py), their records (counted, or estimated from a sample for
 compressed text), and the bins their rows are packed into (paracorpus/bins.py). The dry run stops
 there. ``plan_run`` then decides the run: a new one, or the unfinished run with the same plan
-(``--resume``), cut into work units (paracorpus/units.py). ``record_plan``, under the output's
-claim, writes the plan where a later ``--resume`` finds it and says which units are done already.
+with the same plan (an interrupted attempt of the same command), cut into work units
+(paracorpus/units.py), or nothing at all when the committed run already has this plan.
+``record_plan``, under the output's claim, writes the plan where a rerun finds it and says which
+units are done already.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from beam_pipelines.generation.check import Job, Request
 from common import storage
 from common.shards import estimate_records, shard_size
 from paracorpus.bins import bin_capacity, pack
-from paracorpus.commit import file_location, new_run_id, resumable_run, work_dir
+from paracorpus.commit import file_location, new_run_id, read_manifest, resumable_run, work_dir
 from paracorpus.compaction import TABLES as DATA_TABLES
 from paracorpus.compaction import carry_item, group_key
 from paracorpus.incremental import Reuse, plan_reuse
@@ -54,7 +56,7 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a run will do, fixed before the pipeline starts (and kept for --resume)."""
+    """What a run will do, fixed before the pipeline starts (and kept for a rerun to continue)."""
     run_id: str
     output: str
     layout: dict                 # input shard -> (first unit, number of units): paracorpus.units.plan_units
@@ -62,9 +64,10 @@ class Plan:
     config_hash: str
     bins: dict = field(default_factory=dict)     # input shard -> bin (decoded and carried shards)
     carries: list = field(default_factory=list)  # (group key, compaction.carry_item): rows to copy
-    plan_key: str = ""           # what --resume compares (_plan_key)
+    plan_key: str = ""           # what a rerun compares (_plan_key)
     resumed: bool = False        # continues an unfinished run
     unit_pairs: int = 0
+    done: bool = False           # the committed run in OUTPUT has this plan: nothing to do
 
     @property
     def work(self) -> str:
@@ -90,28 +93,41 @@ def plan_inputs(job: Job, previous: str | None) -> Inputs:
 
 
 def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
-    """The run into REQUEST.output: the unfinished run with the same plan (--resume), or a new one.
-    A committed run there is only replaced with --overwrite (UsageError)."""
+    """The run into REQUEST.output, chosen so that the same command run again continues:
+
+    - the committed run there has this plan (same config, inputs, units, previous run, bins):
+      nothing to do (``Plan.done``), unless --overwrite asks for it again;
+    - an unfinished run there has this plan (an attempt of this command that was stopped): it is
+      continued, its finished units kept (with --run_id, only a run of that id);
+    - otherwise a new run. A committed run with another plan is only replaced with --overwrite
+      (UsageError), --resume or not."""
     key = _plan_key(job.config_hash, inputs.decode, job.unit_pairs, inputs.reuse.previous_run_id, inputs.capacity)
     output = request.output
-    refuse_to_replace(output, MANIFEST, "a committed run", request.overwrite or request.resume)
-    run_id, layout, resumed = None, None, False
+    committed = read_manifest(output, MANIFEST)
+    if committed is not None and committed.get("plan_key") == key and not request.overwrite:
+        return Plan(committed["run_id"], output, {}, job.lang_pair, job.config_hash, plan_key=key, done=True)
+    refuse_to_replace(output, MANIFEST, "a committed run", request.overwrite)
+    run_id = resumable_run(output, key)
+    if run_id is not None and request.run_id in (None, run_id):
+        plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
+        layout = {k: tuple(v) for k, v in plan["layout"].items()}
+        return Plan(run_id, output, layout, job.lang_pair, job.config_hash, inputs.bins,
+                    carries(inputs.reuse, inputs.bins), key, True, job.unit_pairs)
     if request.resume:
-        run_id = resumable_run(output, key)
-        if run_id is not None:
-            plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
-            layout, resumed = {k: tuple(v) for k, v in plan["layout"].items()}, True
-        else:
-            log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
-    if not resumed:
-        run_id, layout = request.run_id or new_run_id(), plan_units(inputs.per_shard, job.unit_pairs)
-    return Plan(run_id, output, layout, job.lang_pair, job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins),
-                key, resumed, job.unit_pairs)
+        log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
+    return Plan(request.run_id or new_run_id(), output, plan_units(inputs.per_shard, job.unit_pairs), job.lang_pair,
+                job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs)
+
+
+def units_committed(plan: Plan) -> str:
+    """How far PLAN's run got, in words (what a stopped run keeps)."""
+    done = len(finished_units(plan.work))
+    return f"{done} of {plan.num_units} work units committed in {plan.output}"
 
 
 def record_plan(plan: Plan, job: Job, request: Request, inputs: Inputs) -> frozenset:
     """Under the output's claim: the units an earlier attempt of this run finished (none for a new
-    run), after writing the plan where --resume finds it, and one log line saying what runs."""
+    run), after writing the plan where a rerun finds it, and one log line saying what runs."""
     finished = frozenset(finished_units(plan.work)) if plan.resumed else frozenset()
     storage.write_json(storage.join(plan.work, "plan.json"),
                        {"run_id": plan.run_id, "plan_key": plan.plan_key, "layout": plan.layout, "bins": plan.bins,
@@ -129,8 +145,9 @@ def record_plan(plan: Plan, job: Job, request: Request, inputs: Inputs) -> froze
 
 
 def _plan_key(chash: str, shards, unit_pairs: int, previous_run: str | None = None, capacity: int = 0) -> str:
-    """What must be the same for --resume to continue a run: config, inputs to decode (names and
-    sizes), how records are cut into units, the run it builds on and how shards are binned."""
+    """What must be the same for a rerun to continue a run (or find it done): config, inputs to
+    decode (names and sizes), how records are cut into units, the run it builds on and how shards
+    are binned."""
     inputs = [(s.name, shard_size(s)) for s in shards]
     return hashlib.sha256(json.dumps([chash, inputs, unit_pairs, previous_run, capacity]).encode()).hexdigest()[:16]
 

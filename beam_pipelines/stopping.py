@@ -1,0 +1,290 @@
+"""How a job stops when it is told to, or when its pipeline fails: within a grace period, its
+worker processes with it, in one line, with what was committed kept for the same command to
+continue.
+
+Clusters stop work all the time: a preempted VM or a drained node gets SIGTERM and, 30 s later by
+default (Kubernetes' terminationGracePeriodSeconds, GCE Spot, SLURM's KillWait), SIGKILL; the
+scheduler then runs the same command again. ``Stopping`` turns SIGTERM and SIGINT into that
+contract: the job stops taking work at once (a unit being decoded is dropped, never committed:
+its completion record was not written), stops its worker processes (the DirectRunner's
+multi_processing workers would otherwise live on, holding a GPU), releases its claim on the
+output, says in one line how far it got and exits with 128 + the signal number, all within
+``GRACE_SECONDS`` whatever it was doing: a hard deadline ends the process if a step hangs. A
+commit in progress (the manifest being written) finishes first.
+
+``pipeline_failure`` turns what a failed pipeline raised into one line saying what happened (a
+worker process that died, a full disk, an I/O error, a store that stayed away); the traceback
+goes to a file in the run's _work directory instead of the terminal.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from common import storage
+from common.cli import JobFailed
+
+log = logging.getLogger("paragen")
+GRACE_SECONDS = 20.0         # from the signal to the exit, at most (Kubernetes' default grace is 30 s)
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_ACTIVE: list = []           # the Stopping contexts entered in this process, outermost first
+
+
+_ENDING = threading.Lock()
+
+
+def _once(release: bool = False) -> None:
+    """Only one thread ends the job: a second one (the main thread failing because a thread is
+    ending the job for a dead worker, say) waits here for the process to end. RELEASE: the caller
+    goes on (raising a one-line failure), so the next failure may end the job too."""
+    if not _ENDING.acquire(blocking=False):
+        while True:
+            time.sleep(3600)
+    if release:
+        _ENDING.release()
+
+
+def stop_descendants(timeout: float = 3.0) -> int:
+    """SIGTERM every process this one started (and theirs), SIGKILL those still alive after
+    TIMEOUT seconds; how many there were (not counting the shells between)."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    workers = 0
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            workers += child.name() not in ("sh", "dash", "bash")      # Beam starts each worker through a shell
+            child.terminate()
+    _gone, alive = psutil.wait_procs(children, timeout=timeout)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(alive, timeout=timeout)
+    return workers
+
+
+class Stopping:
+    """While active (a context manager), SIGTERM and SIGINT stop the job as the module doc says.
+    PROGRESS() -> a few words on what is kept (e.g. '12 of 18 work units committed'), CLEANUP()
+    releases what the job holds (its claim); both run under the deadline. Signals are only
+    handled in the main thread; elsewhere (a job run from a thread) the defaults stay."""
+
+    def __init__(self, what: str, progress=None, cleanup=None, grace: float = GRACE_SECONDS):
+        self.what, self.progress, self.cleanup, self.grace = what, progress, cleanup, grace
+        self._previous: dict = {}
+        self._deferred = 0
+        self._pending: int | None = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        return False
+
+    def watch(self, what: str, progress=None, cleanup=None) -> None:
+        """From now on a stop names WHAT, says PROGRESS() and runs CLEANUP() (the claim once held)."""
+        self.what, self.progress, self.cleanup = what, progress, cleanup
+
+    @contextlib.contextmanager
+    def critical(self):
+        """A step that must not be cut in half (writing the manifest): a signal waits for its end."""
+        self._deferred += 1
+        try:
+            yield
+        finally:
+            self._deferred -= 1
+            if not self._deferred and self._pending is not None:
+                self._stop(self._pending)
+
+    def _on_signal(self, signum, _frame):
+        if self._deferred:
+            self._pending = signum
+            return
+        self._stop(signum)
+
+    def _stop(self, signum: int) -> None:
+        self.end(f"{self.what} stopped by {signal.Signals(signum).name}", 128 + signum)
+
+    def on_worker_lost(self, work: str):
+        """What RunnerNoise calls when a worker process died: end the job (exit 1), the threads'
+        words in WORK/error.log."""
+        return lambda why, text: self.end(why, 1, text, storage.join(work, "error.log"))
+
+    def end(self, why: str, code: int, log_text: str = "", log_path: str | None = None) -> None:
+        """End the process now, from any thread: the worker processes stopped, what is held
+        released, one line (WHY; what is kept), exit status CODE; within the grace period.
+        LOG_TEXT is written to LOG_PATH first (a traceback for a person)."""
+        _once()
+        deadline = threading.Timer(self.grace, os._exit, (code,))   # whatever hangs below, the process ends
+        deadline.daemon = True
+        deadline.start()
+        started = time.monotonic()
+        # what the runner's threads say about the connections to the workers going away is noise now
+        logging.disable(logging.CRITICAL)
+        threading.excepthook = lambda _args: None
+        workers = stop_descendants()
+        kept = ""
+        with contextlib.suppress(Exception):
+            kept = self.progress() if self.progress else ""
+        if log_path:
+            with contextlib.suppress(Exception):
+                storage.write_bytes(log_path, log_text.encode("utf-8", "replace"))
+                kept += f"; traceback in {log_path}"
+        for active in reversed([*_ACTIVE, self] if self not in _ACTIVE else _ACTIVE):   # a refresh's job too
+            with contextlib.suppress(Exception):
+                if active.cleanup:
+                    active.cleanup()
+        print(f"error: {why}" + (f"; {kept}" if kept else "")
+              + (f"; {workers} worker process(es) stopped" if workers else "")
+              + f" ({time.monotonic() - started:.1f}s); run the same command again to continue",
+              file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(code)
+
+
+class RunnerNoise(logging.Filter):
+    """While a pipeline runs: what the runner's own threads print when its worker processes go
+    away (gRPC streams closed, 'Worker subprocess exited ...') is kept here instead of printed. If
+    the pipeline fails, the failure's one line says what happened and these go to error.log with
+    its traceback; if it succeeds, they are printed after all.
+
+    A DirectRunner worker process that dies (SIGKILL, the OOM killer, a device error) is noticed
+    the moment Beam's thread that started it sees its exit status: ON_WORKER_LOST(description,
+    what the threads said) is called then, rather than when the other workers' bundles end (the
+    runner waits for those before it fails)."""
+
+    def __init__(self, on_worker_lost=None):
+        super().__init__()
+        self.kept: list[str] = []
+        self._records: list[logging.LogRecord] = []
+        self.on_worker_lost = on_worker_lost
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("apache_beam") and record.levelno >= logging.ERROR:
+            self._records.append(record)
+            self.kept.append(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(record))
+            return False
+        return True
+
+    def _thread_error(self, args) -> None:
+        self.kept.append(f"Exception in thread {args.thread.name if args.thread else '?'}:\n" + "".join(
+            traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)))
+        if self.on_worker_lost and "Worker subprocess exited with return code" in str(args.exc_value):
+            self.on_worker_lost(describe_failure(args.exc_value), "\n".join(self.kept))
+
+    def __enter__(self):
+        self._hook = threading.excepthook
+        threading.excepthook = self._thread_error
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self)
+        return self
+
+    def __exit__(self, exc_type, *_):
+        threading.excepthook = self._hook
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self)
+        if exc_type is None:                  # a finished pipeline: what it said is worth seeing
+            for record in self._records:
+                logging.getLogger(record.name).handle(record)
+            for text in self.kept:
+                if text.startswith("Exception in thread"):
+                    print(text, file=sys.stderr, flush=True)
+        return False
+
+
+def pipeline_failure(exc: BaseException, work: str | None, kept: str = "", noise: list[str] = (),
+                     output: str | None = None) -> JobFailed:
+    """One line for what a failed pipeline raised (EXC), its traceback (and NOISE, what the
+    runner's threads said) kept in WORK/error.log when it can be written; KEPT: what survives, in
+    words."""
+    _once(release=True)
+    stop_descendants()
+    text = "\n".join([*noise, "".join(traceback.format_exception(exc))])
+    where = ""
+    if work:
+        with contextlib.suppress(Exception):
+            storage.write_bytes(storage.join(work, "error.log"), text.encode("utf-8", "replace"))
+            where = f"; traceback in {storage.join(work, 'error.log')}"
+    cause = describe_failure(exc, noise, output)
+    return JobFailed(f"{cause}" + (f"; {kept}" if kept else "") + where
+                     + "; run the same command again to continue")
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def describe_failure(exc: BaseException, noise: list[str] = (), output: str | None = None) -> str:
+    """What went wrong, in words, from an exception a runner may have wrapped several times
+    (Beam re-raises a worker's error as a RuntimeError holding its text) and what its threads said
+    (NOISE). A disk error names its file, else OUTPUT (the directory being written)."""
+    import re
+
+    text = "\n".join(str(e) for e in _chain(exc))
+    stage = re.search(r"\[while running '([^']+)'\]", text)
+    during = f" [while running {stage.group(1)}]" if stage else ""
+    for inner in _chain(exc):
+        if isinstance(inner, storage.StorageError):
+            return str(inner)
+        if isinstance(inner, OSError) and inner.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
+            return _os_error(inner.errno, inner.filename or output) + during
+    for number, words in ((errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded"),
+                          (errno.EIO, "Input/output error"), (errno.EROFS, "Read-only file system")):
+        if f"[Errno {number}]" in text or words in text:
+            return _os_error(number, _filename_in(text, number) or output) + during
+    if "the store at" in text and "PARAGEN_STORAGE_RETRY_SECONDS" in text:
+        return next(line.strip() for line in text.splitlines() if "the store at" in line)
+    if any(s in text for s in ("Channel closed prematurely", "Worker subprocess exited", "Stream removed",
+                               "Socket closed", "KilledWorker")):
+        codes = sorted({int(c) for c in re.findall(r"Worker subprocess exited with return code (-?\d+)",
+                                                     "\n".join([text, *noise]))})
+        how = ", ".join(_exit_status(c) for c in codes)
+        return (f"a worker process ended while decoding ({how + '; ' if how else ''}killed, out of memory, or a "
+                "device error: see the system log)")
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"the pipeline failed: {type(exc).__name__}: {first[:300]}"
+
+
+def _exit_status(code: int) -> str:
+    """A worker's exit status in words: 137 (a shell's 128 + 9) or -9 is SIGKILL."""
+    sig = -code if code < 0 else code - 128 if code > 128 else 0
+    if sig:
+        with contextlib.suppress(ValueError):
+            return f"exit status {code}: {signal.Signals(sig).name}"
+    return f"exit status {code}"
+
+
+def _os_error(number: int, filename: str | None) -> str:
+    name = errno.errorcode.get(number, str(number))
+    return f"{filename + ': ' if filename else ''}{os.strerror(number)} ({name})"
+
+
+def _filename_in(text: str, number: int) -> str | None:
+    """The file a Beam-wrapped '[Errno N] message: 'path'' names, if it does."""
+    import re
+
+    found = re.search(rf"\[Errno {number}\][^:\n]*: '([^'\n]+)'", text)
+    return found.group(1) if found else None

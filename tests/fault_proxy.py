@@ -1,0 +1,175 @@
+"""A proxy on loopback in front of an object-storage server that fails some of its requests the
+way stores do: ``503 SlowDown``, ``500 InternalError``, or the connection dropped before an
+answer; or that is down (refuses connections) for a while. Real sockets, real HTTP: the client
+under test (pyarrow's S3 client) sees exactly what a flaky store sends.
+
+    with FaultProxy(upstream="127.0.0.1:PORT", rate=0.05, seed=1) as proxy:
+        env = {**store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url}
+        ...
+        proxy.down(30)             # refuse every connection for 30 s
+        print(proxy.counts)        # {"forwarded": .., "503": .., "500": .., "reset": .., "refused": ..}
+
+One request per connection (the answer says ``Connection: close``), so every request is a fresh
+draw. The draws come from one seeded generator in request order.
+"""
+from __future__ import annotations
+
+import random
+import socket
+import struct
+import threading
+import time
+
+HOST = "127.0.0.1"
+KINDS = ("503", "500", "reset")
+_ERRORS = {"503": (b"503 Slow Down", b"SlowDown", b"Please reduce your request rate."),
+           "500": (b"500 Internal Server Error", b"InternalError", b"We encountered an internal error."),
+           "403": (b"403 Forbidden", b"AccessDenied", b"Access Denied")}      # permanent: for tests that it is not retried
+
+
+def _read_until(sock, buf: bytes, marker: bytes) -> tuple[bytes, bytes]:
+    while marker not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    head, _, rest = buf.partition(marker)
+    return head, rest
+
+
+def _read_exact(sock, buf: bytes, n: int) -> tuple[bytes, bytes]:
+    while len(buf) < n:
+        chunk = sock.recv(max(65536, n - len(buf)))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf[:n], buf[n:]
+
+
+def _read_chunked(sock, buf: bytes) -> bytes:
+    """The raw bytes of a chunked body (chunks and trailer, as sent)."""
+    out = b""
+    while True:
+        line, buf = _read_until(sock, buf, b"\r\n")
+        out += line + b"\r\n"
+        size = int(line.split(b";")[0], 16)
+        if size == 0:
+            while True:                      # trailer lines up to an empty one
+                line, buf = _read_until(sock, buf, b"\r\n")
+                out += line + b"\r\n"
+                if not line:
+                    return out
+        data, buf = _read_exact(sock, buf, size + 2)
+        out += data
+
+
+def read_request(sock) -> bytes:
+    """One whole HTTP request from SOCK, as bytes, with 'Connection: close' set."""
+    head, rest = _read_until(sock, b"", b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+        body = _read_chunked(sock, rest)
+    else:
+        body, _ = _read_exact(sock, rest, int(headers.get(b"content-length", b"0")))
+    kept = [line for line in lines[1:] if not line.lower().startswith(b"connection:")]
+    return b"\r\n".join([lines[0], *kept, b"Connection: close"]) + b"\r\n\r\n" + body
+
+
+class FaultProxy:
+    """See the module doc. RATE: the share of requests that fail, spread evenly over KINDS."""
+
+    def __init__(self, upstream: str, rate: float = 0.0, seed: int = 0, kinds: tuple = KINDS):
+        self.upstream = upstream.replace("http://", "")
+        self.rate, self.kinds = rate, kinds
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.counts = {"forwarded": 0, "refused": 0, **{k: 0 for k in (*KINDS, "403")}}
+        self._down_until = 0.0
+        self._listener: socket.socket | None = None
+        self._stop = threading.Event()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def __enter__(self):
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((HOST, 0))
+        self._listener.listen(128)
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="fault-proxy")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+        return False
+
+    def down(self, seconds: float) -> None:
+        """Refuse every connection (closed with a reset before any answer) for SECONDS from now."""
+        self._down_until = time.time() + seconds
+
+    def _draw(self) -> str | None:
+        with self._lock:
+            if self._rng.random() < self.rate:
+                return self._rng.choice(self.kinds)
+            return None
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self.counts[kind] += 1
+
+    @staticmethod
+    def _reset(conn) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # RST, not FIN
+        conn.close()
+
+    def _handle(self, conn):
+        try:
+            if time.time() < self._down_until:
+                self._count("refused")
+                return self._reset(conn)
+            request = read_request(conn)
+            kind = self._draw()
+            if kind == "reset":
+                self._count("reset")
+                return self._reset(conn)
+            if kind in _ERRORS:
+                status, code, message = _ERRORS[kind]
+                body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>' + code + b"</Code><Message>" + message
+                        + b"</Message><RequestId>fault-proxy</RequestId></Error>")
+                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+                self._count(kind)
+                return conn.close()
+            host, port = self.upstream.split(":")
+            with socket.create_connection((host, int(port)), timeout=60) as up:
+                up.sendall(request)
+                while True:
+                    chunk = up.recv(65536)
+                    if not chunk:
+                        break
+                    conn.sendall(chunk)
+            self._count("forwarded")
+            conn.close()
+        except (ConnectionError, OSError):
+            conn.close()

@@ -1,0 +1,110 @@
+"""A flaky or briefly absent object store does not end a job: transient faults (503 SlowDown, 500,
+a connection dropped before the answer, a store that refuses connections) are retried with
+backoff for up to PARAGEN_STORAGE_RETRY_SECONDS; past that, and at once for a refusal (403,
+a missing bucket), one StorageError line names the store. The faults are real: a proxy on
+loopback (tests/fault_proxy.py) in front of moto's S3 server answers them."""
+import os
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from common import storage
+from tests.fault_proxy import FaultProxy
+from tests.object_stores import ServerUnavailable, s3_server
+
+
+@pytest.fixture(scope="module")
+def s3():
+    try:
+        with s3_server() as store:
+            yield store
+    except ServerUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def through(s3, monkeypatch):
+    """through(rate, kinds, seed) -> a FaultProxy in front of the S3 server that this process's
+    storage layer talks to."""
+    proxies = []
+
+    def make(rate=0.0, kinds=("503", "500", "reset"), seed=1):
+        proxy = FaultProxy(s3.endpoint, rate=rate, seed=seed, kinds=kinds).__enter__()
+        proxies.append(proxy)
+        for name, value in {**s3.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url,
+                            "PARAGEN_STORAGE_TIMEOUT": "6"}.items():
+            monkeypatch.setenv(name, value)
+        return proxy
+    yield make
+    for proxy in proxies:
+        proxy.__exit__(None, None, None)
+
+
+def test_every_operation_rides_out_a_store_failing_a_third_of_its_requests(s3, through, monkeypatch):
+    bucket = s3.make_bucket()
+    monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "120")
+    proxy = through(rate=0.33, seed=7)
+    data = os.urandom(3 << 20)                  # several ranged reads
+    for i in range(4):
+        storage.write_bytes(f"s3://{bucket}/d/{i}.bin", data)
+    assert [storage.read_bytes(f"s3://{bucket}/d/{i}.bin") == data for i in range(4)] == [True] * 4
+    with storage.open_input(f"s3://{bucket}/d/0.bin") as f:         # streamed, as input shards are read
+        assert b"".join(iter(lambda: f.read(100_000), b"")) == data
+    table = pa.table({"x": list(range(50_000))})
+    with storage.open_output(f"s3://{bucket}/t.parquet") as f:
+        pq.write_table(table, f)
+    assert storage.parquet_file(f"s3://{bucket}/t.parquet").read().equals(table)
+    storage.write_json(f"s3://{bucket}/m.json", {"a": 1})
+    storage.write_json(f"s3://{bucket}/m.json", {"a": 2})           # a rewrite is one object, the last
+    assert storage.read_json(f"s3://{bucket}/m.json") == {"a": 2}
+    assert len(storage.list_files(f"s3://{bucket}/d")) == 4 and storage.listdir(f"s3://{bucket}") == ["d", "m.json",
+                                                                                                         "t.parquet"]
+    storage.delete_tree(f"s3://{bucket}/d")
+    storage.delete(f"s3://{bucket}/m.json")
+    assert storage.listdir(f"s3://{bucket}") == ["t.parquet"]
+    assert all(proxy.counts[kind] > 0 for kind in ("503", "500", "reset")), proxy.counts
+
+
+def test_a_store_that_is_down_for_a_while_is_waited_for(s3, through, monkeypatch):
+    bucket = s3.make_bucket()
+    monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "60")
+    proxy = through()
+    storage.write_bytes(f"s3://{bucket}/a", b"x")
+    proxy.down(4)
+    start = time.monotonic()
+    assert storage.read_bytes(f"s3://{bucket}/a") == b"x"
+    assert time.monotonic() - start >= 3.5 and proxy.counts["refused"] >= 2
+
+
+def test_a_store_down_longer_than_the_budget_is_one_line_naming_it(s3, through, monkeypatch):
+    bucket = s3.make_bucket()
+    monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "3")
+    proxy = through()
+    proxy.down(120)
+    start = time.monotonic()
+    with pytest.raises(storage.StorageError) as info:
+        storage.write_bytes(f"s3://{bucket}/a", b"x")
+    message = str(info.value)
+    assert proxy.url.split("//")[1] in message and "\n" not in message
+    assert "retried for 3s (PARAGEN_STORAGE_RETRY_SECONDS)" in message and info.value.transient
+    assert 2 < time.monotonic() - start < 30
+
+
+def test_refusals_are_not_retried(s3, through, monkeypatch):
+    monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "120")
+    through(rate=1.0, kinds=("403",))
+    start = time.monotonic()
+    with pytest.raises(storage.StorageError, match="refused .*AccessDenied|refused .*ACCESS_DENIED|refused .*403"):
+        storage.write_bytes(f"s3://{s3.make_bucket()}/a", b"x")
+    through()
+    with pytest.raises(storage.StorageError, match="refused .*NO_SUCH_BUCKET"):
+        storage.write_bytes("s3://no-such-bucket-here/a", b"x")
+    assert time.monotonic() - start < 20
+
+
+def test_the_retry_budget_must_be_a_number_of_seconds(monkeypatch):
+    monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "soon")
+    with pytest.raises(storage.StorageError, match="PARAGEN_STORAGE_RETRY_SECONDS='soon'"):
+        storage.retry_seconds()
