@@ -28,10 +28,13 @@ import threading
 import time
 import uuid
 
+import logging
+
 from common import storage
 from common.cli import UsageError
 from common.names import check_run_id
 
+log = logging.getLogger("paragen")
 OWNER = "_owner.json"
 WORK = "_work"
 HEARTBEAT_SECONDS = 30.0
@@ -113,9 +116,13 @@ class Claim:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        owner = _read_owner(self.path) if storage.exists(self.path) else None
-        if owner and owner.get("run_id") == self.run_id:
-            storage.delete(self.path)
+        try:
+            owner = _read_owner(self.path) if storage.exists(self.path) else None
+            if owner and owner.get("run_id") == self.run_id:
+                storage.delete(self.path)
+        except OSError as exc:      # a store that is away: the record goes stale, the next run takes over
+            log.warning("could not remove the owner record %s (%s); the next run takes it over once it is stale",
+                        self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
     def __enter__(self):
         return self.acquire()

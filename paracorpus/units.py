@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from common import storage
 from common.steps import run_steps
+from models.nmt.devices import DeviceFailure, is_fatal_device_error, is_out_of_memory, release_cached_memory
 from paracorpus.cleaning import CleanPair, dedup_key
 from paracorpus.commit import attempt_id
 from paracorpus.schema import (DEDUP, PARAPHRASES, REJECTS, UNIT_COUNT_KEYS, UNIT_RECORD_KEYS, check_manifest,
@@ -95,12 +96,20 @@ def _decode_batch(pairs: list[CleanPair], steps: list, config_hash: str, out: Un
     out.counters.update(result.counters)
 
 
+def _raise_if_fatal(exc: Exception) -> None:
+    """A device error other than out-of-memory ends the unit (and the worker): its pairs are not
+    rejects, and a poisoned process must not decode on (models/nmt/devices.py)."""
+    if is_fatal_device_error(exc):
+        raise DeviceFailure(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]) from exc
+
+
 def generate_unit(elements: list, steps: list, batch_pairs: int, config_hash: str, on_batch=None) -> UnitResult:
     """Rows and rejects of one unit. ELEMENTS are (PAIR, cleaned record) and (REJECT, reject row)
     items; pairs go through STEPS (paracorpus.steps.decoding_steps) in batches of BATCH_PAIRS in
     pair-id order, so a unit always gives the same rows. A batch that raises (an error in
     decoding, running out of memory) is retried one pair at a time, and a pair that fails alone is
-    rejected as 'decode_error'. ON_BATCH(number of pairs) is called after each batch (progress)."""
+    rejected as 'decode_error'; a device error other than out-of-memory raises DeviceFailure
+    instead (the worker must end). ON_BATCH(number of pairs) is called after each batch (progress)."""
     out = UnitResult()
     out.rejects += [row for tag, row in elements if tag == REJECT]
     pairs = sorted((_clean_pair(rec) for tag, rec in elements if tag == PAIR), key=lambda p: p.pair_id)
@@ -110,12 +119,17 @@ def generate_unit(elements: list, steps: list, batch_pairs: int, config_hash: st
         batch = pairs[start:start + batch_pairs]
         try:
             _decode_batch(batch, steps, config_hash, out)
-        except Exception:  # noqa: BLE001: isolate the pair that fails, below
+        except Exception as exc:  # noqa: BLE001: isolate the pair that fails, below
+            _raise_if_fatal(exc)
+            if is_out_of_memory(exc):
+                out.counters["batches_out_of_memory"] += 1
+                release_cached_memory()
             out.counters["batches_retried_pair_by_pair"] += 1
             for pair in batch:
                 try:
                     _decode_batch([pair], steps, config_hash, out)
                 except Exception as exc:  # noqa: BLE001: any failure of one pair is that pair's reject
+                    _raise_if_fatal(exc)
                     detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
                     out.rejects.append(reject_row(pair, "generate", "decode_error", detail, config_hash))
         if on_batch is not None:

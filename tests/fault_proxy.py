@@ -71,11 +71,13 @@ def read_request(sock) -> bytes:
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         headers[name.strip().lower()] = value.strip()
+    if headers.get(b"expect", b"").lower() == b"100-continue":
+        sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")     # else the client waits a second before the body
     if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
         body = _read_chunked(sock, rest)
     else:
         body, _ = _read_exact(sock, rest, int(headers.get(b"content-length", b"0")))
-    kept = [line for line in lines[1:] if not line.lower().startswith(b"connection:")]
+    kept = [line for line in lines[1:] if not line.lower().startswith((b"connection:", b"expect:"))]
     return b"\r\n".join([lines[0], *kept, b"Connection: close"]) + b"\r\n\r\n" + body
 
 

@@ -13,6 +13,7 @@ from apache_beam.utils.shared import Shared
 
 from common import storage
 from common.memory import release_memory
+from models.nmt.devices import DeviceFailure
 from paracorpus.compaction import compact_group
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
@@ -97,7 +98,10 @@ class UnitTranslatorHandler(ModelHandler):
                 done += n
                 self._progress.working(f"unit {unit}: {done} of {pairs} pairs")
                 self._progress.inc("generate_pairs_in", n)
-            result = generate_unit(elements, model.steps, self.cfg.batch_pairs, self.config_hash, on_batch=on_batch)
+            try:
+                result = generate_unit(elements, model.steps, self.cfg.batch_pairs, self.config_hash, on_batch=on_batch)
+            except DeviceFailure as exc:
+                end_poisoned_worker(unit, exc)
             self._progress.idle()
             for name, n in result.counters.items():
                 self._progress.inc(name, n)
@@ -106,6 +110,22 @@ class UnitTranslatorHandler(ModelHandler):
                     self._progress.inc(f"rejected_{r['reason']}")
             yield PredictionResult(unit, (result, time.time() - start))
         self._progress.flush()
+
+
+DEVICE_FAILURE_EXIT = 70       # EX_SOFTWARE: what a worker whose device failed exits with
+
+
+def end_poisoned_worker(unit: int, exc: Exception) -> None:
+    """End this worker process at once after a device error (a CUDA context is unusable after
+    one): one line, exit status DEVICE_FAILURE_EXIT, so that the runner (or the scheduler) runs
+    the unit again in a fresh process; nothing of the unit was committed."""
+    import os
+    import sys
+
+    print(f"error: the device of worker process {os.getpid()} failed while decoding unit {unit} ({exc}); this "
+          f"process ends (exit status {DEVICE_FAILURE_EXIT}) so that its work is done again in a fresh one",
+          file=sys.stderr, flush=True)
+    os._exit(DEVICE_FAILURE_EXIT)
 
 
 class _PlainInference(beam.DoFn):

@@ -121,7 +121,10 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
 
 def units_committed(plan: Plan) -> str:
     """How far PLAN's run got, in words (what a stopped run keeps)."""
-    done = len(finished_units(plan.work))
+    try:
+        done = str(len(finished_units(plan.work)))
+    except OSError:                         # a store that is away cannot say
+        done = "an unknown number"
     return f"{done} of {plan.num_units} work units committed in {plan.output}"
 
 

@@ -107,3 +107,40 @@ def gpu_memory_share(device, processes_per_gpu: int) -> int:
 
 
 __all__ = ["batch_budgets", "claim_gpu", "gpu_memory_share", "slots_dir", "worker_device"]
+
+
+class DeviceFailure(RuntimeError):
+    """A device error that leaves the process unable to compute (CUDA documents that after an
+    illegal address, an ECC error or a device-side assert the context is unusable until the
+    process ends): the worker must stop, not turn its pairs into rejects."""
+
+
+_FATAL_DEVICE_WORDS = ("CUDA error", "device-side assert", "illegal memory access", "illegal address",
+                       "uncorrectable ECC", "ECC error", "unspecified launch failure", "CUBLAS_STATUS",
+                       "CUDNN_STATUS", "NCCL error", "HIP error")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """An allocation failure: the batch may fit when split."""
+    import torch
+
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(exc).lower()
+
+
+def is_fatal_device_error(exc: BaseException) -> bool:
+    """A device error other than running out of memory (see DeviceFailure)."""
+    import torch
+
+    if is_out_of_memory(exc):
+        return False
+    if isinstance(exc, getattr(torch, "AcceleratorError", ())):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc) for w in _FATAL_DEVICE_WORDS)
+
+
+def release_cached_memory() -> None:
+    """Give the device's cached blocks back after an out-of-memory error, before the smaller retry."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
