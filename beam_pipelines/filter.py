@@ -32,6 +32,7 @@ import apache_beam as beam
 from beam_pipelines.commit import Claim, commit, refuse_to_replace
 from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, torch_threads_for
 from beam_pipelines.report import print_filter_summary, top_reasons
+from beam_pipelines.stopping import Stopping
 from common import storage
 from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_apart, check_output_location, cli_main,
                         command_line, configure_logging, versions)
@@ -287,9 +288,16 @@ def collect(job: FilterJob, fitted: Fitted, run_id: str, stats: dict, counters: 
 def run(argv=None) -> dict:
     """Check everything, then run the job; returns the manifest. UsageError for a mistake."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    with Stopping("the filter job") as stopping:        # SIGTERM/SIGINT: stop in one line, workers too
+        return _run(argv, stopping)
+
+
+def _run(argv: list[str], stopping: Stopping) -> dict:
     job = check(argv)                                   # 1. check: refused before anything is written
     run_id, started, output = new_run_id(), time.time(), job.output
-    with Claim(output, run_id):
+    with Claim(output, run_id) as claim:
+        stopping.watch(f"filter run {run_id}", lambda: "nothing published (a filter run starts again from the start)",
+                       claim.release)
         cfg = job.cfg
         print(f"filter run {run_id}: {len(job.input.files)} file(s), {job.rows_expected:,} rows under "
               f"{job.input.root}; config {cfg.source}; rules: {'; '.join(r.describe() for r in cfg.rules) or 'none'}",
@@ -306,7 +314,8 @@ def run(argv=None) -> dict:
                                                          for e in manifest["files"]["scored"]],
                                                         storage.join(output, "report"), cfg, manifest)
             print(f"report: {storage.join(output, 'report', 'report.md')}", flush=True)
-        commit(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES, work, problem)  # 5.
+        commit(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES, work, problem,
+               stopping.critical)                      # 5. commit
     if manifest["kept"] == 0:
         # published (its report says why), but a scheduler must notice an empty corpus
         top = top_reasons(manifest["rejected_by_reason"])

@@ -354,3 +354,29 @@ def test_a_store_down_past_the_budget_is_one_line_and_the_same_command_continues
         rc, err = _finish(_job(args, env), timeout=900)
     assert rc == 0, err[-3000:]
     assert _bucket_rows(s3, url, monkeypatch) == _rows(small[1])
+
+
+@pytest.mark.slow
+def test_a_killed_dask_worker_is_replaced_and_the_run_finishes_with_every_row(bitext, tiny_nmt_models, tmp_path,
+                                                                             dask_cluster, uninterrupted):
+    import threading
+
+    out = tmp_path / "out"
+    killed = []
+
+    def kill_a_worker_mid_run():
+        deadline = time.time() + 300
+        while _units(out) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        workers = [p for p in psutil.process_iter(["cmdline"]) if "spawn_main" in " ".join(p.info["cmdline"] or [])
+                   and any("dask_worker" in " ".join(a.cmdline()) for a in p.parents())]
+        if workers:
+            workers[0].kill()                   # SIGKILL: its nanny starts a new one, dask recomputes its tasks
+            killed.append(workers[0].pid)
+    killer = threading.Thread(target=kill_a_worker_mid_run)
+    killer.start()
+    manifest = run(_args(bitext, out, tiny_nmt_models, "--runner", "DaskRunner", "--dask_client_address",
+                         dask_cluster))
+    killer.join()
+    assert killed and _units(out) == 0 and manifest["counts"] == uninterrupted[1]["counts"]
+    assert _rows(out) == _rows(uninterrupted[0]) and _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
