@@ -33,6 +33,12 @@ Environment:
                      or EXTERNAL (the SDK workers are then processes of one machine or container with
                      the GPUs); Beam's DOCKER environment gives its containers no GPU
   PROCESSES_PER_GPU  SDK worker processes per GPU (default 4)
+  RESTARTS           restarts of a failed job, RESTART_DELAY_MS apart (default 3 and 30000): a
+                     fixed-delay restart strategy for this job (--number_of_execution_retries,
+                     --execution_retry_delay). Beam sets none, and Flink without checkpointing then
+                     fails a batch job at its first failed task ("no restart"). 0: the cluster's
+                     restart-strategy.type decides. A restarted task's work units are written again
+                     under new names, never twice in the output
   PYTHON             interpreter (default .venv/bin/python if there, else python3)
 USAGE
 }
@@ -52,6 +58,9 @@ case "$ENV_TYPE" in
   *) echo "ENV_TYPE must be DOCKER, PROCESS or EXTERNAL, not $ENV_TYPE" >&2; exit 2;;
 esac
 [ -n "${JOB_SERVER_JAR:-}" ] && args+=(--flink_job_server_jar "$JOB_SERVER_JAR")
+restarts=${RESTARTS:-3}
+case "$restarts${RESTART_DELAY_MS:-30000}" in *[!0-9]*) echo "run_flink.sh: RESTARTS and RESTART_DELAY_MS must be integers >= 0" >&2; exit 2;; esac
+[ "$restarts" -gt 0 ] && args+=(--number_of_execution_retries "$restarts" --execution_retry_delay "${RESTART_DELAY_MS:-30000}")
 if [ -n "${GPUS:-}" ]; then
   per=${PROCESSES_PER_GPU:-4}
   case "$GPUS$per" in *[!0-9]*) echo "run_flink.sh: GPUS and PROCESSES_PER_GPU must be positive integers" >&2; exit 2;; esac

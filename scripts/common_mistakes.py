@@ -36,7 +36,7 @@ class Case:
 # an S3 endpoint and a GCS emulator where nothing listens, and a short wait for them
 _UNREACHABLE = (("AWS_ENDPOINT_URL", "http://127.0.0.1:9"), ("AWS_ACCESS_KEY_ID", "x"),
                 ("AWS_SECRET_ACCESS_KEY", "y"), ("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9"),
-                ("PARAGEN_STORAGE_TIMEOUT", "4"))
+                ("PARAGEN_STORAGE_TIMEOUT", "4"), ("PARAGEN_STORAGE_RETRY_SECONDS", "4"))
 _NMT = ("--output", "$OUT")
 
 

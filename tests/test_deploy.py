@@ -3,8 +3,10 @@ import configparser
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -243,7 +245,8 @@ def test_dockerfile_lints_clean():
 
 
 def test_shell_scripts_lint_clean():
-    scripts = SCRIPTS + sorted(glob.glob(os.path.join(ROOT, "scripts", "*.sh")))
+    scripts = SCRIPTS + sorted(glob.glob(os.path.join(ROOT, "scripts", "*.sh"))) + [
+        os.path.join(ROOT, "deploy", "slurm", "generate.sbatch")]
     done = subprocess.run([_linter("shellcheck"), "-x", *scripts], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -307,3 +310,73 @@ def test_flink_gpu_workers_per_machine():
         bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh")], env={**env, **bad_env},
                              capture_output=True, text=True, timeout=30)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+def test_flink_launcher_sets_a_restart_strategy_the_job_accepts():
+    from beam_pipelines.generate import build_parser
+    from beam_pipelines.options import check_beam_args
+
+    env = {"PATH": os.environ["PATH"], "PYTHON": "echo", "FLINK_MASTER": "h:8081", "IMAGE": "img"}
+    script = os.path.join(ROOT, "deploy", "run_flink.sh")
+    cmd = subprocess.run(["bash", script, "--input", "s3://b/x"], env=env, capture_output=True, text=True,
+                         timeout=30).stdout.split()
+    assert cmd[cmd.index("--number_of_execution_retries") + 1] == "3"
+    assert cmd[cmd.index("--execution_retry_delay") + 1] == "30000"
+    beam_args = cmd[cmd.index("--runner"):cmd.index("--input")]
+    assert check_beam_args(beam_args, build_parser())[-4:] == beam_args[-4:]      # Beam passes them to Flink
+    cmd = subprocess.run(["bash", script], env={**env, "RESTARTS": "0"}, capture_output=True, text=True,
+                         timeout=30).stdout.split()
+    assert "--number_of_execution_retries" not in cmd
+    bad = subprocess.run(["bash", script], env={**env, "RESTARTS": "many"}, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "RESTARTS" in bad.stderr
+
+
+def test_kubernetes_job_reruns_the_same_command_and_ignores_disruptions():
+    import yaml
+
+    from beam_pipelines.generate import build_parser
+    from beam_pipelines.stopping import GRACE_SECONDS
+
+    doc = yaml.safe_load(open(os.path.join(ROOT, "deploy", "k8s", "paragen-generate-job.yaml")))
+    assert doc["kind"] == "Job" and doc["spec"]["backoffLimit"] >= 3
+    rules = doc["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
+    [fail] = [r for r in rules if r["action"] == "FailJob"]
+    assert fail["onExitCodes"]["operator"] == "In" and set(fail["onExitCodes"]["values"]) == {2, 3}
+    pod = doc["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] >= GRACE_SECONDS + 5
+    [container] = pod["containers"]
+    assert fail["onExitCodes"]["containerName"] == container["name"]
+    assert container["command"][:3] == ["python", "-m", "beam_pipelines.generate"]
+    known, unknown = build_parser().parse_known_args(container["command"][3:])
+    assert not unknown and known.output.startswith("s3://") and not known.overwrite and not known.run_id
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_slurm_script_stops_the_job_before_the_time_limit_and_requeues_it(tmp_path):
+    """deploy/slurm/generate.sbatch with a stand-in job and a stand-in scontrol: SIGUSR1 (what
+    --signal=B:USR1@120 sends) becomes SIGTERM to the job, whose exit status the script keeps,
+    and the job is requeued; a job that ends by itself is not."""
+    script = os.path.join(ROOT, "deploy", "slurm", "generate.sbatch")
+    text = open(script).read()
+    assert "#SBATCH --requeue" in text and "#SBATCH --signal=B:USR1@" in text
+    job = tmp_path / "job"
+    job.write_text("#!/usr/bin/env bash\ntrap 'echo stopped >> \"$LOG\"; exit 143' TERM\n"
+                   "echo \"started $*\" >> \"$LOG\"\nfor _ in $(seq 300); do sleep 0.1; done\n")
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.parent.mkdir()
+    scontrol.write_text("#!/usr/bin/env bash\necho \"scontrol $*\" >> \"$LOG\"\n")
+    for f in (job, scontrol):
+        f.chmod(0o755)
+    log = tmp_path / "log"
+    env = {"PATH": f"{scontrol.parent}:{os.environ['PATH']}", "PYTHON": str(job), "LOG": str(log),
+           "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": ROOT}
+    proc = subprocess.Popen(["bash", script, "--input", "x"], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 20
+    while not (log.exists() and "started" in log.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=30) == 143
+    assert log.read_text().splitlines() == ["started -m beam_pipelines.generate --input x", "stopped",
+                                            "scontrol requeue 42"]
+    assert subprocess.run(["bash", script, "--help"], capture_output=True, text=True).stdout.count("--requeue") >= 1

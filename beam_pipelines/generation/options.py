@@ -51,11 +51,13 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                    help="output directory: paraphrases/, rejects/ (Hive-partitioned Parquet), _manifest.json "
                         "(required)")
     g.add_argument("--overwrite", action="store_true",
-                   help="replace the run committed in --output when this one commits; until then it stays "
-                        "readable (default: refuse)")
+                   help="replace the run committed in --output when this one commits, even one with the same "
+                        "inputs, models and settings; until then it stays readable (default: refuse a committed "
+                        "run with another plan, and do nothing when it has this plan)")
     g.add_argument("--resume", action="store_true",
                    help="continue the unfinished run in --output with the same inputs, models and settings, "
-                        "skipping its finished work units (default: start a new run)")
+                        "skipping its finished work units: what the same command does anyway (kept for scripts "
+                        "that pass it)")
     g.add_argument("--previous", metavar="RUN", default=None,
                    help="a committed run to build on: input shards whose content, models and settings are "
                         "unchanged keep its output (not decoded again), new pairs are deduplicated against its "

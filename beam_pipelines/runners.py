@@ -1,0 +1,67 @@
+"""What the runners retry, and the options that set it; Beam's DaskRunner with task retries.
+
+- DaskRunner (``--runner DaskRunner`` runs the class below): Beam's runner hands the whole graph
+  to ``client.compute`` with dask's default of no retries, so one exception in a task (a unit
+  whose write met a store that stayed away past the storage layer's own retries, say) fails the
+  run. Here the graph is computed with ``--dask_task_retries`` retries (default 3). A worker
+  process that dies is dask's own business: the scheduler recomputes its tasks elsewhere until a
+  task has been on ``distributed.scheduler.allowed-failures`` (3) dead workers.
+- FlinkRunner: Beam leaves Flink's restart strategy unset, and Flink without checkpointing then
+  uses "no restart": the first failed task fails a batch job. ``--number_of_execution_retries``
+  and ``--execution_retry_delay`` (milliseconds) are Beam's Flink options (FlinkPipelineOptions)
+  for a fixed-delay restart strategy per job; deploy/run_flink.sh sets them (3, 30 s). A
+  cluster-wide ``restart-strategy.type`` in Flink's configuration is the other way.
+- Dataflow retries a failed bundle 4 times (a dead worker uses up an attempt) and then fails the
+  job; nothing to set.
+
+Every retry is safe for the jobs: a unit decoded again writes its files under new names and its
+completion record last, so nothing is duplicated (paracorpus/commit.py).
+"""
+from __future__ import annotations
+
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.dask import dask_runner
+
+DEFAULT_TASK_RETRIES = 3
+
+
+class TaskRetryOptions(PipelineOptions):
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--dask_task_retries", type=int, default=DEFAULT_TASK_RETRIES,
+                            help=f"DaskRunner: times a task that raised is run again before the run fails "
+                                 f"(default {DEFAULT_TASK_RETRIES}; Beam's own runner: 0)")
+
+
+class FlinkRestartOptions(PipelineOptions):
+    """Beam's Flink options for a job's restart strategy, known here so that the job's strict
+    option check accepts them; Beam passes them to its Flink job server as they are."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--number_of_execution_retries", type=int, default=None,
+                            help="FlinkRunner: restarts of a failed job (a fixed-delay restart strategy; unset: the "
+                                 "cluster's restart-strategy, 'no restart' without checkpointing)")
+        parser.add_argument("--execution_retry_delay", type=int, default=None,
+                            help="FlinkRunner: milliseconds between restarts")
+
+
+class DaskRunner(dask_runner.DaskRunner):
+    """Beam's DaskRunner.run_pipeline, with ``retries=`` passed to ``client.compute``."""
+
+    def run_pipeline(self, pipeline, options):
+        import dask
+        import dask.distributed as ddist
+
+        retries = options.view_as(TaskRetryOptions).dask_task_retries
+        if retries < 0:
+            raise ValueError(f"--dask_task_retries must be >= 0, not {retries}")
+        dask_options = options.view_as(dask_runner.DaskOptions).get_all_options(drop_default=True, current_only=True)
+        bag_kwargs = dask_runner.DaskOptions._extract_bag_kwargs(dask_options)  # noqa: SLF001: as Beam's runner
+        client = ddist.Client(**dask_options)
+        pipeline.replace_all(dask_runner.dask_overrides())
+        visitor = self.to_dask_bag_visitor(bag_kwargs)
+        pipeline.visit(visitor)
+        # the last bag depends on the whole graph (the jobs end in one sink): computing it runs all
+        graph = dask.optimize(list(visitor.bags.values())[-1])
+        return dask_runner.DaskRunnerResult(client, client.compute(graph, retries=retries))
