@@ -43,9 +43,10 @@ import time
 from dataclasses import dataclass
 
 from common import storage
-from common.cli import EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError, cli_main, configure_logging
+from common.cli import EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError, cli_main, configure_logging
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
+from beam_pipelines.stopping import Stopping
 from paracorpus.commit import entry_path, file_location, is_under, new_run_id
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
@@ -160,7 +161,7 @@ def _failed(job: str, rc: int, log_file, since: int, log_path: str) -> "RefreshF
     """The refresh's failure when JOB exited RC: its cause, and an exit status that keeps a
     usage mistake (2) and a run with nothing to publish (3) apart from other failures (1)."""
     return RefreshFailed(f"{job} job failed (exit {rc}): {_cause(_log_text(log_file, since))}; latest unchanged "
-                         f"(log: {log_path})", rc if rc in (EXIT_USAGE, EXIT_EMPTY) else 1)
+                         f"(log: {log_path})", rc if rc in (EXIT_USAGE, EXIT_EMPTY, EXIT_BUSY) else 1)
 
 
 def filter_dir(root: str, run_id: str) -> str:
@@ -336,10 +337,16 @@ def run(argv=None) -> dict:
     req = check(argv)                                   # 1. check, the filter's options included
     if req.dry_run:
         return dry_run(req)
+    with Stopping("the refresh") as stopping:           # SIGTERM: the jobs stop, the lease is released
+        return _refresh(req, stopping)
+
+
+def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
     root = req.root
     storage.makedirs(root)
     run_id = new_run_id()
-    with Claim(root, run_id, name=LOCK):                # 2. claim: one refresh at a time
+    with Claim(root, run_id, name=LOCK) as lease:       # 2. claim: one refresh at a time
+        stopping.watch(f"refresh {run_id}", lambda: "latest unchanged", lease.release)
         previous = latest_run(root)
         out = storage.join(root, "runs", run_id)
         log_path = storage.join(root, "logs", f"{run_id}.log")

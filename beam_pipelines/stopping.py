@@ -153,10 +153,14 @@ class Stopping:
             with contextlib.suppress(Exception):
                 if active.cleanup:
                     active.cleanup()
-        print(f"error: {why}" + (f"; {kept}" if kept else "")
-              + (f"; {workers} worker process(es) stopped" if workers else "")
-              + f" ({time.monotonic() - started:.1f}s); run the same command again to continue",
-              file=sys.stderr, flush=True)
+        line = (f"error: {why}" + (f"; {kept}" if kept else "")
+                + (f"; {workers} worker process(es) stopped" if workers else "")
+                + f" ({time.monotonic() - started:.1f}s); run the same command again to continue")
+        for stream in dict.fromkeys((sys.stderr, sys.__stderr__)):     # a refresh's log, and the terminal
+            with contextlib.suppress(Exception):
+                print(line, file=stream, flush=True)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
         logging.shutdown()
         os._exit(code)
 

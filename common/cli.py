@@ -18,6 +18,7 @@ from common.storage import StorageError
 
 EXIT_USAGE = 2
 EXIT_EMPTY = 3      # the job ran, but its output has no row: every record rejected, or none read
+EXIT_BUSY = 75      # EX_TEMPFAIL: the output is being written by another live run; try again later
 
 
 class UsageError(ValueError):
@@ -31,6 +32,16 @@ class JobFailed(Exception):
     def __init__(self, message: str, code: int = 1):
         super().__init__(message)
         self.code = code
+
+
+class OutputBusy(JobFailed):
+    """The output is claimed by another run that is alive (or was, less than its heartbeat's
+    staleness ago): not a mistake, a condition that passes. Exit status EXIT_BUSY (75), so a
+    scheduler that retries (a Kubernetes Job, a SLURM requeue) tries again later, by which time a
+    dead holder's claim has gone stale and the same command takes over."""
+
+    def __init__(self, message: str):
+        super().__init__(message, EXIT_BUSY)
 
 
 # Mistakes of the caller, not bugs: UsageError (and its subclasses, e.g. a refused model or a bad

@@ -31,7 +31,7 @@ import uuid
 import logging
 
 from common import storage
-from common.cli import UsageError
+from common.cli import OutputBusy
 from common.names import check_run_id
 
 log = logging.getLogger("paragen")
@@ -85,20 +85,23 @@ class Claim:
                 "started": self._started, "heartbeat": time.time()}
 
     def acquire(self) -> "Claim":
-        """Write the owner record, or UsageError if another live run holds OUT."""
+        """Write the owner record, or OutputBusy (exit status 75: try again later) if another live
+        run holds OUT."""
         if storage.exists(self.path):
             owner = _read_owner(self.path)
             if owner and owner.get("run_id") != self.run_id:
                 alive, why = _owner_alive(owner)
                 if alive:
-                    raise UsageError(f"{self.output} is being written by run {owner.get('run_id')} ({why}); "
-                                     "wait for it to finish (a second writer would mix their files)")
+                    raise OutputBusy(f"{self.output} is being written by run {owner.get('run_id')} ({why}); "
+                                     "wait for it to finish (a second writer would mix their files); a holder "
+                                     f"stopped without a word (SIGKILL, a lost node) is taken over once its heartbeat "
+                                     f"is {STALE_SECONDS:.0f} s old")
         self._started = time.time()
         storage.write_json(self.path, self._record())
         time.sleep(0.05)
         owner = _read_owner(self.path)
         if not owner or owner.get("run_id") != self.run_id:
-            raise UsageError(f"{self.output}: another run ({(owner or {}).get('run_id')}) claimed it at the same time")
+            raise OutputBusy(f"{self.output}: another run ({(owner or {}).get('run_id')}) claimed it at the same time")
         self._thread = threading.Thread(target=self._beat, name="paragen-heartbeat", daemon=True)
         self._thread.start()
         return self

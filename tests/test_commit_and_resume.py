@@ -12,7 +12,7 @@ import pytest
 
 from beam_pipelines.generate import run
 from common import storage
-from common.cli import UsageError
+from common.cli import OutputBusy, UsageError
 from paracorpus.commit import committed_files
 from paracorpus.runs import open_input
 
@@ -125,8 +125,9 @@ def test_a_second_writer_is_refused_while_the_first_runs(bitext, tiny_nmt_models
     proc = _start(_args(bitext, out, tiny_nmt_models))
     _wait_for(lambda: (out / "_owner.json").exists(), proc)
     owner = json.load(open(out / "_owner.json"))
-    with pytest.raises(UsageError, match=f"is being written by run {owner['run_id']}"):
+    with pytest.raises(OutputBusy, match=f"is being written by run {owner['run_id']}") as busy:
         run(_args(bitext, out, tiny_nmt_models, "--overwrite"))
+    assert busy.value.code == 75                     # EX_TEMPFAIL: a scheduler tries again later
     assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
     manifest = json.load(open(out / "_manifest.json"))
     assert manifest["run_id"] == owner["run_id"] and manifest["counts"]["reconciled"]

@@ -11,7 +11,7 @@ import pytest
 
 from beam_pipelines.refresh import LATEST, LOCK, run as refresh
 from common import storage
-from common.cli import JobFailed, UsageError
+from common.cli import JobFailed, OutputBusy, UsageError
 from paracorpus.commit import committed_files
 from tests.object_stores import s3_store  # noqa: F401  (fixture)
 
@@ -96,7 +96,7 @@ def test_overlapping_refreshes_are_refused(tmp_path, tiny_nmt_models):
     root.mkdir()
     (root / LOCK).write_text(json.dumps({"run_id": "20260101T000000Z-other", "host": os.uname().nodename,
                                          "pid": os.getpid(), "heartbeat": time.time(), "started": time.time()}))
-    with pytest.raises(UsageError, match="is being written by run 20260101T000000Z-other"):
+    with pytest.raises(OutputBusy, match="is being written by run 20260101T000000Z-other"):
         refresh(["--root", str(root), "--", *_job(str(tmp_path), tiny_nmt_models)])
     assert not (root / "runs").exists()
 
