@@ -89,7 +89,10 @@ class Claim:
         run holds OUT."""
         if storage.exists(self.path):
             owner = _read_owner(self.path)
-            if owner and owner.get("run_id") != self.run_id:
+            mine = owner and owner.get("run_id") == self.run_id and owner.get("pid") == os.getpid() \
+                and owner.get("host") == socket.gethostname()
+            # another process of the same run (the same command started twice) is a second writer too
+            if owner and not mine:
                 alive, why = _owner_alive(owner)
                 if alive:
                     raise OutputBusy(f"{self.output} is being written by run {owner.get('run_id')} ({why}); "
