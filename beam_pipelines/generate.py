@@ -31,7 +31,7 @@ from beam_pipelines.generation.options import build_parser
 from beam_pipelines.generation.outcome import collect
 from beam_pipelines.generation.plan import plan_inputs, plan_run, record_plan, units_committed
 from beam_pipelines.report import report_already_done, report_generation, report_nothing_changed
-from beam_pipelines.stopping import RunnerNoise, Stopping, pipeline_failure
+from beam_pipelines.stopping import Stopping
 from common.cli import cli_main, configure_logging
 from paracorpus.schema import MANIFEST
 
@@ -56,11 +56,8 @@ def run(argv=None) -> dict:
         with Claim(plan.output, plan.run_id) as claim:
             stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)
             finished = record_plan(plan, job, request, inputs)
-            try:                                        # 3-4. the pipeline: decode, compact
-                with RunnerNoise(stopping.on_worker_lost(plan.work)) as noise:
-                    counters, elapsed = decode(job, plan, inputs, finished)
-            except Exception as exc:  # noqa: BLE001: any failure of the pipeline is one line; units kept
-                raise pipeline_failure(exc, plan.work, units_committed(plan), noise.kept, plan.output) from None
+            # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept
+            counters, elapsed = decode(job, plan, inputs, finished, stopping)
             outcome = collect(job, request, inputs, plan, counters, elapsed)
             try:                                        # 5. commit: publish only if the counts reconcile
                 commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical)

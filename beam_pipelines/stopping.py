@@ -35,6 +35,7 @@ log = logging.getLogger("paragen")
 GRACE_SECONDS = 20.0         # from the signal to the exit, at most (Kubernetes' default grace is 30 s)
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _ACTIVE: list = []           # the Stopping contexts entered in this process, outermost first
+_OTHERS: set = set()         # processes this one had started before the job began: not the job's
 
 
 _ENDING = threading.Lock()
@@ -51,14 +52,23 @@ def _once(release: bool = False) -> None:
         _ENDING.release()
 
 
-def stop_descendants(timeout: float = 3.0) -> int:
-    """SIGTERM every process this one started (and theirs), SIGKILL those still alive after
-    TIMEOUT seconds; how many there were (not counting the shells between)."""
+def _descendants() -> list:
     import psutil
 
     try:
-        children = psutil.Process().children(recursive=True)
+        return psutil.Process().children(recursive=True)
     except psutil.Error:
+        return []
+
+
+def stop_descendants(timeout: float = 3.0) -> int:
+    """SIGTERM every process the job started (and theirs: the runner's worker processes), SIGKILL
+    those still alive after TIMEOUT seconds; how many there were (not counting the shells
+    between). Processes that were there before the job began (a caller's servers) are left be."""
+    import psutil
+
+    children = [c for c in _descendants() if c.pid not in _OTHERS]
+    if not children:
         return 0
     workers = 0
     for child in children:
@@ -86,6 +96,9 @@ class Stopping:
         self._pending: int | None = None
 
     def __enter__(self):
+        if not _ACTIVE:
+            _OTHERS.clear()
+            _OTHERS.update(c.pid for c in _descendants())
         if threading.current_thread() is threading.main_thread():
             for sig in _SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal)

@@ -15,9 +15,9 @@ command. The faults:
   dask.distributed worker process (a real cluster on loopback); a bucket (moto's S3 server on
   loopback) behind a proxy failing 2% and 10% of requests (503 SlowDown, 500, the connection
   dropped before an answer); the store down for 20 s (within the retry budget) and for longer
-  than it; a full disk (a 2 MiB tmpfs: needs the right to mount); EIO on writes (Debian's
-  fiu-utils: fiu-run with failinfo=5, if installed); a CUDA error other than out-of-memory
-  (torch raising it, through a sitecustomize).
+  than it; a full disk (a 400 KiB tmpfs: needs the right to mount); EIO from write() on the
+  files under --output (tests/eio_shim.c as LD_PRELOAD: what fiu-run does, scoped to one
+  directory); a CUDA error other than out-of-memory (torch raising it, through a sitecustomize).
 
 Without --models, the tiny models are trained first (about a minute; kept in
 runs/bench-faults-models). Every fault-free reference run is made in the same invocation.
@@ -227,8 +227,12 @@ def buckets(b: Bench) -> None:
         os.environ.update(store.env)              # this process reads the buckets directly
         direct = {**store.env}
         ref = f"s3://{store.make_bucket()}/run"
-        rc, err = b.whole(b.args(ref), direct)
-        assert rc == 0, err[-2000:]
+        with FaultProxy(store.endpoint) as proxy:       # the same path, no fault: the time to compare with
+            t = time.monotonic()
+            rc, err = b.whole(b.args(ref), {**direct, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url})
+            assert rc == 0, err[-2000:]
+            b.row(f"(bucket through the proxy, no fault: {proxy.counts['forwarded']} requests)", rc,
+                  time.monotonic() - t, "-", None)
         b.reference["s3"] = b.rows(ref)
         for rate in (0.02, 0.10):
             url = f"s3://{store.make_bucket()}/run"
@@ -261,41 +265,35 @@ def buckets(b: Bench) -> None:
 
 
 def full_disk(b: Bench) -> None:
-    mount = os.path.join(b.work, "disk")
-    os.makedirs(mount, exist_ok=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mount], capture_output=True).returncode:
-        b.rows_out.append("| full disk | - | - | - (cannot mount a tmpfs here) | - | - | - |")
-        return
+    from tests.disk_faults import Unavailable, grow, small_disk
+
     try:
-        out = os.path.join(mount, "out")
-        args = b.args(out)
-        t = time.monotonic()
-        rc, _err = b.whole(args)
-        seconds = time.monotonic() - t
-        subprocess.run(["mount", "-o", "remount,size=64m", mount], check=True)      # space freed
-        b.row("disk full (ENOSPC, a 2 MiB tmpfs)", rc, seconds, again(b, args), out)
-    finally:
-        subprocess.run(["umount", mount], capture_output=True)
+        with small_disk(os.path.join(b.work, "disk"), "400k") as mount:
+            out = os.path.join(mount, "out")
+            args = b.args(out)
+            t = time.monotonic()
+            rc, _err = b.whole(args)
+            seconds = time.monotonic() - t
+            grow(mount, "64m")                        # space freed
+            b.row("disk full (ENOSPC, a 400 KiB tmpfs)", rc, seconds, again(b, args), out)
+    except Unavailable as exc:
+        b.rows_out.append(f"| disk full | - | - | - ({exc}) | - | - | - |")
 
 
 def eio(b: Bench) -> None:
-    if not shutil_which("fiu-run"):
-        b.rows_out.append("| EIO on writes | - | - | - (fiu-run not installed: apt install fiu-utils) | - | - | - |")
+    from tests.disk_faults import Unavailable, eio_env, eio_shim
+
+    try:
+        shim = eio_shim(b.work)
+    except Unavailable as exc:
+        b.rows_out.append(f"| EIO | - | - | - ({exc}) | - | - | - |")
         return
     out = os.path.join(b.work, "eio")
     args = b.args(out)
-    cmd = ["fiu-run", "-x", "-c", "enable_random name=posix/io/rw/write,probability=0.002,failinfo=5",
-           PY, "-m", "beam_pipelines.generate", *args]
     t = time.monotonic()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT,
-                                                                               "FIU_PRNG_SEED": "3"})
-    b.row("EIO on 0.2% of write() calls (fiu-run)", done.returncode, time.monotonic() - t, again(b, args), out)
-
-
-def shutil_which(name: str) -> str | None:
-    import shutil
-
-    return shutil.which(name)
+    rc, _err = b.whole(args, eio_env(shim, out, after=200))
+    b.row("EIO from write() under --output after 200 writes (LD_PRELOAD)", rc, time.monotonic() - t,
+          again(b, args), out)
 
 
 _CUDA_FAULT = """
@@ -303,7 +301,7 @@ import os, torch, torch.nn.functional as F
 _embedding, _calls = F.embedding, [0]
 def embedding(*args, **kwargs):
     _calls[0] += 1
-    if _calls[0] > 2000:
+    if _calls[0] > 300:
         raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
     return _embedding(*args, **kwargs)
 F.embedding = embedding

@@ -89,8 +89,9 @@ DEFAULT_RETRY_SECONDS = 300.0
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 30.0       # backoff: doubled each try, jittered, capped
 # what a store answers when asking again cannot help: refusals, missing things, bad requests
 _PERMANENT = re.compile(
-    r"ACCESS_DENIED|AccessDenied|Forbidden|NO_SUCH_|NoSuch|INVALID_ACCESS_KEY|InvalidAccessKey|SIGNATURE_DOES_NOT_MATCH"
-    r"|SignatureDoesNotMatch|PERMISSION_DENIED|UNAUTHENTICATED|NOT_FOUND|INVALID_ARGUMENT|HTTP status (4(0[0-9]|1[0-9]))\b"
+    r"ACCESS_DENIED|AccessDenied|Forbidden|NO_SUCH_|NoSuch|INVALID_ACCESS_KEY|InvalidAccessKey"
+    r"|SIGNATURE_DOES_NOT_MATCH|SignatureDoesNotMatch|PERMISSION_DENIED|UNAUTHENTICATED|NOT_FOUND|INVALID_ARGUMENT"
+    r"|HTTP status (4(0[0-9]|1[0-9]))\b"
     r"|[Ii]nvalid bucket name|BUCKET_ALREADY|[Ee]xpected a (file|directory)|[Nn]ot a directory|[Ii]s a directory")
 
 

@@ -90,7 +90,7 @@ KEY_DOCS = {
         "counters": "the sums of its units' Beam counters",
         "per_worker": "units per `host:pid` of the worker that decoded them",
         "decoding_seconds_per_worker": "decoding time per worker (units decoded by this attempt)",
-        "reused_units": "units an earlier attempt finished (`--resume`)",
+        "reused_units": "units an earlier attempt finished (the same command run again continues a stopped run)",
         "unit_files": "the unit files compaction read",
         "compaction_seconds": "time spent rewriting them",
     },
@@ -322,7 +322,7 @@ size, seconds, rows/s and the counters.
 ## Bookkeeping records (`OUT/_work/<run id>/`)
 
 A run in progress keeps one read record per input shard (`read/<shard>.json`), one completion
-record per finished work unit (`units/u<unit>.json`, what `--resume` reads) and one record per
+record per finished work unit (`units/u<unit>.json`, what a rerun of the same command reads) and one record per
 compacted group (`groups/<group>.json`: a bin's units, and the rows it copies from the previous
 run, in one output partition, rewritten into files sized for readers; a resumed run keeps the
 groups it finds). The driver

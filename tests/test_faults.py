@@ -166,16 +166,13 @@ def test_a_killed_worker_process_ends_the_run_in_one_line_and_the_same_command_c
 @pytest.fixture
 def small_disk(tmp_path):
     """A 400 KiB tmpfs (needs the right to mount, as root in a container that allows it)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    from tests.disk_faults import Unavailable, small_disk
+
     try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
+        with small_disk(str(tmp_path / "disk"), "400k") as mount:
+            yield tmp_path / "disk"
+    except Unavailable as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.mark.slow
@@ -196,11 +193,37 @@ def test_a_full_disk_is_one_line_the_committed_run_stays_and_the_same_command_co
     assert "No space left on device (ENOSPC)" in errors[0] and str(out) in errors[0] and "Traceback" not in done.stderr
     assert (json.load(open(out / "_manifest.json")), _rows(out)) == before      # the committed run is whole
     filler.unlink()                                             # space freed: the same command continues
-    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
+    from tests.disk_faults import grow
+
+    grow(str(small_disk), "4m")
     done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     assert _rows(out) == _rows(uninterrupted[0]) and json.load(open(out / "_manifest.json"))["resumed"]
+
+
+@pytest.mark.slow
+def test_an_io_error_is_one_line_and_the_same_command_continues_on_a_sound_disk(bitext, tiny_nmt_models, tmp_path,
+                                                                               uninterrupted):
+    from tests.disk_faults import Unavailable, eio_env, eio_shim
+
+    try:
+        shim = eio_shim(str(tmp_path))
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "out"
+    args = _args(bitext, out, tiny_nmt_models)
+    env = {**os.environ, "PYTHONPATH": ROOT, **eio_env(shim, str(out), after=60)}
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+    errors = _error_lines(done.stderr)
+    assert done.returncode == 1 and len(errors) == 1, done.stderr[-3000:]
+    assert "Input/output error (EIO)" in errors[0] and str(out) in errors[0] and "Traceback" not in done.stderr
+    assert not (out / "_manifest.json").exists() and 0 < _units(out) < 24
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _rows(out) == _rows(uninterrupted[0]) and _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
 
 
 # torch itself fails (what a GPU would do), through a sitecustomize the worker processes import
@@ -380,3 +403,20 @@ def test_a_killed_dask_worker_is_replaced_and_the_run_finishes_with_every_row(bi
     killer.join()
     assert killed and _units(out) == 0 and manifest["counts"] == uninterrupted[1]["counts"]
     assert _rows(out) == _rows(uninterrupted[0]) and _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
+
+
+def test_a_stop_ends_the_jobs_processes_and_leaves_the_callers_alone():
+    """What the job stops are the processes it started: a caller's servers (a test's moto, a
+    notebook's Dask cluster) started before the job began are left running."""
+    from beam_pipelines.stopping import Stopping, stop_descendants
+
+    callers = subprocess.Popen(["sleep", "60"])
+    try:
+        with Stopping("a job"):
+            jobs = subprocess.Popen(["sleep", "60"])
+            assert stop_descendants() == 1
+            assert jobs.poll() is not None                  # stopped (and reaped)
+        assert callers.poll() is None
+    finally:
+        callers.kill()
+        callers.wait()

@@ -71,6 +71,15 @@ def test_plan_refuses_a_committed_run_and_finds_the_unfinished_one(tsv, tmp_path
     (out / MANIFEST).write_text(json.dumps({"run_id": "r0"}))
     with pytest.raises(UsageError, match=r"already holds a committed run \(r0\); pass --overwrite"):
         plan_run(job, request, inputs)
+    with pytest.raises(UsageError, match="--overwrite"):      # --resume does not replace another plan's run
+        plan_run(job, dataclasses.replace(request, resume=True), inputs)
+    # the committed run has this plan: the same command (with --resume or not) has nothing to do
+    (out / MANIFEST).write_text(json.dumps({"run_id": "r0", "plan_key": plan.plan_key}))
+    for same in (request, dataclasses.replace(request, resume=True)):
+        done = plan_run(job, same, inputs)
+        assert done.done and done.run_id == "r0"
+    again = plan_run(job, dataclasses.replace(request, overwrite=True), inputs)      # made again on request
+    assert not again.done and again.resumed and again.run_id == plan.run_id
 
 
 def test_read_pairs_on_a_test_pipeline(tsv, tmp_path):

@@ -1,9 +1,9 @@
 """The check phase: everything that can be refused is refused here, before anything is written.
 
 ``check(argv)`` parses the command line and checks, in this order (so that of several mistakes the
-same one is always reported first): Beam's options and the runner, the output location, the
-settings (--torch_threads first), the models (files, safe checkpoint config, languages, direction), device and precision,
-every input shard (opens, Parquet columns) and the bitext filter's models. It returns two frozen
+same one is always reported first): Beam's options, the runner and --torch_threads, the output
+location, the settings, the models (files, safe checkpoint config, languages, direction), device
+and precision, every input shard (opens, Parquet columns) and the bitext filter's models. It returns two frozen
 values: the ``Job`` (what decides the rows, with its config hash) and the ``Request`` (what to do
 with the output: a new run, resume, overwrite, build on --previous, a dry run).
 """

@@ -22,8 +22,9 @@ import apache_beam as beam
 
 from beam_pipelines.generation.check import Job
 from beam_pipelines.generation.compact import Compact, WriteRunSummary
-from beam_pipelines.generation.plan import Inputs, Plan
+from beam_pipelines.generation.plan import Inputs, Plan, units_committed
 from beam_pipelines.options import run_pipeline
+from beam_pipelines.stopping import RunnerNoise, Stopping, pipeline_failure
 from paracorpus.cleaning import CleaningConfig
 from paracorpus.commit import file_location
 from paracorpus.steps import CleanStep
@@ -117,16 +118,22 @@ def build(p: beam.Pipeline, job: Job, plan: Plan, inputs: Inputs, finished: froz
     _ = {"groups": groups, "reads": records["reads"]} | "Summary" >> WriteRunSummary(plan.work)
 
 
-def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset) -> tuple[dict, float]:
-    """Run PLAN's pipeline to the end on JOB's runner: (its counters, seconds it took)."""
+def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset, stopping: Stopping) -> tuple[dict, float]:
+    """Run PLAN's pipeline to the end on JOB's runner: (its counters, seconds it took). A failure is
+    one line (JobFailed) with the committed units kept; a worker process that dies ends the job
+    through STOPPING at once (beam_pipelines/stopping.py)."""
     beam_args = list(job.beam_args)
     dask = "dask" in job.runner.lower()
     if dask and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in beam_args):
         beam_args += ["--dask_npartitions", str(min(max(plan.num_units, 2), 512))]
     handler = unit_handler(job, inputs)
     start = time.time()
-    counters = run_pipeline(lambda p: build(p, job, plan, inputs, finished, handler, use_run_inference=not dask),
-                            beam_args)
+    try:
+        with RunnerNoise(stopping.on_worker_lost(plan.work)) as noise:
+            counters = run_pipeline(
+                lambda p: build(p, job, plan, inputs, finished, handler, use_run_inference=not dask), beam_args)
+    except Exception as exc:  # noqa: BLE001: any failure of the pipeline is one line; its units are kept
+        raise pipeline_failure(exc, plan.work, units_committed(plan), noise.kept, plan.output) from None
     return counters, time.time() - start
 
 

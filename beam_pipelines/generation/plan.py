@@ -21,7 +21,7 @@ from beam_pipelines.generation.check import Job, Request
 from common import storage
 from common.shards import estimate_records, shard_size
 from paracorpus.bins import bin_capacity, pack
-from paracorpus.commit import file_location, new_run_id, read_manifest, resumable_run, work_dir
+from paracorpus.commit import WORK, file_location, new_run_id, read_manifest, resumable_run, work_dir
 from paracorpus.compaction import TABLES as DATA_TABLES
 from paracorpus.compaction import carry_item, group_key
 from paracorpus.incremental import Reuse, plan_reuse
@@ -113,7 +113,11 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
         layout = {k: tuple(v) for k, v in plan["layout"].items()}
         return Plan(run_id, output, layout, job.lang_pair, job.config_hash, inputs.bins,
                     carries(inputs.reuse, inputs.bins), key, True, job.unit_pairs)
-    if request.resume:
+    others = [r for r in storage.listdir(storage.join(output, WORK)) if r != run_id]
+    if others:              # stopped runs of other inputs, models or settings: theirs is not this run's work
+        log.warning("%s holds %d unfinished run(s) of another plan (%s); starting a new run, their files are removed "
+                    "when it commits", output, len(others), ", ".join(sorted(others)[-3:]))
+    elif request.resume:
         log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
     return Plan(request.run_id or new_run_id(), output, plan_units(inputs.per_shard, job.unit_pairs), job.lang_pair,
                 job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs)
