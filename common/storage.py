@@ -138,6 +138,7 @@ class _RetryLog:
 
 
 _RETRY_LOG = _RetryLog()
+_AWAY: set = set()              # stores that stayed away past the retry budget in this process
 
 
 def _first_line(exc: BaseException, limit: int = 160) -> str:
@@ -151,19 +152,24 @@ def retrying(path: str, fn, *args, **kwargs):
     store. Local paths are not retried (a full disk does not empty itself)."""
     if not is_url(path) or is_local(path):
         return fn(*args, **kwargs)
-    deadline, delay = None, _RETRY_FIRST_S
+    deadline, delay, store = None, _RETRY_FIRST_S, endpoint_of(path)
     while True:
         try:
             with _explained(path):
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+            _AWAY.discard(store)
+            return result
         except StorageError as exc:
             if not exc.transient:
                 raise
             now = time.monotonic()
-            budget = retry_seconds()
+            # a store that already stayed away past the budget in this process is tried once more,
+            # not waited for again: the job's last steps (its claim, its error log) end in seconds
+            budget = 0.0 if store in _AWAY else retry_seconds()
             deadline = deadline if deadline is not None else now + budget
             if now + delay > deadline:
-                raise StorageError(f"{exc}; retried for {budget:g}s (PARAGEN_STORAGE_RETRY_SECONDS)",
+                _AWAY.add(store)
+                raise StorageError(f"{exc}; retried for {retry_seconds():g}s (PARAGEN_STORAGE_RETRY_SECONDS)",
                                    transient=True) from None
             _RETRY_LOG.note(path, exc.detail)
             time.sleep(delay * random.uniform(0.5, 1.0))

@@ -90,6 +90,12 @@ def test_a_store_down_longer_than_the_budget_is_one_line_naming_it(s3, through, 
     assert proxy.url.split("//")[1] in message and "\n" not in message
     assert "retried for 3s (PARAGEN_STORAGE_RETRY_SECONDS)" in message and info.value.transient
     assert 2 < time.monotonic() - start < 30
+    start = time.monotonic()                    # the store stayed away: the job's last steps are not held up
+    with pytest.raises(storage.StorageError):
+        storage.exists(f"s3://{bucket}/b")
+    assert time.monotonic() - start < 3
+    proxy.down(0)                               # back: waited for again, and answering
+    assert not storage.exists(f"s3://{bucket}/b")
 
 
 def test_refusals_are_not_retried(s3, through, monkeypatch):
