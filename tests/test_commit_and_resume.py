@@ -15,6 +15,7 @@ from common import storage
 from common.cli import OutputBusy, UsageError
 from paracorpus.commit import committed_files
 from paracorpus.runs import open_input
+from tests.jobs import committed_rows, quick_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,19 +29,7 @@ def bitext(tmp_path_factory):
     return str(path)
 
 
-def _args(bitext, out, models, *extra):
-    return ["--input", bitext, "--output", str(out), "--forward_model", os.path.join(models, "cs-en"),
-            "--backward_model", os.path.join(models, "en-cs"), "--num_sets", "2", "--num_samples", "4",
-            "--score_threshold", "20", "--dual_xent_threshold", "20", "--num_output_shards", "2",
-            "--unit_pairs", "4", "--batch_pairs", "4", "--device", "cpu", *extra]
-
-
-def _rows(out, table="paraphrases"):
-    files = committed_files(str(out), table)
-    if not files:
-        return []
-    t = storage.parquet_dataset(files).to_table()
-    return sorted(t.to_pylist(), key=lambda r: (r["pair_id"], r.get("rank") or 0, r["input_index"]))
+_args, _rows = quick_args, committed_rows
 
 
 def _start(args):

@@ -27,8 +27,8 @@ import psutil
 import pytest
 
 from beam_pipelines.generate import run
-from common import storage
-from paracorpus.commit import committed_files
+from tests.jobs import committed_rows, quick_args
+from tests.object_stores import s3_store  # noqa: F401: a fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI = ("--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
@@ -43,18 +43,7 @@ def bitext(tmp_path_factory):
     return str(path)
 
 
-def _args(bitext, out, models, *extra):
-    return ["--input", bitext, "--output", str(out), "--forward_model", os.path.join(models, "cs-en"),
-            "--backward_model", os.path.join(models, "en-cs"), "--num_sets", "2", "--num_samples", "4",
-            "--score_threshold", "20", "--dual_xent_threshold", "20", "--num_output_shards", "2",
-            "--unit_pairs", "4", "--batch_pairs", "4", "--device", "cpu", *extra]
-
-
-def _rows(out, table="paraphrases"):
-    files = committed_files(str(out), table)
-    t = storage.parquet_dataset(files).to_table() if files else None
-    rows = t.to_pylist() if t is not None else []
-    return sorted(rows, key=lambda r: (r["pair_id"], r.get("rank") or 0, r["input_index"]))
+_args, _rows = quick_args, committed_rows
 
 
 def _units(out) -> int:
@@ -315,54 +304,44 @@ def small(bitext, tiny_nmt_models, tmp_path_factory):
     return str(path), out
 
 
-@pytest.fixture(scope="module")
-def s3():
-    from tests.object_stores import ServerUnavailable, s3_server
-
-    try:
-        with s3_server() as store:
-            yield store
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
-
-
 def _bucket_rows(s3, url, monkeypatch, table="paraphrases"):
+    """The committed rows of the run at URL, read with S3's own endpoint (not the proxy)."""
     for name, value in s3.env.items():
         monkeypatch.setenv(name, value)
     return _rows(url, table)
 
 
 @pytest.mark.slow
-def test_a_flaky_bucket_gives_the_rows_of_a_fault_free_run(small, tiny_nmt_models, s3, monkeypatch):
+def test_a_flaky_bucket_gives_the_rows_of_a_fault_free_run(small, tiny_nmt_models, s3_store, monkeypatch):
     from tests.fault_proxy import FaultProxy
 
-    url = f"s3://{s3.make_bucket()}/run"
-    with FaultProxy(s3.endpoint, rate=0.10, seed=11) as proxy:
-        env = {**s3.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url}
+    url = f"s3://{s3_store.make_bucket()}/run"
+    with FaultProxy(s3_store.endpoint, rate=0.10, seed=11) as proxy:
+        env = {**s3_store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url}
         proc = _job(_args(small[0], url, tiny_nmt_models), env)
         rc, err = _finish(proc, timeout=900)
     assert rc == 0, err[-3000:]
     assert all(proxy.counts[k] > 0 for k in ("503", "500", "reset")), proxy.counts
-    assert _bucket_rows(s3, url, monkeypatch) == _rows(small[1])
-    assert _bucket_rows(s3, url, monkeypatch, "rejects") == _rows(small[1], "rejects")
+    assert _bucket_rows(s3_store, url, monkeypatch) == _rows(small[1])
+    assert _bucket_rows(s3_store, url, monkeypatch, "rejects") == _rows(small[1], "rejects")
 
 
 @pytest.mark.slow
-def test_a_store_down_past_the_budget_is_one_line_and_the_same_command_continues(small, tiny_nmt_models, s3,
+def test_a_store_down_past_the_budget_is_one_line_and_the_same_command_continues(small, tiny_nmt_models, s3_store,
                                                                                 monkeypatch):
     from tests.fault_proxy import FaultProxy
 
-    bucket = s3.make_bucket()
+    bucket = s3_store.make_bucket()
     url = f"s3://{bucket}/run"
-    fs = s3.filesystem()
+    fs = s3_store.filesystem()
 
     def units():
         from pyarrow import fs as pafs
 
         infos = fs.get_file_info(pafs.FileSelector(f"{bucket}/run/_work", recursive=True, allow_not_found=True))
         return sum(1 for i in infos if "/units/u" in i.path and i.path.endswith(".json"))
-    with FaultProxy(s3.endpoint) as proxy:
-        env = {**s3.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url,
+    with FaultProxy(s3_store.endpoint) as proxy:
+        env = {**s3_store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url,
                "PARAGEN_STORAGE_RETRY_SECONDS": "4", "PARAGEN_STORAGE_TIMEOUT": "3"}
         args = _args(small[0], url, tiny_nmt_models)
         proc = _job(args, env)
@@ -376,7 +355,7 @@ def test_a_store_down_past_the_budget_is_one_line_and_the_same_command_continues
         proxy.down(0)                                       # the store is back
         rc, err = _finish(_job(args, env), timeout=900)
     assert rc == 0, err[-3000:]
-    assert _bucket_rows(s3, url, monkeypatch) == _rows(small[1])
+    assert _bucket_rows(s3_store, url, monkeypatch) == _rows(small[1])
 
 
 @pytest.mark.slow

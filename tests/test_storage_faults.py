@@ -12,28 +12,19 @@ import pytest
 
 from common import storage
 from tests.fault_proxy import FaultProxy
-from tests.object_stores import ServerUnavailable, s3_server
-
-
-@pytest.fixture(scope="module")
-def s3():
-    try:
-        with s3_server() as store:
-            yield store
-    except ServerUnavailable as exc:
-        pytest.skip(str(exc))
+from tests.object_stores import s3_store  # noqa: F401: a fixture
 
 
 @pytest.fixture
-def through(s3, monkeypatch):
+def through(s3_store, monkeypatch):
     """through(rate, kinds, seed) -> a FaultProxy in front of the S3 server that this process's
     storage layer talks to."""
     proxies = []
 
     def make(rate=0.0, kinds=("503", "500", "reset"), seed=1):
-        proxy = FaultProxy(s3.endpoint, rate=rate, seed=seed, kinds=kinds).__enter__()
+        proxy = FaultProxy(s3_store.endpoint, rate=rate, seed=seed, kinds=kinds).__enter__()
         proxies.append(proxy)
-        for name, value in {**s3.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url,
+        for name, value in {**s3_store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url,
                             "PARAGEN_STORAGE_TIMEOUT": "6"}.items():
             monkeypatch.setenv(name, value)
         return proxy
@@ -42,8 +33,8 @@ def through(s3, monkeypatch):
         proxy.__exit__(None, None, None)
 
 
-def test_every_operation_rides_out_a_store_failing_a_third_of_its_requests(s3, through, monkeypatch):
-    bucket = s3.make_bucket()
+def test_every_operation_rides_out_a_store_failing_a_third_of_its_requests(s3_store, through, monkeypatch):
+    bucket = s3_store.make_bucket()
     monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "120")
     proxy = through(rate=0.33, seed=7)
     data = os.urandom(3 << 20)                  # several ranged reads
@@ -67,8 +58,8 @@ def test_every_operation_rides_out_a_store_failing_a_third_of_its_requests(s3, t
     assert all(proxy.counts[kind] > 0 for kind in ("503", "500", "reset")), proxy.counts
 
 
-def test_a_store_that_is_down_for_a_while_is_waited_for(s3, through, monkeypatch):
-    bucket = s3.make_bucket()
+def test_a_store_that_is_down_for_a_while_is_waited_for(s3_store, through, monkeypatch):
+    bucket = s3_store.make_bucket()
     monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "60")
     proxy = through()
     storage.write_bytes(f"s3://{bucket}/a", b"x")
@@ -78,8 +69,8 @@ def test_a_store_that_is_down_for_a_while_is_waited_for(s3, through, monkeypatch
     assert time.monotonic() - start >= 3.5 and proxy.counts["refused"] >= 2
 
 
-def test_a_store_down_longer_than_the_budget_is_one_line_naming_it(s3, through, monkeypatch):
-    bucket = s3.make_bucket()
+def test_a_store_down_longer_than_the_budget_is_one_line_naming_it(s3_store, through, monkeypatch):
+    bucket = s3_store.make_bucket()
     monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "3")
     proxy = through()
     proxy.down(120)
@@ -98,12 +89,12 @@ def test_a_store_down_longer_than_the_budget_is_one_line_naming_it(s3, through, 
     assert not storage.exists(f"s3://{bucket}/b")
 
 
-def test_refusals_are_not_retried(s3, through, monkeypatch):
+def test_refusals_are_not_retried(s3_store, through, monkeypatch):
     monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "120")
     through(rate=1.0, kinds=("403",))
     start = time.monotonic()
     with pytest.raises(storage.StorageError, match="refused .*AccessDenied|refused .*ACCESS_DENIED|refused .*403"):
-        storage.write_bytes(f"s3://{s3.make_bucket()}/a", b"x")
+        storage.write_bytes(f"s3://{s3_store.make_bucket()}/a", b"x")
     through()
     with pytest.raises(storage.StorageError, match="refused .*NO_SUCH_BUCKET"):
         storage.write_bytes("s3://no-such-bucket-here/a", b"x")
