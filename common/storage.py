@@ -91,7 +91,7 @@ _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 30.0       # backoff: doubled each try, jitt
 _PERMANENT = re.compile(
     r"ACCESS_DENIED|AccessDenied|Forbidden|NO_SUCH_|NoSuch|INVALID_ACCESS_KEY|InvalidAccessKey"
     r"|SIGNATURE_DOES_NOT_MATCH|SignatureDoesNotMatch|PERMISSION_DENIED|UNAUTHENTICATED|NOT_FOUND|INVALID_ARGUMENT"
-    r"|HTTP status (4(0[0-9]|1[0-9]))\b"
+    r"|HTTP status (40[0-7]|409|41[0-9])\b"                      # 408 (request timeout) and 429 are retried
     r"|[Ii]nvalid bucket name|BUCKET_ALREADY|[Ee]xpected a (file|directory)|[Nn]ot a directory|[Ii]s a directory")
 
 
