@@ -97,4 +97,44 @@ def fast_align(src_tok: Sequence[Sequence[str]], tgt_tok: Sequence[Sequence[str]
     return forward, reverse
 
 
-__all__ = ["fast_align"]
+__all__ = ["fast_align", "symmetrize", "SYMMETRIZATIONS"]
+
+
+SYMMETRIZATIONS = ("union", "intersection", "grow-diag-final-and")
+_NEIGHBOURS = ((-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1))
+
+
+def symmetrize(forward: list[tuple[int, int]], reverse: list[tuple[int, int]], method: str = "union"
+               ) -> list[tuple[int, int]]:
+    """One pair's links from its two directional alignments ((source, target) links each):
+    "union" (every link of both), "intersection" (links both agree on: precise, sparse) or
+    "grow-diag-final-and" (Koehn et al. 2003, as Moses does it: the intersection grown into
+    neighbouring union links that align a word not yet aligned, then union links between two
+    unaligned words). Sorted, deterministic."""
+    fwd, rev = set(forward), set(reverse)
+    if method == "union":
+        return sorted(fwd | rev)
+    if method == "intersection":
+        return sorted(fwd & rev)
+    if method != "grow-diag-final-and":
+        raise ValueError(f"symmetrization must be one of {', '.join(SYMMETRIZATIONS)}, not {method!r}")
+    union, links = fwd | rev, fwd & rev
+    src_done, tgt_done = {s for s, _ in links}, {t for _, t in links}
+    grown = True
+    while grown:
+        grown = False
+        for s, t in sorted(links):
+            for ds, dt in _NEIGHBOURS:
+                cand = (s + ds, t + dt)
+                if cand in union and cand not in links and (cand[0] not in src_done or cand[1] not in tgt_done):
+                    links.add(cand)
+                    src_done.add(cand[0])
+                    tgt_done.add(cand[1])
+                    grown = True
+    for direction in (fwd, rev):                       # final-and: each direction's links in turn
+        for s, t in sorted(direction):
+            if s not in src_done and t not in tgt_done:
+                links.add((s, t))
+                src_done.add(s)
+                tgt_done.add(t)
+    return sorted(links)
