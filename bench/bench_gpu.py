@@ -11,10 +11,12 @@ every section, so a run stopped by a time limit keeps what it measured):
      fp16 and bf16, against fairseq-generate --sampling (fp16 and fp32, batch 256, every output
      checked); beam 12 in process (fairseq's SequenceGenerator) against fairseq-generate (batch 128);
   2. device synchronisations per decoder step of one sample() call (torch.cuda sync debug mode);
-  3. scores in fp16 and bf16 against fp32 (largest and mean difference, nats per token);
+  3. dual scores of 150 candidates a source in each precision: ms a source, and fp16's and bf16's
+     largest and mean difference from fp32 (nats per token);
   4. the whole job (DirectRunner, --device cuda) at the parabank2 and paranmt presets on --pairs
-     pairs, with 1 and 4 decoding processes per GPU: pairs/s, worker time per stage, the GPU's
-     busy fraction (nvidia-smi every 0.5 s while the job runs), and the GPU-hours 50M pairs take.
+     pairs, with 1 and 4 decoding processes per GPU (fp32; bf16 with 4): pairs/s of the command
+     and of its decoding alone, units per worker, worker time per stage, the GPU's busy fraction
+     (nvidia-smi every 0.5 s while the job runs), and the GPU-hours 50M pairs take.
 
 Without a GPU it prints the CPU proxies and exits 0: host<->device round trips during sample()
 and score() (models/nmt/round_trips.py) and the job's host milliseconds per pair by stage, outside
@@ -165,15 +167,27 @@ def bench_syncs(args, sources_pairs, emit) -> None:
 
 
 def bench_precision(args, pairs, emit) -> None:
+    """Dual scores in each precision: their distance from fp32's and the time of one score()
+    call of 150 candidates a source (the job's parabank2 load), after a warm-up."""
     from models.nmt.translator import Translator
 
-    english, foreign = [t for _, t in pairs], [s for s, _ in pairs]
-    base = Translator(args.backward_model, device=args.device, precision="fp32").score(english, foreign)
-    out = {}
-    for precision in args.precisions[1:]:
-        got = Translator(args.backward_model, device=args.device, precision=precision).score(english, foreign)
-        diffs = [abs(a - b) for a, b in zip(got, base)]
-        out[precision] = {"max_abs_diff": max(diffs), "mean_abs_diff": statistics.mean(diffs), "pairs": len(pairs)}
+    english = [t for _, t in pairs for _ in range(150)]
+    foreign = [s for s, _ in pairs for _ in range(150)]
+    out, base = {}, None
+    for precision in args.precisions:
+        engine = Translator(args.backward_model, device=args.device, precision=precision)
+        engine.score(english[:300], foreign[:300])
+        _sync()
+        start = time.perf_counter()
+        got = engine.score(english, foreign)
+        _sync()
+        row = {"ms_per_source": (time.perf_counter() - start) * 1e3 / len(pairs), "sources": len(pairs)}
+        if base is None:
+            base = got
+        else:
+            diffs = [abs(a - b) for a, b in zip(got, base)]
+            row |= {"max_abs_diff": max(diffs), "mean_abs_diff": statistics.mean(diffs)}
+        out[precision] = row
     emit("score_precision", out)
 
 
@@ -206,11 +220,15 @@ class GpuBusy:
 
 
 def run_job(args, tsv: str, workdir: str, preset: str, extra: list[str], gpu: bool) -> dict:
-    """The job as a user runs it (a fresh process); its manifest's counts and stage counters."""
+    """The job as a user runs it (a fresh process); its manifest's counts and stage counters.
+    pairs_per_s is the whole command (start-up, model loading and compaction included: ~26 s on
+    an H100, half of an 800-pair run); decode_pairs_per_s counts the decoding alone (the pairs
+    over the busiest worker's time inside its units), what 50 million pairs would run at."""
     out = os.path.join(workdir, f"job-{preset}-{len(os.listdir(workdir))}")
     cmd = [sys.executable, "-m", "beam_pipelines.generate", "--input", tsv, "--output", out,
            "--forward_model", args.forward_model, "--backward_model", args.backward_model,
-           "--src_lang", "cs", "--tgt_lang", "en", "--preset", preset, "--runner", "DirectRunner", *extra]
+           "--src_lang", "cs", "--tgt_lang", "en", "--preset", preset, "--runner", "DirectRunner",
+           "--allow_empty", *extra]      # speed is the figure: a small model's all-rejected run still counts
     start = time.perf_counter()
     if gpu and args.device == "cuda":
         with GpuBusy() as busy:
@@ -222,13 +240,34 @@ def run_job(args, tsv: str, workdir: str, preset: str, extra: list[str], gpu: bo
     if done.returncode != 0:
         raise RuntimeError(f"the job failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
     manifest = json.load(open(os.path.join(out, "_manifest.json")))
-    counts, counters = manifest["counts"], manifest["counters"]
+    counts, counters, units = manifest["counts"], manifest["counters"], manifest["units"]
     read = counts["records_read"]
+    decoding = max(units["decoding_seconds_per_worker"].values(), default=0) or wall
     return {"preset": preset, "options": " ".join(extra), "pairs": read, "seconds": wall,
-            "pairs_per_s": read / wall, "paraphrase_rows": counts["paraphrase_rows"],
+            "pairs_per_s": read / wall, "decode_pairs_per_s": read / decoding,
+            "units_per_worker": sorted(units["per_worker"].values(), reverse=True),
+            "paraphrase_rows": counts["paraphrase_rows"],
             "worker_ms_per_pair": {k[3:]: v / read for k, v in sorted(counters.items()) if k.startswith("ms_")},
             "gpu_busy": busy.mean if busy else None,
-            "gpu_hours_for_50M": TARGET_PAIRS / (read / wall) / 3600}
+            "gpu_hours_for_50M": TARGET_PAIRS / (read / decoding) / 3600}
+
+
+def job_plan(args, pairs: int, gpu: bool) -> list[tuple[str, list[str]]]:
+    """(preset, options) of the job runs: parabank2 with each --processes count in fp32, then
+    with the most processes in each other --job_precisions, then paranmt. Units are sized so
+    that every decoding process gets at least two (64 to 500 pairs)."""
+    if not gpu:
+        return [("parabank2", ["--device", "cpu", "--dual_xent_threshold", "-1"])]
+    off = [] if args.device == "cuda" else ["--dual_xent_threshold", "-1"]     # a rehearsal's tiny models
+    most = max(args.processes)
+
+    def opts(p: int, precision: str) -> list[str]:
+        unit = max(64, min(500, pairs // (2 * p)))
+        return ["--device", args.device, "--processes_per_gpu", str(p), "--precision", precision,
+                "--unit_pairs", str(unit), *off]
+    plan = [("parabank2", opts(p, "fp32")) for p in args.processes]
+    plan += [("parabank2", opts(most, x)) for x in args.job_precisions if x != "fp32" and x in args.precisions]
+    return plan + [("paranmt", opts(most, "fp32"))]
 
 
 def host_stages(pairs, tsv: str) -> dict:
@@ -271,13 +310,7 @@ def bench_job(args, pairs, emit, gpu: bool) -> None:
             f.writelines(f"{s}\t{t}\n" for s, t in pairs)
         emit("host_stages_ms_per_pair", host_stages(pairs, tsv))
         runs = []
-        if gpu:
-            off = [] if args.device == "cuda" else ["--dual_xent_threshold", "-1"]     # a rehearsal's tiny models
-            plan = [("parabank2", ["--device", args.device, "--processes_per_gpu", str(p), *off])
-                    for p in args.processes] + [("paranmt", ["--device", args.device])]
-        else:
-            plan = [("parabank2", ["--device", "cpu", "--dual_xent_threshold", "-1"])]
-        for preset, extra in plan:
+        for preset, extra in job_plan(args, len(pairs), gpu):
             runs.append(run_job(args, tsv, tmp, preset, extra, gpu))
             emit("job", runs)
 
@@ -304,6 +337,35 @@ def cpu_proxies(args, sources_pairs, emit) -> None:
             bwd.score(english, foreign)
         rows.append({"call": "score()", "sources": n, "round_trips": trips.total, "steps": None, "per_step": None})
     emit("round_trips", rows)
+    emit("score_tokenization_ms_per_150_candidates", score_tokenization(bwd, fwd, sources_pairs[:40]))
+
+
+def score_tokenization(bwd, fwd, pairs) -> dict:
+    """Host ms to turn one pair's 150 candidates and its source into the scorer's ids: one encode
+    per text (as before) against Translator._ids_of (each distinct text once, the dictionary's
+    table directly); the same ids either way."""
+    import timeit
+
+    from models.nmt.engine import SampleRequest
+
+    hyps = fwd.sample([SampleRequest(s, f"t{i}", (), 150) for i, (s, _) in enumerate(pairs)], topk=10, seed=0)
+    english = [h.text for hs in hyps for h in hs]
+    foreign = [s for (s, _), hs in zip(pairs, hyps) for _ in hs]
+
+    def per_text():
+        return ([[bwd.src_dict.index(p) for p in bwd.tokenization.encode(t, "src")] + [bwd.src_dict.eos()]
+                 for t in english],
+                [[bwd.tgt_dict.index(p) for p in bwd.tokenization.encode(t, "tgt")] + [bwd.tgt_dict.eos()]
+                 for t in foreign])
+
+    def distinct():
+        return bwd._ids_of(bwd.src_dict, english, "src"), bwd._ids_of(bwd.tgt_dict, foreign, "tgt")
+
+    assert per_text() == distinct()
+    scale = 1e3 * 150 / len(english)
+    return {"per text": min(timeit.repeat(per_text, number=1, repeat=5)) * scale,
+            "distinct texts, dictionary table": min(timeit.repeat(distinct, number=1, repeat=5)) * scale,
+            "candidates": len(english)}
 
 
 # ---------------------------------------------------------------------------- output
@@ -341,6 +403,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sources", type=int, default=500, help="sources of val for the engines (default 500)")
     ap.add_argument("--processes", default="1,4",
                     help="decoding processes per GPU to run the parabank2 job with (default 1,4)")
+    ap.add_argument("--precisions", default="fp32,fp16,bf16",
+                    help="engines' precisions on a GPU, fp32 first (default fp32,fp16,bf16)")
+    ap.add_argument("--job_precisions", default="fp32,bf16",
+                    help="precisions of the parabank2 job with the most processes (default fp32,bf16)")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: engines,syncs,precision,job")
     ap.add_argument("--out", required=True, help="JSON file for the figures")
     ap.add_argument("--rehearse", action="store_true",
@@ -348,13 +414,16 @@ def main(argv=None) -> int:
                          "before a GPU machine's time is spent on it")
     args = ap.parse_args(argv)
     args.processes = [int(x) for x in args.processes.split(",") if x]
+    args.job_precisions = [x for x in args.job_precisions.split(",") if x]
     skip = set(args.skip.split(","))
 
     import torch
 
     gpu = torch.cuda.is_available() or args.rehearse
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    args.precisions = ["fp32", "fp16", "bf16"] if args.device == "cuda" else ["fp32"]
+    args.precisions = [x for x in args.precisions.split(",") if x] if args.device == "cuda" else ["fp32"]
+    if args.precisions[0] != "fp32":
+        ap.error("--precisions must start with fp32 (the baseline)")
     results = {"date": time.strftime("%Y-%m-%d"),
                "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
                "torch": torch.__version__, "command": " ".join(sys.argv)}

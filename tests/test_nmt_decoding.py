@@ -106,6 +106,19 @@ def test_score_equals_fairseq_forward_with_padding_and_blocks(bwd, sources, monk
 
 
 @pytest.mark.slow
+def test_scorer_ids_are_fairseq_dictionary_ids_each_text_encoded_once(bwd, monkeypatch):
+    texts = ["A dog .", "☃ ⚙ unseen ǂ pieces", "A dog .", "", "A dog ."]
+    want = [[bwd.src_dict.index(p) for p in bwd.tokenization.encode(t, "src")] + [bwd.src_dict.eos()]
+            for t in texts]
+    assert bwd.src_dict.unk() in want[1]                     # unknown pieces become <unk>, as fairseq maps them
+    calls = []
+    encode = bwd.tokenization.encode
+    monkeypatch.setattr(bwd.tokenization, "encode", lambda text, side: calls.append(text) or encode(text, side))
+    assert bwd._ids_of(bwd.src_dict, texts, "src") == want
+    assert sorted(calls) == sorted(set(texts))               # each distinct text once
+
+
+@pytest.mark.slow
 def test_length_batches_in_a_given_order_keep_the_budget(fwd):
     lengths = [5, 30, 7, 12, 30, 3, 18, 9, 25, 4]
     order = [9, 5, 0, 2, 7, 3, 6, 8, 1, 4][::-1]           # any order, e.g. the scorer's 2-D one
@@ -147,8 +160,8 @@ def test_precision_is_validated(tiny_nmt_models):
     from models.nmt.translator import resolve_precision
 
     assert resolve_precision("auto", "cpu") == "fp32"
-    assert resolve_precision("auto", "cuda", gpu_has_bf16=True) == "bf16"      # Ampere, Hopper: no overflow
-    assert resolve_precision("auto", "cuda", gpu_has_bf16=False) == "fp16"     # older GPUs
+    assert resolve_precision("auto", "cuda") == "fp32"          # fastest measured on an H100 (benchmarks.md)
+    assert resolve_precision("bf16", "cuda") == "bf16"
     with pytest.raises(ValueError, match="needs a GPU"):
         resolve_precision("fp16", "cpu")
     with pytest.raises(ValueError, match="precision must be one of"):

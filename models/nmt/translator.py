@@ -97,20 +97,17 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_precision(precision: str, device_type: str, gpu_has_bf16: bool | None = None) -> str:
-    """Weights' precision. auto: on a GPU bf16 where it computes bf16 (Ampere and later: it has
-    fp32's range, so activations cannot overflow as fp16's can), else fp16; fp32 on the CPU.
-    GPU_HAS_BF16: None asks torch about the current GPU. bf16 halves the weights on CPUs with
-    AVX512-BF16 or AMX (faster sampling: docs/benchmarks.md), at the cost of slightly different
-    scores and samples; softmax and scores are always computed in fp32."""
+def resolve_precision(precision: str, device_type: str) -> str:
+    """Weights' precision. auto is fp32 everywhere: on an H100 fp32 sampled 1.3-1.5x faster than
+    bf16 and fp16 and ran beam search 1.5-1.8x faster (docs/benchmarks.md, "Decoding on a GPU"):
+    a 6-layer d512 model's decoding steps are too small for half precision to pay for its casts.
+    bf16 (Ampere and later; fp32's range, so activations cannot overflow as fp16's can) and fp16
+    are there on request, for larger models; they give slightly different scores and samples.
+    Softmax and scores are always computed in fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if precision == "auto":
-        if device_type != "cuda":
-            return "fp32"
-        if gpu_has_bf16 is None:
-            gpu_has_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
-        return "bf16" if gpu_has_bf16 else "fp16"
+        return "fp32"
     if precision == "fp16" and device_type != "cuda":
         raise ValueError("fp16 decoding needs a GPU; use bf16 on the CPU")
     return precision
@@ -222,7 +219,17 @@ class Translator(Engine):
         return self.tokenization.encode(text, "tgt")
 
     def _ids(self, dictionary, text: str, side: str) -> list[int]:
-        return [dictionary.index(p) for p in self.tokenization.encode(text, side)] + [dictionary.eos()]
+        """TEXT's token ids with </s>, as fairseq's Dictionary.index maps its pieces (unknown ->
+        <unk>), through the dictionary's table directly: this runs for every candidate scored."""
+        get, unk = dictionary.indices.get, dictionary.unk_index
+        return [get(p, unk) for p in self.tokenization.encode(text, side)] + [dictionary.eos()]
+
+    def _ids_of(self, dictionary, texts: list[str], side: str) -> list[list[int]]:
+        """_ids of each text, each distinct text encoded once: in dual scoring a pair's ~150
+        candidates share its source, and samples repeat. The lists are shared between equal
+        texts; callers only read them."""
+        seen: dict[str, list[int]] = {}
+        return [seen[t] if t in seen else seen.setdefault(t, self._ids(dictionary, t, side)) for t in texts]
 
     def _collate_src(self, id_lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded source tokens (as fairseq's translation task pads them) and their lengths,
@@ -286,8 +293,8 @@ class Translator(Engine):
         prev_output_tokens, target, real) on the device; the target is right-padded and ends with
         </s>, REAL holds the flat positions (row x width + column) of its non-pad tokens. Every
         batch's arrays are built on the host and sent to the device in one transfer."""
-        src_ids = [self._ids(self.src_dict, s, "src") for s in sources]
-        tgt_ids = [self._ids(self.tgt_dict, t, "tgt") for t in targets]
+        src_ids = self._ids_of(self.src_dict, sources, "src")
+        tgt_ids = self._ids_of(self.tgt_dict, targets, "tgt")
         lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]
         # Target length in buckets of 4 pieces first, then source length: in dual scoring all
         # candidates of a pair share the target (the foreign source), so this order pads both
