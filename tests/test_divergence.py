@@ -1,7 +1,10 @@
 """Semantic-divergence detection (models/bitext/divergence.py, models/bitext/train_divergence.py) on tiny
 synthetic bitext: a word-for-word substitution "language" whose correct alignment is known."""
+import json
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -56,7 +59,7 @@ def test_tokenize_matches_moses_escapes_and_raw_text():
     assert tokenize("") == []
 
 
-@pytest.mark.parametrize("aligner", ["fast_align", "eflomal"])
+@pytest.mark.parametrize("aligner", ["agreement", "fast_align", "eflomal"])
 def test_dictionary_from_word_alignments_has_the_known_translations(aligner):
     src, tgt = substitution_corpus(300)
     fwd, rev = word_alignments(src, tgt, seed=1, aligner=aligner)
@@ -72,11 +75,69 @@ def test_dictionary_from_word_alignments_has_the_known_translations(aligner):
         assert best == t
     strict = dictionary_from_counts(counts, min_count=10)
     assert strict.src_to_tgt == {w: {t} for w, t in TRANSLATION.items()}
-    if aligner == "fast_align":       # deterministic: the known alignment, swaps included
+    if aligner != "eflomal":          # deterministic ones: the known alignment, swaps included
         true = true_alignments(src, tgt)[0]
         assert [sorted(r) for r in fwd] == [sorted(r) for r in rev] == [sorted(r) for r in true]
     # bilingual_dictionary = align + count + keep, in one call (alignments passed: no second run)
     assert bilingual_dictionary(src, tgt, min_count=10, alignments=(fwd, rev)) == strict
+
+
+def _junked(n: int, seed: int):
+    """substitution_corpus pairs with about a quarter of the target words replaced by junk words
+    that translate nothing, and junk added to every fifth target; and their true links."""
+    rng = random.Random(seed)
+    src, tgt = substitution_corpus(n, seed, vocab=10)
+    truth = true_alignments(src, tgt)[0]
+    for k, t in enumerate(tgt):
+        junk = {pos for pos in range(len(t)) if rng.random() < 0.25}
+        for pos in junk:
+            t[pos] = f"junk{rng.randrange(40)}"
+        truth[k] = [(i, j) for i, j in truth[k] if j not in junk]
+        if k % 5 == 0:
+            t.extend(f"junk{rng.randrange(40)}" for _ in range(rng.randint(1, 4)))
+    return src, tgt, truth
+
+
+def test_agreement_aligner_is_deterministic_and_chunking_keeps_the_links(monkeypatch):
+    """The same pairs give the same links in a fresh process with other thread counts, and pairs
+    cut into many chunks give the links of one chunk (the chunks' tables add up right)."""
+    import models.bitext.word_align as wa
+
+    src, tgt, _ = _junked(300, seed=3)
+    src, tgt = src + [[], ["x"]], tgt + [["y"], []]                   # empty sides: no links, kept in place
+    whole = wa.agreement_align(src, tgt)
+    assert whole[0][-2:] == [[], []] and whole[1][-2:] == [[], []]
+    monkeypatch.setattr(wa, "CHUNK_ELEMENTS", 500)
+    assert len(wa._chunks(*[[np.arange(len(x)) for x in side] for side in (src, tgt)])) > 5
+    assert wa.agreement_align(src, tgt) == whole
+    code = ("import json, sys; sys.path.insert(0, '.'); from tests.test_divergence import _junked; "
+            "from models.bitext.word_align import agreement_align; s, t, _ = _junked(300, seed=3); "
+            "print(json.dumps(agreement_align(s + [[], ['x']], t + [['y'], []])))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for threads in ("1", "2"):
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=env,
+                              timeout=300, check=True)
+        fwd, rev = json.loads(done.stdout)
+        assert [[tuple(x) for x in r] for r in fwd] == whole[0] and [[tuple(x) for x in r] for r in rev] == whole[1]
+
+
+def test_agreement_aligns_more_precisely_than_each_direction_alone():
+    """Agreement training exists to drop links only one direction believes in: on pairs with junk
+    words that translate nothing, its links are more precise than fast_align's (both directions'
+    links, as the dictionary counts them), with recall kept."""
+    from models.bitext.word_align import agreement_align, fast_align, symmetrize
+
+    src, tgt, truth = _junked(600, seed=5)
+
+    def precision_recall(fwd, rev):
+        links = [set(symmetrize(f, r)) for f, r in zip(fwd, rev)]
+        hit = sum(len(a & set(t)) for a, t in zip(links, truth))
+        return hit / sum(map(len, links)), hit / sum(len(t) for t in truth)
+
+    p_agree, r_agree = precision_recall(*agreement_align(src, tgt))
+    p_fast, r_fast = precision_recall(*fast_align(src, tgt))
+    assert p_agree > p_fast + 0.02 and r_agree >= r_fast - 0.02, (p_agree, r_agree, p_fast, r_fast)
 
 
 def test_coverage_and_length_ratio():
