@@ -4,8 +4,8 @@
     python bench/bench_divergence.py --model DIR     # a saved detector, no training
     python bench/bench_divergence.py --model DIR --dev my-labels.tsv [--dev other.tsv]
 
-Trains on opensubs-parallel.{en,fr} (10,000 pairs: word alignments (--aligner: agreement, the
-default; fast_align; eflomal) -> bilingual dictionary
+Trains on opensubs-parallel.{en,fr} (10,000 pairs: word alignments (--aligner: fast_align, the
+default; agreement; eflomal) -> bilingual dictionary
 and SVD word vectors -> synthetic examples, 5 negatives per positive -> interaction model), then
 scores the two labelled development sets (commoncrawl, opensubs; 100 pairs each) with the model
 and, in the same run, the paper's two baselines: cosine of averaged bilingual word vectors (the

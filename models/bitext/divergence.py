@@ -9,9 +9,11 @@ as equivalent); the negatives are cross pairs (e_i, f_j), i != j, that look like
 the surface: length ratio at most 2, and at least half of the words of EACH side have a
 translation in the other side according to a bilingual dictionary made from word alignments
 (both directions, every aligned word pair as in the authors' code, SemDiverge). The aligner is
-fast_align's model in both directions trained by agreement (models/bitext/word_align.py), which
-has no randomness, so a training is reproducible with its seed; eflomal (``aligner="eflomal"``)
-aligns from samplers that seed themselves and cannot be reproduced. Five negatives per positive, sampled with a seeded generator.
+fast_align's model (models/bitext/word_align.py), which has no randomness, so a training is
+reproducible with its seed; eflomal (``aligner="eflomal"``) aligns from samplers that seed
+themselves and cannot be reproduced. ``aligner="agreement"`` (both directions trained together)
+aligns as well as eflomal but gave a worse detector on subtitles: its dictionary is a quarter of
+fast_align's, and the negatives and word vectors made from it suffer (docs/benchmarks.md). Five negatives per positive, sampled with a seeded generator.
 
 The classifier is He & Lin's (2016) pairwise word-interaction model, as Vyas et al. use it:
 bilingual word embeddings -> one BiLSTM (shared by both languages) -> a similarity cube (cosine,
@@ -93,16 +95,17 @@ def tokenize(text: str, max_tokens: int | None = None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- alignments, dictionary
-ALIGNERS = ("agreement", "fast_align", "eflomal")
+ALIGNERS = ("fast_align", "agreement", "eflomal")
 
 
 def word_alignments(src_tok: Sequence[Sequence[str]], tgt_tok: Sequence[Sequence[str]], seed: int | None = None,
-                    n_samplers: int = 3, rel_iterations: float = 1.0, aligner: str = "agreement"
+                    n_samplers: int = 3, rel_iterations: float = 1.0, aligner: str = "fast_align"
                     ) -> tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]:
     """Word alignments of each pair in both directions: (forward, reverse), each a list (one per
-    pair) of (source position, target position) links. ALIGNER "agreement" (the default: both
-    directions of fast_align's model trained by agreement) and "fast_align" (each direction alone)
-    are deterministic (models/bitext/word_align.py); "eflomal" does not honour SEED: eflomal 2.0 has no
+    pair) of (source position, target position) links. ALIGNER "fast_align" (the default: fast_align's
+    model, each direction alone) and "agreement" (both directions trained by agreement: better links,
+    a worse detector on subtitles) are deterministic (models/bitext/word_align.py); "eflomal" does not
+    honour SEED: eflomal 2.0 has no
     seed option (its samplers seed themselves from /dev/urandom), so links of rare words differ
     between runs, and the dictionary, vectors and negatives built on them with them."""
     del seed
@@ -467,7 +470,7 @@ class DivergenceConfig:
     max_train_tokens: int = 50            # positives longer than this (either side) are not trained on
     embeddings: str = "svd"               # svd (alignment counts) | random (learned end to end)
     freeze_embeddings: bool = True       # svd vectors stay fixed (fine-tuning them did worse on dev data)
-    aligner: str = "agreement"            # word alignments for the dictionary: agreement | fast_align (deterministic) | eflomal
+    aligner: str = "fast_align"           # word alignments for the dictionary: fast_align | agreement (deterministic) | eflomal
     min_count: int = 1                    # dictionary: times a word pair must be aligned
     negatives_per_positive: int = 5
     max_length_ratio: float = 2.0

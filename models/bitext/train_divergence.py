@@ -3,9 +3,9 @@
     paragen-train-divergence --src corpus.en --tgt corpus.fr --src_lang en --tgt_lang fr \
         --output runs/divergence-en-fr --dev ../shared/data/divergence/commoncrawl.dev.tsv
 
-The pairs are word-aligned in both directions (fast_align's model, both directions trained by
-agreement, deterministic: the same data and --seed give the same detector; --aligner eflomal for
-eflomal, which cannot be seeded); every
+The pairs are word-aligned in both directions (fast_align's model, deterministic: the same data
+and --seed give the same detector; --aligner agreement for both directions trained together, also
+deterministic; --aligner eflomal for eflomal, which cannot be seeded); every
 aligned word pair goes into a bilingual dictionary; each pair is a positive and is given 5
 negatives, cross pairs whose length ratio is at most 2 and of which at least half the words of
 each side have a translation in the other; a pairwise word-interaction model
@@ -73,10 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--channels", default=",".join(map(str, d.channels)),
                     help=f"conv channels of the CNN blocks, comma-separated (default {','.join(map(str, d.channels))})")
     ap.add_argument("--aligner", choices=ALIGNERS, default=d.aligner,
-                    help="word aligner for the dictionary and word vectors: agreement (fast_align's model, both "
-                         "directions trained together; deterministic: the same --seed, the same detector), "
-                         "fast_align (each direction alone; deterministic, less accurate) or eflomal (seeds "
-                         "itself: every training differs) "
+                    help="word aligner for the dictionary and word vectors: fast_align (fast_align's model; "
+                         "deterministic: the same --seed, the same detector; the best detector in "
+                         "docs/benchmarks.md), agreement (both directions trained together: deterministic, "
+                         "eflomal's alignment error, a worse detector on subtitles) or eflomal (seeds itself: "
+                         "every training differs) "
                          f"(default {d.aligner})")
     ap.add_argument("--embeddings", choices=["svd", "random"], default=d.embeddings,
                     help="initial word vectors: svd (cross-lingual, from the alignment counts) or random "
