@@ -38,7 +38,7 @@ def main() -> None:
         rows = read_dev_tsv(path)
         labels = np.array([y for _, _, y in rows])
         scores = [d.score([e for e, _, _ in rows], [f for _, f, _ in rows]) for d in detectors]
-        cells = [f"{roc_auc_score(labels, s):.3f}" for s in scores] + [f"{roc_auc_score(labels, np.mean(scores, 0)):.3f}"]
+        cells = [f"{roc_auc_score(labels, s):.3f}" for s in scores + [np.mean(scores, 0)]]
         print(f"| {os.path.basename(path)} | " + " | ".join(cells) + " |", flush=True)
 
 

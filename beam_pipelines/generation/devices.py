@@ -38,8 +38,9 @@ def resolve_device(device: str | None, precision: str, runner: str) -> tuple[str
 
 def hashed_precision(requested: str, device: str | None, resolved: str) -> str:
     """The precision the config hash records: as requested, except that 'auto' on a GPU records
-    what it resolved to where the driver can tell (the DirectRunner), since GPU types differ
-    (bf16 or fp16) and a refresh must not mix samples of both. On the CPU 'auto' is always fp32."""
+    what it resolved to where the driver can tell (the DirectRunner): 'auto' meant bf16 or fp16
+    there before it meant fp32, and a refresh must not mix samples of two precisions. On the CPU
+    'auto' is always fp32."""
     if requested != "auto" or device != "cuda":
         return requested
     return f"auto:cuda:{resolved}"

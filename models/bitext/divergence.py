@@ -13,7 +13,8 @@ fast_align's model (models/bitext/word_align.py), which has no randomness, so a 
 reproducible with its seed; eflomal (``aligner="eflomal"``) aligns from samplers that seed
 themselves and cannot be reproduced. ``aligner="agreement"`` (both directions trained together)
 aligns as well as eflomal but gave a worse detector on subtitles: its dictionary is a quarter of
-fast_align's, and the negatives and word vectors made from it suffer (docs/benchmarks.md). Five negatives per positive, sampled with a seeded generator.
+fast_align's, and the negatives and word vectors made from it suffer (docs/benchmarks.md). Five
+negatives per positive, sampled with a seeded generator.
 
 The classifier is He & Lin's (2016) pairwise word-interaction model, as Vyas et al. use it:
 bilingual word embeddings -> one BiLSTM (shared by both languages) -> a similarity cube (cosine,
@@ -470,7 +471,7 @@ class DivergenceConfig:
     max_train_tokens: int = 50            # positives longer than this (either side) are not trained on
     embeddings: str = "svd"               # svd (alignment counts) | random (learned end to end)
     freeze_embeddings: bool = True       # svd vectors stay fixed (fine-tuning them did worse on dev data)
-    aligner: str = "fast_align"           # word alignments for the dictionary: fast_align | agreement (deterministic) | eflomal
+    aligner: str = "fast_align"           # word alignments: fast_align | agreement (deterministic) | eflomal
     min_count: int = 1                    # dictionary: times a word pair must be aligned
     negatives_per_positive: int = 5
     max_length_ratio: float = 2.0

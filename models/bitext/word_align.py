@@ -64,10 +64,6 @@ class _Side:
     n: np.ndarray            # target length of each pair (its rows)
     table: np.ndarray | None = None     # the chunk's distinct keys -> index into the global t table
 
-    @property
-    def rows(self) -> int:
-        return int(self.n.sum())
-
 
 class _Geometry:
     """Where each element of a side sits: its row (group), column j (m = NULL), target position
