@@ -167,12 +167,12 @@ def retrying(path: str, fn, *args, **kwargs):
             # not waited for again: the job's last steps (its claim, its error log) end in seconds
             budget = 0.0 if store in _AWAY else retry_seconds()
             deadline = deadline if deadline is not None else now + budget
-            if now + delay > deadline:
+            if now >= deadline:          # the whole budget waited: the line's "retried for" is true
                 _AWAY.add(store)
                 raise StorageError(f"{exc}; retried for {retry_seconds():g}s (PARAGEN_STORAGE_RETRY_SECONDS)",
                                    transient=True) from None
             _RETRY_LOG.note(path, exc.detail)
-            time.sleep(delay * random.uniform(0.5, 1.0))
+            time.sleep(min(delay * random.uniform(0.5, 1.0), deadline - now))     # never past the deadline
             delay = min(delay * 2, _RETRY_MAX_S)
 
 
