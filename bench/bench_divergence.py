@@ -179,6 +179,33 @@ def report_dev_sets(devs: dict, detector, embeddings, a) -> None:
           + "; ".join(f"{name} vs {baseline} {100 * p:.1f}%" for name, baseline, p in wins) + ".")
 
 
+def report_members(devs: dict, detector, a) -> None:
+    """For an ensemble: each dev set's ROC AUC and cross-validated macro F1 of the mean
+    P(equivalent) of its first k members, k = 1 .. all (how much each member adds)."""
+    from dataclasses import replace
+
+    from models.bitext.divergence import DivergenceDetector, member_seed, tokenize
+
+    cfg = detector.cfg
+    singles = [DivergenceDetector(detector.src_words, detector.tgt_words,
+                                  replace(cfg, members=1, seed=member_seed(cfg.seed, k)), model=m)
+               for k, m in enumerate(detector.model.members)]
+    print("\n| dev set | " + " | ".join(f"first {k}" for k in range(1, len(singles) + 1))
+          + " |\n|---|" + "---:|" * len(singles))
+    for name, dev in devs.items():
+        labels = np.array([y for *_, y in dev])
+        s_tok, t_tok = [tokenize(s) for s, _, _ in dev], [tokenize(t) for _, t, _ in dev]
+        scores = np.array([d.score_tokens(s_tok, t_tok) for d in singles])
+        cells = []
+        for k in range(1, len(singles) + 1):
+            mean = scores[:k].mean(0)
+            cv, _ = cross_validated_f1(mean, labels, a.folds, a.repeats, a.seed)
+            cells.append(f"{100 * cv:.1f} ({roc_auc(mean, labels):.3f})")
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    print(f"\n(Members' seeds {', '.join(str(d.cfg.seed) for d in singles)}; each cell: the cross-validated macro F1 "
+          "(ROC AUC) of the mean P(equivalent) of the first k members.)")
+
+
 def main() -> None:
     import torch
 
@@ -209,6 +236,9 @@ def main() -> None:
     ap.add_argument("--batch_size", type=int, default=d.batch_size)
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--members", type=int, default=d.members,
+                    help=f"detectors averaged, seeds --seed, --seed + 1000, ... (default {d.members}); prints "
+                         "also the figures of the first k members for every k")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=10, help="shuffles of the cross-validation (default 10)")
@@ -226,6 +256,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     cfg = DivergenceConfig(dim=a.dim, hidden=a.hidden, channels=tuple(int(c) for c in a.channels.split(",")),
                            epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device="cpu",
+                           members=a.members,
                            embeddings=a.embeddings, aligner=a.aligner,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, progress=False)
     paths = a.dev or [os.path.join(a.data, f"{name}.dev.tsv") for name in ("commoncrawl", "opensubs")]
@@ -249,6 +280,8 @@ def main() -> None:
                                          detector.model.tgt_embed.weight.detach().numpy())
         print(f"# bench_divergence: the saved detector {a.model}, dev sets {dev_sets}\n", flush=True)
         report_dev_sets(devs, detector, embeddings, a)
+        if detector.cfg.members > 1:
+            report_members(devs, detector, a)
         return
     src, tgt = read_parallel(os.path.join(a.data, "opensubs-parallel"), a.max_pairs)
     for prefix in a.extra:
@@ -270,6 +303,8 @@ def main() -> None:
     if a.save:
         trained.detector.save(a.save)
     report_dev_sets(devs, trained.detector, trained.embeddings, a)
+    if cfg.members > 1:
+        report_members(devs, trained.detector, a)
 
     r = trained.report
     syn = r["synthetic"]
@@ -277,15 +312,16 @@ def main() -> None:
           f"{syn['negatives']:,} negatives ({syn['short_positives']} positives got fewer than "
           f"{syn['negatives_per_positive']}); dictionary {r['dictionary_pairs']:,} word pairs; vocabularies "
           f"{r['src_words']:,} en / {r['tgt_words']:,} fr; held-out synthetic accuracy "
-          f"{r['epochs'][-1].get('heldout_accuracy', float('nan')):.3f}.")
+          f"{r['epochs'][-1].get('heldout_accuracy', float('nan')):.3f}"
+          + (f" (the first of {cfg.members} members)." if cfg.members > 1 else "."))
     vectors = ("random word vectors, trained" if cfg.embeddings == "random" else
                f"SVD word vectors, {'fixed' if cfg.freeze_embeddings else 'fine-tuned'}")
     print(f"\nModel: {cfg.dim}-dim {vectors}, "
           f"BiLSTM {cfg.hidden}, CNN channels {list(cfg.channels)}, {cfg.epochs} epoch(s), batch {cfg.batch_size}, "
           f"Adam lr {cfg.lr}.")
-    epochs = ", ".join(f"{e['seconds']:.0f}" for e in r["epochs"])
+    epochs = "; ".join(", ".join(f"{e['seconds']:.0f}" for e in m["epochs"]) for m in r.get("members", [r]))
     print(f"\nTraining time: **{total_s / 60:.1f} min** in all: {a.aligner} alignment {align_s:.0f} s, dictionary + "
-          f"vectors + synthetic data {r['prep_seconds']:.0f} s, epochs {epochs} s (wall clock; the machine is "
+          f"vectors {r['prep_seconds']:.0f} s, epochs {epochs} s (wall clock; the machine is "
           f"shared: load average {os.getloadavg()[0]:.1f} at the end).")
     print(f"\npeak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 

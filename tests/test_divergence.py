@@ -409,6 +409,10 @@ def test_command_line_trains_tunes_and_refuses_to_overwrite(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     missing = [str(tmp_path / "missing.en") if a == str(tmp_path / "c.en") else a for a in args]
     assert main(missing + ["--overwrite"]) == 2 and "missing.en" in capsys.readouterr().err
+    assert main(args + ["--overwrite", "--members", "0"]) == 2 and "members" in capsys.readouterr().err
+    report = run(args + ["--overwrite", "--members", "2"])
+    assert [m["seed"] for m in report["members"]] == [1, 1001]
+    assert load_divergence_detector(out).cfg.members == 2
 
 
 @pytest.mark.slow
@@ -460,3 +464,83 @@ def test_two_trainings_with_the_same_seed_give_the_same_detector(tmp_path):
     (th1, s1), (th2, s2), (th3, s3) = train("a", 3), train("b", 3), train("c", 4)
     assert th1 == th2 and np.array_equal(s1, s2)
     assert not np.array_equal(s1, s3)                      # the seed does matter
+
+
+@pytest.mark.slow
+def test_an_ensemble_averages_members_that_single_trainings_reproduce(tmp_path):
+    """--members K: member 0 is the detector that --seed alone trains, member k trains from seed +
+    1000 k on the same alignments, dictionary and vectors; the detector's P(equivalent) is the members' mean, the threshold is tuned on that mean, and the
+    saved ensemble (fixed word vectors stored once) loads to the same scores."""
+    from dataclasses import replace
+
+    from models.bitext.divergence import DivergenceDetector, InteractionEnsemble, member_seed
+
+    torch.set_num_threads(1)
+    src, tgt = substitution_corpus(160, seed=11, vocab=12)
+    links = true_alignments(src, tgt)
+    dev_src, dev_tgt = substitution_corpus(20, seed=12, vocab=12)
+    dev = [(" ".join(s), " ".join(t), 1) for s, t in zip(dev_src, dev_tgt)]
+    dev += [(" ".join(s), " ".join(t), 0) for s, t in zip(dev_src, dev_tgt[3:] + dev_tgt[:3])]
+    cfg = DivergenceConfig(**{**TINY, "epochs": 2, "seed": 5})
+    quiet = lambda m: None  # noqa: E731
+    ens = train_divergence(src, tgt, replace(cfg, members=3), dev, alignments=links, log=quiet)
+    det = ens.detector
+    assert isinstance(det.model, InteractionEnsemble) and len(det.model.members) == 3
+    assert [m["seed"] for m in ens.report["members"]] == [5, 1005, 2005] == [member_seed(5, k) for k in range(3)]
+
+    texts = ([s for s, _, _ in dev], [t for _, t, _ in dev])
+    single = [train_divergence(src, tgt, cfg, alignments=links, log=quiet)]
+    as_single = [DivergenceDetector(det.src_words, det.tgt_words, replace(cfg, members=1), model=m)
+                 for m in det.model.members]
+    member_scores = np.array([d.score(*texts) for d in as_single])
+    assert np.array_equal(member_scores[0], single[0].detector.score(*texts))
+    assert not np.array_equal(member_scores[0], member_scores[1])        # the seeds differ
+    mean = det.score(*texts)
+    np.testing.assert_allclose(mean, member_scores.mean(0), rtol=1e-6)      # float32 logits, summed apart
+    assert (det.threshold, ens.report["dev"]["macro_f1"]) == tune_threshold(mean, [y for *_, y in dev])
+
+    out = tmp_path / "ens"
+    det.save(str(out))
+    from models.safety import load_tensor_file
+
+    state = load_tensor_file(str(out / "weights.pt"))     # the fixed tables are stored once, not per member
+    assert {state[f"members.{k}.src_embed.weight"].data_ptr() for k in range(3)} == \
+        {state["members.0.src_embed.weight"].data_ptr()}
+    assert not torch.equal(state["members.0.head.4.bias"], state["members.1.head.4.bias"])
+    back = load_divergence_detector(str(out), device="cpu")
+    assert back.cfg.members == 3 and back.threshold == det.threshold
+    assert np.array_equal(back.score(*texts), mean)
+    cfg_path = out / "config.json"
+    raw = json.loads(cfg_path.read_text())
+    for bad in (0, 99, "3"):
+        cfg_path.write_text(json.dumps({**raw, "model": {**raw["model"], "members": bad}}))
+        with pytest.raises(UsageError, match="members"):
+            load_divergence_detector(str(out), device="cpu")
+    cfg_path.write_text(json.dumps({**raw, "model": {**raw["model"], "members": 2}}))
+    with pytest.raises(UsageError, match="weights.pt does not fit"):          # 3 members' weights, 2 said
+        load_divergence_detector(str(out), device="cpu")
+
+
+def test_an_ensembles_confident_scores_keep_their_order():
+    """The mean of members' P(equivalent) is taken in float64 (log-mean-exp): pairs every member
+    is sure of still rank, as with one model."""
+    from collections import Counter
+
+    from common.text import Vocabulary
+    from models.bitext.divergence import DivergenceDetector
+
+    torch.manual_seed(0)
+    src, tgt = substitution_corpus(12, seed=4)
+    det = DivergenceDetector(Vocabulary.build(Counter(w for s in src for w in s)),
+                             Vocabulary.build(Counter(w for t in tgt for w in t)),
+                             DivergenceConfig(**{**TINY, "members": 2}))
+    with torch.no_grad():
+        for m in det.model.members:
+            m.head[-1].bias.copy_(torch.tensor([-10.0, 10.0]))
+        gaps = [(lambda z: (z[:, 1] - z[:, 0]).numpy())(m(*det.batch(src, tgt)).double())
+                for m in det.model.members]
+    assert min(g.min() for g in gaps) > 18
+    scores = det.score_tokens(src, tgt)
+    assert np.all(scores < 1.0) and len(np.unique(scores)) > len(src) // 2
+    expected = np.mean([1 / (1 + np.exp(-g)) for g in gaps], 0)          # float64 throughout
+    np.testing.assert_allclose(1 - scores, 1 - expected, rtol=1e-6)

@@ -60,7 +60,7 @@ import tempfile
 import time
 import unicodedata
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -78,6 +78,7 @@ FILES = ("config.json", "src_words.json", "tgt_words.json", "weights.pt")
 MAX_CHARS = 5000            # hostile input: a line is cut to this many characters before tokenising
 MAX_TOKENS = 80             # and to this many tokens before it reaches the model (the cube is L1 x L2)
 N_CHANNELS = 13             # 3 measures x 4 views of the BiLSTM states + the same-string channel
+MAX_MEMBERS = 16            # an ensemble's detectors (each one a training and a pass when scoring)
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -455,6 +456,60 @@ class InteractionModel(nn.Module):
         return self.head(pooled)
 
 
+class InteractionEnsemble(nn.Module):
+    """Interaction models trained from different seeds on the same data; forward gives the log of
+    their mean P(class), in float64 (so P(equivalent) = sigmoid of the difference, as for one model,
+    and confident pairs keep their order). With 100 labelled pairs a set a seed moves one model's
+    ROC AUC by 0.03-0.08; the mean of several is steadier (docs/benchmarks.md). Members with fixed
+    SVD vectors share one pair of tables: the vectors are the same for every seed."""
+
+    def __init__(self, members: Sequence[InteractionModel]):
+        super().__init__()
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        self.members = nn.ModuleList(members)
+
+    def forward(self, *inputs) -> torch.Tensor:
+        logp = torch.stack([F.log_softmax(m(*inputs).double(), -1) for m in self.members])
+        return torch.logsumexp(logp, 0) - math.log(len(self.members))
+
+    @property
+    def src_embed(self) -> nn.Embedding:
+        return self.members[0].src_embed
+
+    @property
+    def tgt_embed(self) -> nn.Embedding:
+        return self.members[0].tgt_embed
+
+
+def member_seed(seed: int, k: int) -> int:
+    """The seed of an ensemble's K-th member (0-based): member 0 is the detector that --seed alone
+    trains; the others are far from the seeds a user would try next (seed + 1, seed + 2)."""
+    return seed + 1000 * k
+
+
+def new_model(cfg: "DivergenceConfig", n_src: int, n_tgt: int, src_vectors: np.ndarray | None = None,
+              tgt_vectors: np.ndarray | None = None) -> nn.Module:
+    """The untrained model of CFG: one InteractionModel, or an InteractionEnsemble of cfg.members
+    (sharing the word-vector tables when they are fixed)."""
+    def one():
+        return InteractionModel(n_src, n_tgt, cfg.dim, cfg.hidden, cfg.channels, cfg.dense, cfg.focus_weight,
+                                cfg.dropout, src_vectors, tgt_vectors, freeze_embeddings=cfg.freeze_embeddings)
+    if cfg.members == 1:
+        return one()
+    return share_fixed_tables(InteractionEnsemble([one() for _ in range(cfg.members)]), cfg)
+
+
+def share_fixed_tables(ensemble: InteractionEnsemble, cfg: "DivergenceConfig") -> InteractionEnsemble:
+    """Point every member at the first member's word-vector tables when they are fixed (the same
+    SVD vectors in all): one copy in memory and in weights.pt."""
+    if cfg.freeze_embeddings:
+        first = ensemble.members[0]
+        for m in ensemble.members[1:]:
+            m.src_embed, m.tgt_embed = first.src_embed, first.tgt_embed
+    return ensemble
+
+
 # ---------------------------------------------------------------------------------- detector
 @dataclass
 class DivergenceConfig:
@@ -477,6 +532,7 @@ class DivergenceConfig:
     max_length_ratio: float = 2.0
     min_coverage: float = 0.5
     max_tries: int = 200
+    members: int = 1                      # detectors trained from seeds seed, seed + 1000, ...; P averaged
     epochs: int = 2
     batch_size: int = 32
     lr: float = 1e-3
@@ -488,6 +544,8 @@ class DivergenceConfig:
         for name in ("dim", "hidden", "dense", "max_tokens", "max_train_tokens", "epochs", "batch_size", "min_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.members <= MAX_MEMBERS:
+            raise ValueError(f"members must be between 1 and {MAX_MEMBERS}, got {self.members}")
         if not self.channels or any(int(c) < 1 for c in self.channels):
             raise ValueError(f"channels must be positive integers, got {self.channels}")
         if self.aligner not in ALIGNERS:
@@ -506,11 +564,10 @@ class DivergenceDetector:
     """A trained interaction model with its vocabularies and decision threshold."""
 
     def __init__(self, src_words: Vocabulary, tgt_words: Vocabulary, cfg: DivergenceConfig,
-                 threshold: float = 0.5, model: InteractionModel | None = None, extra: dict | None = None):
+                 threshold: float = 0.5, model: nn.Module | None = None, extra: dict | None = None):
         self.src_words, self.tgt_words, self.cfg, self.threshold = src_words, tgt_words, cfg, float(threshold)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = (model or InteractionModel(len(src_words), len(tgt_words), cfg.dim, cfg.hidden, cfg.channels,
-                                                cfg.dense, cfg.focus_weight, cfg.dropout)).to(self.device)
+        self.model = (model or new_model(cfg, len(src_words), len(tgt_words))).to(self.device)
         self.extra = dict(extra or {})
 
     # ---------------------------------------------------------------- tensors
@@ -586,8 +643,13 @@ class DivergenceDetector:
         reader never takes half a model for a whole one."""
         write_text(os.path.join(path, "src_words.json"), self.src_words.to_json())
         write_text(os.path.join(path, "tgt_words.json"), self.tgt_words.to_json())
+        on_cpu: dict[tuple, torch.Tensor] = {}             # a shared table (ensembles) is stored once
+        state = {}
+        for k, v in self.model.state_dict().items():
+            key = (str(v.device), v.data_ptr(), tuple(v.shape), tuple(v.stride()), v.dtype)
+            state[k] = on_cpu[key] if key in on_cpu else on_cpu.setdefault(key, v.detach().cpu())
         with replacing(os.path.join(path, "weights.pt")) as tmp:
-            torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, tmp)
+            torch.save(state, tmp)
         write_json(os.path.join(path, "config.json"), self.config())
 
 
@@ -717,7 +779,9 @@ def train_divergence(src_tok: Sequence[Sequence[str]], tgt_tok: Sequence[Sequenc
     synthetic examples, train the interaction model with cross-entropy (Adam) for cfg.epochs, and
     tune the threshold on DEV ((src, tgt, label) triples, label 1 = equivalent; without DEV the
     threshold is 0.5). HELDOUT of the positives, with their negatives, are kept out of training
-    to report accuracy on unseen synthetic pairs."""
+    to report accuracy on unseen synthetic pairs. With cfg.members > 1 the steps from the synthetic
+    examples on are repeated for each member's seed (member_seed) on the same alignments,
+    dictionary and vectors, and the threshold is tuned on the members' mean P(equivalent)."""
     cfg = cfg or DivergenceConfig()
     cfg.validate()
     _set_seed(cfg.seed)
@@ -748,28 +812,54 @@ def train_divergence(src_tok: Sequence[Sequence[str]], tgt_tok: Sequence[Sequenc
     short = [(s, t) for s, t in pairs if len(s) <= cfg.max_train_tokens and len(t) <= cfg.max_train_tokens]
     if len(short) < 2:
         raise UsageError(f"fewer than 2 pairs with at most {cfg.max_train_tokens} tokens a side")
-    examples = synthetic_examples(short, dictionary, cfg.negatives_per_positive, cfg.max_length_ratio,
-                                  cfg.min_coverage, cfg.seed, cfg.max_tries)
-    t_prep = time.time()
-    train_ex, held_ex = _split_heldout(examples, heldout, cfg.seed)
     log(f"dictionary: {sum(map(len, dictionary.src_to_tgt.values()))} word pairs; vocabularies "
-        f"{len(src_words)} {cfg.src_lang} / {len(tgt_words)} {cfg.tgt_lang}; synthetic data: "
-        f"{examples.stats['positives']} positives, {examples.stats['negatives']} negatives "
-        f"({examples.stats['short_positives']} positives short of {cfg.negatives_per_positive}); "
-        f"{len(train_ex)} to train, {len(held_ex)} held out")
-
-    model = InteractionModel(len(src_words), len(tgt_words), cfg.dim, cfg.hidden, cfg.channels, cfg.dense,
-                             cfg.focus_weight, cfg.dropout,
-                             *((embeddings.src_vectors, embeddings.tgt_vectors) if cfg.embeddings == "svd"
-                               else (None, None)), freeze_embeddings=cfg.freeze_embeddings)
-    det = DivergenceDetector(src_words, tgt_words, cfg, model=model)
-    optimizers = _optimizers(det.model, cfg.lr)
-    rng = random.Random(cfg.seed)
-    report = {"pairs": len(pairs), "trained_positives": len(short), "synthetic": dict(examples.stats),
+        f"{len(src_words)} {cfg.src_lang} / {len(tgt_words)} {cfg.tgt_lang}")
+    report = {"pairs": len(pairs), "trained_positives": len(short),
               "dictionary_pairs": sum(map(len, dictionary.src_to_tgt.values())),
               "src_words": len(src_words), "tgt_words": len(tgt_words), "align_seconds": round(align_s, 1),
-              "prep_seconds": round(t_prep - t0 - align_s, 1),
-              "epochs": []}
+              "prep_seconds": round(time.time() - t0 - align_s, 1)}
+    vectors = (embeddings.src_vectors, embeddings.tgt_vectors) if cfg.embeddings == "svd" else (None, None)
+    members, member_reports = [], []
+    for k in range(cfg.members):
+        member_cfg = replace(cfg, members=1, seed=member_seed(cfg.seed, k))
+        if cfg.members > 1:
+            log(f"member {k + 1} of {cfg.members} (seed {member_cfg.seed})")
+        member = _train_member(src_words, tgt_words, member_cfg, vectors, short, dictionary, heldout, log)
+        members.append(member.model)
+        member_reports.append(member.extra["training"])
+    # member 0's figures at the top, as for a single detector; every member's under 'members'
+    report.update(member_reports[0])
+    if cfg.members > 1:
+        report["members"] = member_reports
+    model = members[0] if cfg.members == 1 else share_fixed_tables(InteractionEnsemble(members), cfg)
+    det = DivergenceDetector(src_words, tgt_words, cfg, model=model)
+    if dev:
+        scores = det.score([s for s, _, _ in dev], [t for _, t, _ in dev])
+        det.threshold, f = tune_threshold(scores, [y for _, _, y in dev])
+        report["dev"] = {"pairs": len(dev), "threshold": det.threshold, "macro_f1": f}
+        log(f"threshold {det.threshold:.4f} tuned on {len(dev)} dev pairs"
+            + (f" (the mean P(equivalent) of {cfg.members} members)" if cfg.members > 1 else "") + f": macro F1 {f:.3f}")
+    report["train_seconds"] = round(time.time() - t0, 1)
+    det.extra = {"training": report}
+    return TrainedDivergence(det, embeddings, dictionary, report)
+
+
+def _train_member(src_words: Vocabulary, tgt_words: Vocabulary, cfg: DivergenceConfig, vectors, short,
+                  dictionary: Dictionary, heldout: float, log: Callable[[str], None]) -> DivergenceDetector:
+    """One interaction model trained with cfg.seed: its own synthetic negatives, held-out split,
+    initial weights and batch order (an ensemble member differs from the others in all four). The
+    detector's extra['training'] says how it went."""
+    _set_seed(cfg.seed)
+    examples = synthetic_examples(short, dictionary, cfg.negatives_per_positive, cfg.max_length_ratio,
+                                  cfg.min_coverage, cfg.seed, cfg.max_tries)
+    train_ex, held_ex = _split_heldout(examples, heldout, cfg.seed)
+    log(f"synthetic data: {examples.stats['positives']} positives, {examples.stats['negatives']} negatives "
+        f"({examples.stats['short_positives']} positives short of {cfg.negatives_per_positive}); "
+        f"{len(train_ex)} to train, {len(held_ex)} held out")
+    det = DivergenceDetector(src_words, tgt_words, cfg, model=new_model(cfg, len(src_words), len(tgt_words), *vectors))
+    optimizers = _optimizers(det.model, cfg.lr)
+    rng = random.Random(cfg.seed)
+    report = {"seed": cfg.seed, "synthetic": dict(examples.stats), "epochs": []}
     for epoch in range(1, cfg.epochs + 1):
         det.model.train()
         start, losses = time.time(), []
@@ -794,14 +884,8 @@ def train_divergence(src_tok: Sequence[Sequence[str]], tgt_tok: Sequence[Sequenc
         report["epochs"].append(entry)
         log(f"epoch {epoch}: loss {entry['loss']:.4f}, {entry['seconds']:.0f}s"
             + (f", held-out synthetic accuracy {entry['heldout_accuracy']:.3f}" if held_ex else ""))
-    if dev:
-        scores = det.score([s for s, _, _ in dev], [t for _, t, _ in dev])
-        det.threshold, f = tune_threshold(scores, [y for _, _, y in dev])
-        report["dev"] = {"pairs": len(dev), "threshold": det.threshold, "macro_f1": f}
-        log(f"threshold {det.threshold:.4f} tuned on {len(dev)} dev pairs: macro F1 {f:.3f}")
-    report["train_seconds"] = round(time.time() - t0, 1)
     det.extra = {"training": report}
-    return TrainedDivergence(det, embeddings, dictionary, report)
+    return det
 
 
 def _optimizers(model: InteractionModel, lr: float) -> list:

@@ -30,7 +30,8 @@ import time
 
 import torch
 
-from models.bitext.divergence import ALIGNERS, DivergenceConfig, read_dev_tsv, tokenize, train_divergence
+from models.bitext.divergence import (ALIGNERS, MAX_MEMBERS, DivergenceConfig, read_dev_tsv, tokenize,
+                                      train_divergence)
 from common import storage
 from common.cli import UsageError, check_output_location, configure_logging
 
@@ -70,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                              ("max_train_tokens", int, "longest sentence (tokens) trained on"),
                              ("max_tokens", int, "tokens kept per side when scoring")):
         ap.add_argument(f"--{name}", type=typ, default=getattr(d, name), help=f"{help_} (default {getattr(d, name)})")
+    ap.add_argument("--members", type=int, default=d.members,
+                    help="detectors to train, from seeds --seed, --seed + 1000, ...; the saved detector averages "
+                         "their P(equivalent): steadier from one seed to the next (docs/benchmarks.md), at "
+                         f"--members times the training and scoring time (default {d.members}, at most "
+                         f"{MAX_MEMBERS})")
     ap.add_argument("--channels", default=",".join(map(str, d.channels)),
                     help=f"conv channels of the CNN blocks, comma-separated (default {','.join(map(str, d.channels))})")
     ap.add_argument("--aligner", choices=ALIGNERS, default=d.aligner,
@@ -100,7 +106,8 @@ def _config(a) -> DivergenceConfig:
                            dense=a.dense, max_tokens=a.max_tokens, max_train_tokens=a.max_train_tokens,
                            embeddings=a.embeddings, aligner=a.aligner,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, min_count=a.min_count,
-                           epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=a.device,
+                           members=a.members, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
+                           device=a.device,
                            progress=not a.no_progress)
     try:
         cfg.validate()
