@@ -1,17 +1,22 @@
-"""ROC AUC of saved divergence detectors alone and of the mean of their P(equivalent).
+"""ROC AUC of saved divergence detectors, of each of their members, and of the mean of all their
+members' P(equivalent).
 
-    python bench/bench_divergence.py --seed S --save runs/div-sS      # for S = 1, 2, 3, ...
+    python bench/bench_divergence.py --seed S --members 5 --save runs/div-sS      # S = 1, 2, 3, ...
     python bench/bench_divergence_ensemble.py runs/div-s1 runs/div-s2 runs/div-s3 \\
         [--dev ../shared/data/divergence/commoncrawl.dev.tsv --dev .../opensubs.dev.tsv]
 
 A detector's dev figures move with its seed by more than the aligners differ (docs/benchmarks.md,
-"Semantic divergence"); this measures whether averaging detectors of several seeds steadies them.
+"Semantic divergence"). This pools every member of the detectors given (a single detector is one
+member) and prints, per dev set: each detector's AUC, the members' mean, spread and range, and
+the AUC and cross-validated macro F1 of the mean of all members' P(equivalent): the limit that
+averaging more seeds approaches.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -19,8 +24,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+def members_of(detector) -> list:
+    """Each member of DETECTOR as a one-model detector (a single detector: itself)."""
+    from models.bitext.divergence import DivergenceDetector, InteractionEnsemble, member_seed
+
+    if not isinstance(detector.model, InteractionEnsemble):
+        return [detector]
+    cfg = detector.cfg
+    return [DivergenceDetector(detector.src_words, detector.tgt_words,
+                               replace(cfg, members=1, seed=member_seed(cfg.seed, k)), model=m)
+            for k, m in enumerate(detector.model.members)]
+
+
 def main() -> None:
-    from sklearn.metrics import roc_auc_score
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from bench_divergence import cross_validated_f1, roc_auc
 
     from models.bitext.divergence import load_divergence_detector, read_dev_tsv
 
@@ -32,14 +50,22 @@ def main() -> None:
     args = ap.parse_args()
     devs = args.dev or [os.path.join(data, f"{n}.dev.tsv") for n in ("commoncrawl", "opensubs")]
     detectors = [load_divergence_detector(m, device="cpu") for m in args.models]
+    members = [m for d in detectors for m in members_of(d)]
     print("| dev set | " + " | ".join(os.path.basename(m.rstrip("/")) for m in args.models)
-          + f" | mean of {len(detectors)} detectors' scores |\n|---|" + "---:|" * (len(detectors) + 1))
+          + f" | {len(members)} members: mean AUC ± std (range) | mean of all members' P: AUC, F1 (cv) |\n|---|"
+          + "---:|" * (len(detectors) + 2))
     for path in devs:
         rows = read_dev_tsv(path)
         labels = np.array([y for _, _, y in rows])
-        scores = [d.score([e for e, _, _ in rows], [f for _, f, _ in rows]) for d in detectors]
-        cells = [f"{roc_auc_score(labels, s):.3f}" for s in scores + [np.mean(scores, 0)]]
-        print(f"| {os.path.basename(path)} | " + " | ".join(cells) + " |", flush=True)
+        texts = ([e for e, _, _ in rows], [f for _, f, _ in rows])
+        whole = [roc_auc(d.score(*texts), labels) for d in detectors]
+        scores = np.array([m.score(*texts) for m in members])
+        aucs = [roc_auc(s, labels) for s in scores]
+        pooled = scores.mean(0)
+        cv, _ = cross_validated_f1(pooled, labels)
+        print(f"| {os.path.basename(path)} | " + " | ".join(f"{a:.3f}" for a in whole)
+              + f" | {np.mean(aucs):.3f} ± {np.std(aucs):.3f} ({min(aucs):.3f}-{max(aucs):.3f}) | "
+              f"{roc_auc(pooled, labels):.3f}, {100 * cv:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -297,7 +297,7 @@ class Payload:
 
 
 TINY = dict(dim=16, hidden=12, channels=(8, 8), dense=16, dropout=0.0, epochs=4, batch_size=16, lr=3e-3,
-            device="cpu", progress=False, max_tries=400)
+            device="cpu", progress=False, max_tries=400, members=1)
 
 
 def test_confident_scores_keep_their_order():
@@ -510,6 +510,15 @@ def test_an_ensemble_averages_members_that_single_trainings_reproduce(tmp_path):
     back = load_divergence_detector(str(out), device="cpu")
     assert back.cfg.members == 3 and back.threshold == det.threshold
     assert np.array_equal(back.score(*texts), mean)
+    # the bench pools an ensemble's members with a single detector's: 3 + 1 members
+    single[0].detector.save(str(tmp_path / "one"))
+    (tmp_path / "dev.tsv").write_text("english\tfrench\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in dev))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "bench/bench_divergence_ensemble.py", str(out), str(tmp_path / "one"),
+                           "--dev", str(tmp_path / "dev.tsv")], capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "4 members" in done.stdout and "| dev.tsv |" in done.stdout
+
     cfg_path = out / "config.json"
     raw = json.loads(cfg_path.read_text())
     for bad in (0, 99, "3"):

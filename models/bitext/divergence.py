@@ -16,6 +16,13 @@ aligns as well as eflomal but gave a worse detector on subtitles: its dictionary
 fast_align's, and the negatives and word vectors made from it suffer (docs/benchmarks.md). Five
 negatives per positive, sampled with a seeded generator.
 
+A detector may be an ensemble (``DivergenceConfig.members``): the interaction model trained from
+several seeds on the same dictionary and vectors, P(equivalent) the mean of the members'. A single
+seed's dev figures spread widely (ROC AUC 0.80-0.90 on commoncrawl over 25 seeds); the mean of
+five ranks better (mean AUC over five ensembles +0.035 on opensubs, +0.015 on commoncrawl, against
+the members' own mean) but its thresholded F1 is the same (docs/benchmarks.md), so one member is
+the default.
+
 The classifier is He & Lin's (2016) pairwise word-interaction model, as Vyas et al. use it:
 bilingual word embeddings -> one BiLSTM (shared by both languages) -> a similarity cube (cosine,
 scaled L2 distance and scaled dot product of the forward, backward, concatenated and summed
