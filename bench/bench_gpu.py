@@ -10,7 +10,9 @@ every section, so a run stopped by a time limit keeps what it measured):
   1. engines, --sources sources, top-10: our sampler (30 samples; 5 constraint sets x 6) in fp32,
      fp16 and bf16, against fairseq-generate --sampling (fp16 and fp32, batch 256, every output
      checked); beam 12 in process (fairseq's SequenceGenerator) against fairseq-generate (batch 128);
-  2. device synchronisations per decoder step of one sample() call (torch.cuda sync debug mode);
+  2. device synchronisations per decoder step of one sample() call (torch.cuda sync debug mode),
+     and torch.profiler over one such call, unconstrained and constrained (host and device busy
+     time, the ops that take the most of each);
   3. dual scores of 150 candidates a source in each precision: ms a source, and fp16's and bf16's
      largest and mean difference from fp32 (nats per token);
   4. the whole job (DirectRunner, --device cuda) at the parabank2 and paranmt presets on --pairs
@@ -19,8 +21,10 @@ every section, so a run stopped by a time limit keeps what it measured):
      (nvidia-smi every 0.5 s while the job runs), and the GPU-hours 50M pairs take.
 
 Without a GPU it prints the CPU proxies and exits 0: host<->device round trips during sample()
-and score() (models/nmt/round_trips.py) and the job's host milliseconds per pair by stage, outside
-the engines' calls (the given models on this CPU).
+and score() and the tensor operations (kernel launches on a GPU) per decoder step
+(models/nmt/round_trips.py), the host milliseconds per pair to find banned phrases (two units of
+up to 500 of the --pairs), and the job's host milliseconds per pair by stage, outside the engines'
+calls (the given models on this CPU).
 """
 from __future__ import annotations
 
@@ -164,6 +168,43 @@ def bench_syncs(args, sources_pairs, emit) -> None:
         out.append({"requests": label, "sources": 100, "steps": steps.total, "device_syncs": syncs,
                     "syncs_per_step": syncs / max(steps.total, 1), "round_trips": trips.total})
     emit("syncs", out)
+
+
+def bench_profile(args, sources_pairs, emit, top: int = 12) -> None:
+    """torch.profiler over one sample() call of 100 sources, unconstrained and 5 sets x 6 (after
+    a warm-up call each): the wall time, the host's and the device's busy time, and the ops that
+    take the most of each (self time). Where the constrained step's extra time goes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from models.nmt.translator import Translator
+
+    engine = Translator(args.forward_model, device=args.device, precision="fp32")
+    engine.sample_batch_tokens = 10**9
+    cuda = args.device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    out = []
+    for label, reqs in (("30 samples", free_requests(sources_pairs[:100], 30)),
+                        ("5 sets x 6 samples", constrained_requests(sources_pairs[:100], 5, 6))):
+        engine.sample(reqs, topk=10, seed=0)                       # warm-up: allocator, kernels, ban memo
+        _sync()
+        start = time.perf_counter()
+        with profile(activities=activities) as prof:
+            engine.sample(reqs, topk=10, seed=0)
+            _sync()
+        wall = time.perf_counter() - start
+        events = prof.key_averages()
+        device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events) if cuda else None
+
+        def ranked(key):
+            return [{"op": e.key[:60], "calls": e.count, "self_ms": round(getattr(e, key) / 1e3, 2)}
+                    for e in sorted(events, key=lambda e: -getattr(e, key))[:top] if getattr(e, key)]
+        out.append({"requests": label, "sources": 100, "wall_s": round(wall, 3),
+                    "host_self_s": round(sum(e.self_cpu_time_total for e in events) / 1e6, 3),
+                    "device_self_s": None if device_us is None else round(device_us / 1e6, 3),
+                    "top_host": ranked("self_cpu_time_total"),
+                    "top_device": ranked("self_device_time_total") if cuda else None})
+        emit("profile", out)
 
 
 def bench_precision(args, pairs, emit) -> None:
@@ -316,8 +357,8 @@ def bench_job(args, pairs, emit, gpu: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- CPU proxies
-def cpu_proxies(args, sources_pairs, emit) -> None:
-    from models.nmt.round_trips import count_decoder_steps, count_round_trips
+def cpu_proxies(args, sources_pairs, emit, unit_pairs=()) -> None:
+    from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops, count_round_trips
     from models.nmt.translator import load_translator
 
     fwd = load_translator(args.forward_model, device="cpu")
@@ -329,8 +370,10 @@ def cpu_proxies(args, sources_pairs, emit) -> None:
                            ("5 constraint sets x 6 samples", 100, constrained_requests(sources_pairs[:100], 5, 6))):
         with count_round_trips() as trips, count_decoder_steps() as steps:
             fwd.sample(reqs, topk=10, seed=0)
+        with count_device_ops() as ops:                # apart: the counting mode slows the call
+            fwd.sample(reqs, topk=10, seed=0)
         rows.append({"call": f"sample(), {label}", "sources": n, "round_trips": trips.total, "steps": steps.total,
-                     "per_step": trips.total / steps.total})
+                     "per_step": trips.total / steps.total, "ops_per_step": computing_ops(ops) / steps.total})
     for n in (100, 500):
         english, foreign = [t for _, t in sources_pairs[:n]], [s for s, _ in sources_pairs[:n]]
         with count_round_trips() as trips:
@@ -338,6 +381,32 @@ def cpu_proxies(args, sources_pairs, emit) -> None:
         rows.append({"call": "score()", "sources": n, "round_trips": trips.total, "steps": None, "per_step": None})
     emit("round_trips", rows)
     emit("score_tokenization_ms_per_150_candidates", score_tokenization(bwd, fwd, sources_pairs[:40]))
+    if len(unit_pairs) >= 2:
+        emit("ban_setup_ms_per_pair", ban_setup(fwd, unit_pairs))
+
+
+def ban_setup(fwd, pairs, unit: int = 500) -> dict:
+    """Host ms per pair to find the banned phrases of its 5 constraint sets (parabank2), two
+    units of UNIT pairs in a row: every word worked out afresh (as before the per-word memo), the
+    first unit with an empty memo, the second with the first's; phrases asserted equal."""
+    first, second = constrained_requests(pairs[:unit], 5, 6), constrained_requests(pairs[unit:2 * unit], 5, 6)
+
+    def timed(reqs, fresh: bool):
+        start, out = time.perf_counter(), []
+        for r in reqs:
+            if fresh:
+                fwd._word_bans_memo.clear()
+            out.append(fwd.banned_phrases(r.banned_words))
+        return (time.perf_counter() - start) * 1e3 / max(len(reqs) // 5, 1), out
+
+    fresh_ms, want = timed(second, True)
+    fwd._word_bans_memo.clear()
+    cold_ms, _ = timed(first, False)
+    warm_ms, got = timed(second, False)
+    if got != want:
+        raise AssertionError("memoised banned phrases differ from fresh ones")
+    return {"each word afresh": fresh_ms, "memo, first unit": cold_ms, "memo, second unit": warm_ms,
+            "pairs a unit": min(unit, len(pairs) // 2)}
 
 
 def score_tokenization(bwd, fwd, pairs) -> dict:
@@ -441,12 +510,13 @@ def main(argv=None) -> int:
     pairs = read_pairs(args.bitext, "train", args.pairs)
     if not gpu:
         print("\nno GPU visible: the CPU proxies (host<->device round trips, host time per stage)", flush=True)
-        cpu_proxies(args, sources, emit)
+        cpu_proxies(args, sources, emit, pairs)
         if "job" not in skip:
             bench_job(args, pairs[:min(len(pairs), 200)], emit, gpu=False)
         return 0
     for name, fn in (("engines", lambda: bench_engines(args, sources, emit)),
                      ("syncs", lambda: bench_syncs(args, sources, emit)),
+                     ("profile", lambda: bench_profile(args, sources, emit)),
                      ("precision", lambda: bench_precision(args, sources, emit)),
                      ("job", lambda: bench_job(args, pairs, emit, gpu=True))):
         if name in skip:

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One device call for issue 42 on a lent GPU: train the two Multi30k models, then bench_gpu.py
-# (the job section first, then engines, syncs and scores), each step with its own timeout.
+# (the job section first, then syncs and the sampling profile, then engines and scores), each step
+# with its own timeout.
 # From the project root after `bash ../shared/gpu/make_bundle.sh`: `bash bench/gpu_session.sh`
 # (carry .gpu). Sized for one 600-s call on an H100 (2026-11-26: 900 updates took ~140 s there,
 # the job section 150 s, the engines more than 115 s). Dry run here: TINY=1 bash bench/gpu_session.sh
-# Env: MAX_UPDATE (900), TRAIN_S (195), PAIRS (800), JOBB_S (200), SOURCES (200), BENCH_S (150).
+# Env: MAX_UPDATE (900), TRAIN_S (195), PAIRS (800), JOBB_S (200), SOURCES (200), PROF_S (60),
+# BENCH_S (150). Order: what the last session could not measure first (job, profile), engines last.
 set -u
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 L=/tmp/gpulog; rm -rf "$L" /tmp/site /tmp/mf /tmp/mb /tmp/job-*; mkdir -p "$L" "$OUT" /tmp/site
@@ -12,7 +14,7 @@ T0=$(date +%s); ROOT=$PWD
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/steps.log"; }
 finish() { tar czf "$OUT/logs.tgz" -C "$L" .; cp "$L/steps.log" "$OUT/"; cp "$L"/*.json "$OUT/" 2>/dev/null
   echo "== summary"; cat "$L/steps.log" "$L/versions.txt" 2>/dev/null
-  for f in "$L"/bench_job.log "$L"/bench.log; do [[ -f $f ]] && { echo "-- $f"; grep -v "^INFO\|Warning" "$f" | tail -15 | cut -c1-300; }; done; }
+  for f in "$L"/bench_job.log "$L"/bench_profile.log "$L"/bench.log; do [[ -f $f ]] && { echo "-- $f"; grep -v "^INFO\|Warning" "$f" | tail -15 | cut -c1-300; }; done; }
 trap finish EXIT
 if [[ -z ${TINY:-} ]]; then
   tar xzf .gpu/site.tgz -C /tmp/site || { log "unpack failed"; exit 1; }
@@ -41,7 +43,11 @@ log "bench_gpu job section (${PAIRS:-800} pairs; parabank2 with 1 and 4 processe
 timeout "${JOBB_S:-200}" $PY bench/bench_gpu.py "${B[@]}" --skip engines,syncs,precision --pairs "${PAIRS:-800}" \
     --out "$L/bench_job.json" > "$L/bench_job.log" 2>&1
 log "bench job rc=$?"
-log "bench_gpu engines/syncs/precision (${SOURCES:-200} sources)"
-timeout "${BENCH_S:-150}" $PY bench/bench_gpu.py "${B[@]}" --skip job --precisions fp32,bf16 --sources "${SOURCES:-200}" \
+log "bench_gpu syncs and the profile of a free and a constrained sample() (${SOURCES:-200} sources)"
+timeout "${PROF_S:-60}" $PY bench/bench_gpu.py "${B[@]}" --skip job,engines,precision --sources "${SOURCES:-200}" \
+    --out "$L/bench_profile.json" > "$L/bench_profile.log" 2>&1
+log "bench profile rc=$?"
+log "bench_gpu engines/precision (${SOURCES:-200} sources)"
+timeout "${BENCH_S:-150}" $PY bench/bench_gpu.py "${B[@]}" --skip job,syncs,profile --precisions fp32,bf16 --sources "${SOURCES:-200}" \
     --out "$L/bench_engines.json" > "$L/bench.log" 2>&1
 log "bench engines rc=$?"

@@ -38,6 +38,25 @@ def test_banned_phrases_never_appear(fwd, sources):
 
 
 @pytest.mark.slow
+def test_banned_phrases_are_worked_out_once_a_word(fwd):
+    """Translator.banned_phrases keeps each word's phrases: a word seen before costs a lookup, and
+    the phrases are those the tokenization spells (in order, deduplicated, unknown pieces out)."""
+    from tests.toydata import toy_bitext
+
+    words = [w for _, tgt in toy_bitext(50, seed=4) for w in tgt.split()]
+    fwd._word_bans_memo.clear()
+    first = [fwd.banned_phrases(tuple(words[i:i + 3])) for i in range(0, len(words), 3)]
+    assert set(fwd._word_bans_memo) == set(words)
+    for word in set(words):                                # each word as the tokenization spells it
+        spelled = [tuple(fwd.tgt_dict.index(p) for p in seq)
+                   for seq in fwd.tokenization.banned_phrases(word, fwd._vocabulary)]
+        assert list(fwd._word_bans_memo[word]) == [ids for ids in spelled if ids and fwd.unk not in ids]
+    assert first == [fwd.banned_phrases(tuple(words[i:i + 3])) for i in range(0, len(words), 3)]
+    both = fwd.banned_phrases((words[0], words[1], words[0]))
+    assert both == list(dict.fromkeys(fwd._word_bans_memo[words[0]] + fwd._word_bans_memo[words[1]]))
+
+
+@pytest.mark.slow
 def test_multi_piece_phrase_is_blocked_at_its_last_piece(fwd, sources):
     # Find a word the unconstrained model writes as several pieces, then ban that word.
     free = fwd.sample([SampleRequest(s, f"m{i}", (), 20) for i, s in enumerate(sources)], topk=10, seed=2)

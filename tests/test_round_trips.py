@@ -4,7 +4,7 @@ and a constant number per call in score(). These tests fail when a change brings
 per-phrase round trips back."""
 import pytest
 
-from models.nmt.round_trips import count_decoder_steps, count_round_trips
+from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops, count_round_trips
 from models.nmt.translator import SampleRequest
 
 pytestmark = pytest.mark.slow      # the tiny NMT models are trained once per session
@@ -70,3 +70,34 @@ def test_scoring_round_trips_are_per_batch_not_per_pair(bwd, many_sources, monke
     for n in (100, 500):
         trips, batches = count(n)
         assert batches > 3 and trips <= 8 * batches + 4, (n, trips, batches)
+
+
+def test_device_ops_are_counted_by_name_views_apart():
+    import torch
+
+    a = torch.ones(6)
+    with count_device_ops() as ops:
+        b = (a + 1).view(2, 3).t()
+        b.sum()
+    assert ops.by_kind["add"] == 1 and ops.by_kind["sum"] == 1 and ops.by_kind["(views)"] == 2
+    assert computing_ops(ops) == 2
+    a * 2                                                    # outside the block: not counted
+    assert computing_ops(ops) == 2
+
+
+def test_sampling_ops_per_step_do_not_grow_with_rows(fwd, many_sources, monkeypatch):
+    """On a GPU a host-bound step costs its kernel launches: their number per step must not grow
+    with the rows (no per-row work) and bans must add only a few. The logits are taken in one
+    block, as on a GPU (the CPU's cache-sized blocks add ops with the rows by design)."""
+    from models.nmt import translator
+
+    monkeypatch.setattr(fwd, "sample_batch_tokens", 10**9)
+    monkeypatch.setattr(translator, "_LOGIT_ROWS", 10**9)
+    per_step = {}
+    for name, reqs in {"free20": _requests(many_sources, 20, 1, 30), "free100": _requests(many_sources, 100, 1, 30),
+                       "banned100": _requests(many_sources, 100, 5, 6)}.items():
+        with count_device_ops() as ops, count_decoder_steps() as steps:
+            fwd.sample(reqs, topk=10, seed=3)
+        per_step[name] = computing_ops(ops) / steps.total
+    assert per_step["free100"] <= per_step["free20"] * 1.1 + 5, per_step
+    assert per_step["banned100"] <= per_step["free100"] * 1.5, per_step

@@ -83,4 +83,28 @@ def count_decoder_steps():
         ensemble.EnsembleDecoder.step = step
 
 
-__all__ = ["RoundTrips", "count_decoder_steps", "count_round_trips"]
+@contextlib.contextmanager
+def count_device_ops():
+    """Count the tensor operations torch dispatches in this thread while the block runs, by name
+    (aten ops that compute; views, which launch nothing, apart under "(views)"). On a GPU each
+    is at least one kernel launch, ~5-10 microseconds of host time: when a decoding step is
+    host-bound, ops per step is what its time scales with, and this counts them on any machine."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops = RoundTrips()
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.by_kind["(views)" if func.is_view else func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        yield ops
+
+
+def computing_ops(ops: RoundTrips) -> int:
+    """count_device_ops' total without the views."""
+    return ops.total - ops.by_kind["(views)"]
+
+
+__all__ = ["RoundTrips", "computing_ops", "count_decoder_steps", "count_device_ops", "count_round_trips"]

@@ -45,6 +45,7 @@ warnings.filterwarnings("ignore", message="Support for mismatched key_padding_ma
 
 _NEG_INF = float("-inf")
 _LOGIT_ROWS = 160           # rows per block of logits on the CPU (see _logit_blocks)
+_MAX_WORD_BANS = 100_000    # words whose banned phrases a Translator keeps (a few MB)
 
 
 def _logit_blocks(features: torch.Tensor):
@@ -178,6 +179,7 @@ class Translator(Engine):
         never = sorted(i for i in {d.pad(), d.unk(), d.bos()} if i != d.eos())
         self._never_t = torch.tensor(never, dtype=torch.long, device=self.device)   # masked at every step
         self._vocabulary = frozenset(d.symbols)
+        self._word_bans_memo: dict[str, tuple[tuple[int, ...], ...]] = {}
         # Sampling decodes with models/nmt/prefix_decoder.py's PrefixDecoder where the model's
         # configuration allows it (False: fairseq's own incremental decoder, the reference).
         self.fast_decoder = True
@@ -247,11 +249,23 @@ class Translator(Engine):
         (models/nmt/tokenization.py), so a sample cannot write the word another way."""
         phrases = []
         for word in words:
-            for pieces in self.tokenization.banned_phrases(word, self._vocabulary):
-                ids = tuple(self.tgt_dict.index(p) for p in pieces)
-                if ids and self.unk not in ids:
-                    phrases.append(ids)
+            phrases += self._word_bans(word)
         return list(dict.fromkeys(phrases))
+
+    def _word_bans(self, word: str) -> tuple[tuple[int, ...], ...]:
+        """banned_phrases of one word, kept: a job's constraint words repeat (a thousand pairs'
+        5 sets draw ~10,000 words, ~1,500 distinct), and enumerating a word's segmentations is
+        host work the device waits for. The memo is dropped when it reaches _MAX_WORD_BANS words."""
+        memo = self._word_bans_memo
+        found = memo.get(word)
+        if found is None:
+            if len(memo) >= _MAX_WORD_BANS:
+                memo.clear()
+            found = memo[word] = tuple(
+                ids for ids in (tuple(self.tgt_dict.index(p) for p in pieces)
+                                for pieces in self.tokenization.banned_phrases(word, self._vocabulary))
+                if ids and self.unk not in ids)
+        return found
 
     @property
     def max_source_positions(self) -> int:
