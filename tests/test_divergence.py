@@ -300,9 +300,8 @@ TINY = dict(dim=16, hidden=12, channels=(8, 8), dense=16, dropout=0.0, epochs=4,
             device="cpu", progress=False, max_tries=400, members=1)
 
 
-def test_confident_scores_keep_their_order():
-    """A confident model's P(equivalent) must not round to exactly 1.0 (float32 softmax does from a
-    logit gap of about 17): tied scores lose their ranking."""
+def untrained_detector(**settings):
+    """(source sentences, target sentences, an untrained TINY detector with SETTINGS over their words)."""
     from collections import Counter
 
     from common.text import Vocabulary
@@ -310,9 +309,15 @@ def test_confident_scores_keep_their_order():
 
     torch.manual_seed(0)
     src, tgt = substitution_corpus(12, seed=4)
-    det = DivergenceDetector(Vocabulary.build(Counter(w for s in src for w in s)),
-                             Vocabulary.build(Counter(w for t in tgt for w in t)),
-                             DivergenceConfig(**{**TINY, "dropout": 0.0}))
+    return src, tgt, DivergenceDetector(Vocabulary.build(Counter(w for s in src for w in s)),
+                                        Vocabulary.build(Counter(w for t in tgt for w in t)),
+                                        DivergenceConfig(**{**TINY, **settings}))
+
+
+def test_confident_scores_keep_their_order():
+    """A confident model's P(equivalent) must not round to exactly 1.0 (float32 softmax does from a
+    logit gap of about 17): tied scores lose their ranking."""
+    src, tgt, det = untrained_detector(dropout=0.0)
     with torch.no_grad():
         det.model.head[-1].bias.copy_(torch.tensor([-10.0, 10.0]))
         logits = det.logits(src, tgt).double()
@@ -533,16 +538,7 @@ def test_an_ensemble_averages_members_that_single_trainings_reproduce(tmp_path):
 def test_an_ensembles_confident_scores_keep_their_order():
     """The mean of members' P(equivalent) is taken in float64 (log-mean-exp): pairs every member
     is sure of still rank, as with one model."""
-    from collections import Counter
-
-    from common.text import Vocabulary
-    from models.bitext.divergence import DivergenceDetector
-
-    torch.manual_seed(0)
-    src, tgt = substitution_corpus(12, seed=4)
-    det = DivergenceDetector(Vocabulary.build(Counter(w for s in src for w in s)),
-                             Vocabulary.build(Counter(w for t in tgt for w in t)),
-                             DivergenceConfig(**{**TINY, "members": 2}))
+    src, tgt, det = untrained_detector(members=2)
     with torch.no_grad():
         for m in det.model.members:
             m.head[-1].bias.copy_(torch.tensor([-10.0, 10.0]))
