@@ -45,7 +45,7 @@ warnings.filterwarnings("ignore", message="Support for mismatched key_padding_ma
 
 _NEG_INF = float("-inf")
 _LOGIT_ROWS = 160           # rows per block of logits on the CPU (see _logit_blocks)
-_MAX_WORD_BANS = 100_000    # words whose banned phrases a Translator keeps (a few MB)
+_MAX_WORD_BANS = 20_000     # words whose banned phrases a Translator keeps (~3 KB a word: ~60 MB at most)
 
 
 def _logit_blocks(features: torch.Tensor):
