@@ -182,14 +182,9 @@ def report_dev_sets(devs: dict, detector, embeddings, a) -> None:
 def report_members(devs: dict, detector, a) -> None:
     """For an ensemble: each dev set's ROC AUC and cross-validated macro F1 of the mean
     P(equivalent) of its first k members, k = 1 .. all (how much each member adds)."""
-    from dataclasses import replace
+    from models.bitext.divergence import tokenize
 
-    from models.bitext.divergence import DivergenceDetector, member_seed, tokenize
-
-    cfg = detector.cfg
-    singles = [DivergenceDetector(detector.src_words, detector.tgt_words,
-                                  replace(cfg, members=1, seed=member_seed(cfg.seed, k)), model=m)
-               for k, m in enumerate(detector.model.members)]
+    singles = detector.member_detectors()
     print("\n| dev set | " + " | ".join(f"first {k}" for k in range(1, len(singles) + 1))
           + " |\n|---|" + "---:|" * len(singles))
     for name, dev in devs.items():

@@ -16,24 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-
-def members_of(detector) -> list:
-    """Each member of DETECTOR as a one-model detector (a single detector: itself)."""
-    from models.bitext.divergence import DivergenceDetector, InteractionEnsemble, member_seed
-
-    if not isinstance(detector.model, InteractionEnsemble):
-        return [detector]
-    cfg = detector.cfg
-    return [DivergenceDetector(detector.src_words, detector.tgt_words,
-                               replace(cfg, members=1, seed=member_seed(cfg.seed, k)), model=m)
-            for k, m in enumerate(detector.model.members)]
 
 
 def main() -> None:
@@ -50,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     devs = args.dev or [os.path.join(data, f"{n}.dev.tsv") for n in ("commoncrawl", "opensubs")]
     detectors = [load_divergence_detector(m, device="cpu") for m in args.models]
-    members = [m for d in detectors for m in members_of(d)]
+    members = [m for d in detectors for m in d.member_detectors()]
     print("| dev set | " + " | ".join(os.path.basename(m.rstrip("/")) for m in args.models)
           + f" | {len(members)} members: mean AUC ± std (range) | mean of all members' P: AUC, F1 (cv) |\n|---|"
           + "---:|" * (len(detectors) + 2))

@@ -474,11 +474,12 @@ def test_two_trainings_with_the_same_seed_give_the_same_detector(tmp_path):
 @pytest.mark.slow
 def test_an_ensemble_averages_members_that_single_trainings_reproduce(tmp_path):
     """--members K: member 0 is the detector that --seed alone trains, member k trains from seed +
-    1000 k on the same alignments, dictionary and vectors; the detector's P(equivalent) is the members' mean, the threshold is tuned on that mean, and the
-    saved ensemble (fixed word vectors stored once) loads to the same scores."""
+    1000 k on the same alignments, dictionary and vectors; the detector's P(equivalent) is the
+    members' mean, the threshold is tuned on that mean, and the saved ensemble (fixed word vectors
+    stored once) loads to the same scores."""
     from dataclasses import replace
 
-    from models.bitext.divergence import DivergenceDetector, InteractionEnsemble, member_seed
+    from models.bitext.divergence import InteractionEnsemble, member_seed
 
     torch.set_num_threads(1)
     src, tgt = substitution_corpus(160, seed=11, vocab=12)
@@ -494,11 +495,11 @@ def test_an_ensemble_averages_members_that_single_trainings_reproduce(tmp_path):
     assert [m["seed"] for m in ens.report["members"]] == [5, 1005, 2005] == [member_seed(5, k) for k in range(3)]
 
     texts = ([s for s, _, _ in dev], [t for _, t, _ in dev])
-    single = [train_divergence(src, tgt, cfg, alignments=links, log=quiet)]
-    as_single = [DivergenceDetector(det.src_words, det.tgt_words, replace(cfg, members=1), model=m)
-                 for m in det.model.members]
+    alone = train_divergence(src, tgt, cfg, alignments=links, log=quiet).detector
+    as_single = det.member_detectors()
+    assert [d.cfg.seed for d in as_single] == [5, 1005, 2005] and {d.cfg.members for d in as_single} == {1}
     member_scores = np.array([d.score(*texts) for d in as_single])
-    assert np.array_equal(member_scores[0], single[0].detector.score(*texts))
+    assert np.array_equal(member_scores[0], alone.score(*texts))
     assert not np.array_equal(member_scores[0], member_scores[1])        # the seeds differ
     mean = det.score(*texts)
     np.testing.assert_allclose(mean, member_scores.mean(0), rtol=1e-6)      # float32 logits, summed apart
@@ -516,7 +517,7 @@ def test_an_ensemble_averages_members_that_single_trainings_reproduce(tmp_path):
     assert back.cfg.members == 3 and back.threshold == det.threshold
     assert np.array_equal(back.score(*texts), mean)
     # the bench pools an ensemble's members with a single detector's: 3 + 1 members
-    single[0].detector.save(str(tmp_path / "one"))
+    alone.save(str(tmp_path / "one"))
     (tmp_path / "dev.tsv").write_text("english\tfrench\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in dev))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "bench/bench_divergence_ensemble.py", str(out), str(tmp_path / "one"),

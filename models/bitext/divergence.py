@@ -603,6 +603,16 @@ class DivergenceDetector:
         dev = self.device
         return s_ids.to(dev), s_len, t_ids.to(dev), t_len, same.float().to(dev)
 
+    def member_detectors(self) -> list["DivergenceDetector"]:
+        """Each member of an ensemble as a one-model detector with its own seed (sharing this
+        detector's vocabularies, threshold and weights); a one-model detector: itself."""
+        if not isinstance(self.model, InteractionEnsemble):
+            return [self]
+        return [DivergenceDetector(self.src_words, self.tgt_words,
+                                   replace(self.cfg, members=1, seed=member_seed(self.cfg.seed, k)),
+                                   self.threshold, model=m)
+                for k, m in enumerate(self.model.members)]
+
     def logits(self, src_tok, tgt_tok) -> torch.Tensor:
         return self.model(*self.batch(src_tok, tgt_tok))
 
@@ -655,7 +665,9 @@ class DivergenceDetector:
         state = {}
         for k, v in self.model.state_dict().items():
             key = (str(v.device), v.data_ptr(), tuple(v.shape), tuple(v.stride()), v.dtype)
-            state[k] = on_cpu[key] if key in on_cpu else on_cpu.setdefault(key, v.detach().cpu())
+            if key not in on_cpu:
+                on_cpu[key] = v.detach().cpu()
+            state[k] = on_cpu[key]
         with replacing(os.path.join(path, "weights.pt")) as tmp:
             torch.save(state, tmp)
         write_json(os.path.join(path, "config.json"), self.config())
