@@ -21,20 +21,25 @@ def test_banned_tokens_match_a_direct_check_of_every_phrase():
     vocab = 12                                                 # small, so prefixes often match
     requests = [[tuple(rnd.randrange(4, vocab) for _ in range(rnd.randint(1, 4))) for _ in range(rnd.randint(0, 7))]
                 for _ in range(9)]
-    table = BanTable.build(requests, "cpu")
-    lmax = table.prefix_len
+    table = BanTable.build(requests, vocab, "cpu")
     rows = [rnd.randrange(len(requests)) for _ in range(200)]
     histories = [[rnd.randrange(4, vocab) for _ in range(rnd.randint(0, 6))] for _ in rows]
-    window = torch.full((len(rows), lmax), -2, dtype=torch.long)      # -2: before the first token
-    for i, h in enumerate(histories):
-        tail = h[-lmax:] if lmax else []
-        if tail:
-            window[i, lmax - len(tail):] = torch.tensor(tail)
-    got = table.banned(torch.tensor(rows), window)
+    requests_t = torch.tensor(rows)
+    state = table.start(len(rows), "cpu")
+    # Rows advance together: a row whose history is shorter stops being checked after it.
+    got = {}
+    for step in range(max(map(len, histories)) + 1):
+        banned = table.banned(requests_t, state if step else None)
+        for i, h in enumerate(histories):
+            if len(h) == step:
+                got[i] = banned[i]
+        token = torch.tensor([h[step] if step < len(h) else 4 for h in histories])
+        state = table.advance(state, requests_t, token)
     hits = 0
     for i, (r, h) in enumerate(zip(rows, histories)):
         want = _direct(requests[r], h)
         assert sorted(t for t in got[i].tolist() if t >= 0) == want, (requests[r], h)
+        assert table.width >= len(want)
         hits += len(want)
     assert hits > 50
     # Before the first token only one-piece phrases apply.
@@ -52,7 +57,31 @@ def test_compact_keeps_every_ban_in_fewer_columns():
 
 
 def test_requests_without_phrases_and_one_piece_only_tables():
-    table = BanTable.build([[], [(5,)], [(6,), (7,)]], "cpu")
-    assert table.prefix_len == 0 and table.width == 2
+    table = BanTable.build([[], [(5,)], [(6,), (7,)]], 12, "cpu")
+    assert table.depth == 0 and table.width == 2 and table.start(3, "cpu") is None
     got = table.banned(torch.tensor([0, 1, 2]), None)
     assert [sorted(t for t in r if t >= 0) for r in got.tolist()] == [[], [5], [6, 7]]
+
+
+def test_overlapping_and_late_matches_are_found():
+    """A match that starts inside an earlier partial match ("5 5 5" ends with the prefix "5 5"),
+    and one after a long history that no phrase covers, as a one-pointer matcher would miss."""
+    phrases = [(5, 5, 6), (5, 7, 8, 9), (7, 8, 10)]
+    table = BanTable.build([phrases], 12, "cpu")
+    for history, want in (([5, 5, 5], [6]), ([4, 4, 4, 4, 4, 4, 5, 7, 8], [9, 10]), ([5, 7], []),
+                          ([5, 5, 7, 8], [9, 10]), ([6, 5, 5, 5, 5], [6])):
+        state, req = table.start(1, "cpu"), torch.tensor([0])
+        for token in history:
+            state = table.advance(state, req, torch.tensor([token]))
+        assert sorted(t for t in table.banned(req, state).tolist()[0] if t >= 0) == want, history
+        assert want == _direct(phrases, history)
+
+
+def test_tokens_outside_the_vocabulary_are_refused():
+    """A token id >= vocab would make two edges' keys collide (and ban the wrong tokens)."""
+    import pytest
+
+    with pytest.raises(ValueError, match="must lie in"):
+        BanTable.build([[(3, 12)]], 12, "cpu")
+    with pytest.raises(ValueError, match="must lie in"):
+        BanTable.build([[(-1, 4)]], 12, "cpu")

@@ -1,16 +1,25 @@
-"""Banned phrases of a sampling batch as device tensors, matched against every row once per step.
+"""Banned phrases of a sampling batch as device tensors: each row's banned tokens, found a step at a
+time from a small state the row carries, without per-row or per-phrase work on the host and with no
+host round trip.
 
 Each request (one constraint set) bans a list of target-token phrases (Translator.banned_phrases).
 A one-piece phrase bans its token at every step; a longer phrase bans its last token whenever the
-row ends with the rest of the phrase, so it can never be completed. The tables are built once per
-batch on the host and sent in one transfer each; a step then finds every row's banned tokens with
-tensor operations (a padded table of phrase prefixes compared with each row's last tokens), with
-no per-row or per-phrase work on the host and no host round trip.
+row ends with the rest of the phrase (its prefix), so it can never be completed.
 
-    single  (requests, S)     one-piece phrases, -1 padding
-    prefix  (requests, M, L)  longer phrases without their last token, right-aligned; -1 left of a
-                              shorter prefix is a wildcard, an unused slot is all NEVER
-    last    (requests, M)     their last tokens, -1 for an unused slot
+The prefixes of each request form a trie (one root per request; every node a prefix of a prefix,
+every complete prefix emitting its phrases' last tokens). A row's state holds, for each d = 1..L
+(L the longest prefix), the trie node its last d tokens lead to from its request's root, or DEAD
+when they lead nowhere: writing a token moves every column one deeper (a sorted-key lookup of the
+(node, token) edge) and restarts column 0 at the root. The row's banned tokens are then what its
+L nodes emit. A step costs (rows x L) lookups, whatever the number of phrases: the earlier padded
+table compared every row with every phrase of its request, (rows x 165 x 13) values a step with
+ParaBank 2's constraint sets (docs/benchmarks.md, "Constrained sampling on a CPU").
+
+    single      (requests, S)   one-piece phrases, -1 padding
+    roots       (requests,)     each request's trie root
+    edge_key    (edges,)        parent * vocab + token, sorted (searchsorted finds a child)
+    edge_child  (edges,)        the child of each edge
+    emits       (nodes, E)      last tokens a node's complete prefix bans, -1 padding
 """
 from __future__ import annotations
 
@@ -19,56 +28,90 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-NEVER = -3          # matches no token (tokens are >= 0; the sampler pads its token table with -2)
+DEAD = 0            # the node of a suffix that is no prefix: no edges, emits nothing
 
 
 @dataclass
 class BanTable:
     single: torch.Tensor
-    prefix: torch.Tensor
-    last: torch.Tensor
-
-    @property
-    def prefix_len(self) -> int:
-        """L: tokens a row's window must hold (0 when no phrase has more than one piece)."""
-        return self.prefix.shape[2] if self.last.shape[1] else 0
+    roots: torch.Tensor
+    edge_key: torch.Tensor
+    edge_child: torch.Tensor
+    emits: torch.Tensor
+    depth: int          # L: the longest prefix (0 when no phrase has more than one piece)
+    vocab: int
 
     @property
     def width(self) -> int:
-        """Most phrases one request has (an upper bound on a row's bans at a step)."""
-        return self.single.shape[1] + self.last.shape[1]
+        """Columns of banned(): an upper bound on a row's bans at a step."""
+        return self.single.shape[1] + self.depth * self.emits.shape[1]
 
     @classmethod
-    def build(cls, phrases_per_request: list[list[tuple[int, ...]]], device) -> "BanTable":
-        """The tables of a batch; PHRASES_PER_REQUEST[i] is request i's phrases (token-id tuples)."""
-        singles = [[p[0] for p in phrases if len(p) == 1] for phrases in phrases_per_request]
-        multis = [[p for p in phrases if len(p) > 1] for phrases in phrases_per_request]
+    def build(cls, phrases_per_request: list[list[tuple[int, ...]]], vocab: int, device) -> "BanTable":
+        """The tables of a batch; PHRASES_PER_REQUEST[i] is request i's phrases (token-id tuples
+        below VOCAB)."""
         n = len(phrases_per_request)
-        s_max = max((len(x) for x in singles), default=0)
-        m_max = max((len(x) for x in multis), default=0)
-        l_max = max((len(p) - 1 for x in multis for p in x), default=0)
-        single = np.full((n, s_max), -1, dtype=np.int64)
-        prefix = np.full((n, m_max, max(l_max, 1)), NEVER, dtype=np.int64)
-        last = np.full((n, m_max), -1, dtype=np.int64)
-        for i, (ones, longer) in enumerate(zip(singles, multis)):
+        singles = [[p[0] for p in phrases if len(p) == 1] for phrases in phrases_per_request]
+        single = np.full((n, max(map(len, singles), default=0)), -1, dtype=np.int64)
+        for i, ones in enumerate(singles):
             single[i, :len(ones)] = ones
-            for j, p in enumerate(longer):
-                prefix[i, j, :l_max - len(p) + 1] = -1
-                prefix[i, j, l_max - len(p) + 1:] = p[:-1]
-                last[i, j] = p[-1]
-        move = lambda a: torch.from_numpy(a).to(device)    # noqa: E731
-        return cls(move(single), move(prefix), move(last))
+        # The multi-piece phrases as a padded array, one row each, with its request's root.
+        multi = [(i, p) for i, phrases in enumerate(phrases_per_request) for p in phrases if len(p) > 1]
+        length = np.fromiter((len(p) for _, p in multi), dtype=np.int64, count=len(multi))
+        depth = int(length.max()) - 1 if len(multi) else 0
+        padded = np.full((len(multi), depth + 1), -1, dtype=np.int64)
+        flat = np.fromiter((t for _, p in multi for t in p), dtype=np.int64, count=int(length.sum()))
+        if len(flat) and not 0 <= flat.min() <= flat.max() < vocab:     # keys would collide
+            raise ValueError(f"banned phrase tokens must lie in [0, {vocab})")
+        padded[np.arange(depth + 1) < length[:, None]] = flat
+        # Trie nodes a depth at a time: the distinct (parent node, token) edges of the phrases still
+        # that long get the next node ids (DEAD is 0, the roots 1..n), in key order: sorted edges.
+        node = np.fromiter((i + 1 for i, _ in multi), dtype=np.int64, count=len(multi))
+        keys, children, next_node = [], [], n + 1
+        for d in range(depth):
+            longer = length - 1 > d
+            key = node[longer] * vocab + padded[longer, d]
+            unique, inverse = np.unique(key, return_inverse=True)
+            node[longer] = next_node + inverse
+            keys.append(unique)
+            children.append(np.arange(next_node, next_node + len(unique)))
+            next_node += len(unique)
+        edge_key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+        order = np.argsort(edge_key, kind="stable")
+        edge_child = (np.concatenate(children) if children else np.zeros(0, dtype=np.int64))[order]
+        # A node's complete prefix bans its phrases' last tokens: one column each.
+        emit_key = np.unique(node * vocab + padded[np.arange(len(multi)), length - 1])   # by node, then token
+        emit_node, emit_token = emit_key // vocab, emit_key % vocab
+        column = np.arange(len(emit_key)) - np.searchsorted(emit_node, emit_node)
+        emits = np.full((next_node, int(column.max()) + 1 if len(column) else 0), -1, dtype=np.int64)
+        emits[emit_node, column] = emit_token
+        move = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)    # noqa: E731
+        return cls(move(single), move(np.arange(1, n + 1, dtype=np.int64)), move(edge_key[order]),
+                   move(edge_child), move(emits), depth, vocab)
 
-    def banned(self, requests: torch.Tensor, window: torch.Tensor | None) -> torch.Tensor:
-        """(rows, S + M) tokens each row may not write next, -1 where none: REQUESTS is each row's
-        request index, WINDOW (rows, L) its last L tokens (None before the first token is written:
-        only one-piece phrases apply)."""
+    def start(self, rows: int, device) -> torch.Tensor | None:
+        """The state of ROWS rows before their first token (every column DEAD); None without
+        multi-piece phrases."""
+        return torch.full((rows, self.depth), DEAD, dtype=torch.long, device=device) if self.depth else None
+
+    def advance(self, state: torch.Tensor | None, requests: torch.Tensor, token: torch.Tensor):
+        """STATE after each row (of request REQUESTS) writes TOKEN."""
+        if state is None:
+            return None
+        # Column d of the new state extends column d - 1 of the old; column 0 starts at the root.
+        parent = torch.cat([self.roots.index_select(0, requests)[:, None], state[:, :-1]], dim=1)
+        key = parent * self.vocab + token[:, None]
+        at = torch.searchsorted(self.edge_key, key).clamp_(max=self.edge_key.numel() - 1)
+        found = self.edge_key[at] == key
+        return torch.where(found, self.edge_child[at], DEAD)
+
+    def banned(self, requests: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+        """(rows, width) tokens each row may not write next, -1 where none: REQUESTS is each row's
+        request index, STATE its state (None: only one-piece phrases apply)."""
         single = self.single.index_select(0, requests)
-        if window is None or not self.prefix_len:
+        if state is None:
             return single
-        prefix = self.prefix.index_select(0, requests)                 # (rows, M, L)
-        ends_with = ((prefix == -1) | (prefix == window[:, None, :])).all(-1)
-        multi = torch.where(ends_with, self.last.index_select(0, requests), -1)
+        multi = self.emits.index_select(0, state.reshape(-1)).view(state.shape[0], -1)
         return torch.cat([single, multi], dim=1)
 
 

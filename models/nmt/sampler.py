@@ -83,7 +83,7 @@ class _Batch:
             if r.banned_words not in cache:
                 cache[r.banned_words] = engine.banned_phrases(r.banned_words) if r.banned_words else []
         phrases = [cache[r.banned_words] for r in reqs]
-        self.bans = BanTable.build(phrases, dev) if any(phrases) else None
+        self.bans = BanTable.build(phrases, len(engine.tgt_dict), dev) if any(phrases) else None
         # Most bans a row has at the first step (one-piece phrases only).
         self.first_widest = max((sum(len(p) == 1 for p in ph) for ph in phrases), default=0)
 
@@ -97,10 +97,7 @@ def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, se
     if not b.n_rows:
         return outs
     dev, eos, vocab = engine.device, engine.eos, len(engine.tgt_dict)
-    lmax = b.bans.prefix_len if b.bans is not None else 0
-    # tokens keeps `lmax` columns of -2 on the left so phrase windows never run off the start.
-    tokens = torch.full((b.n_rows, lmax + b.max_len + 2), -2, dtype=torch.long, device=dev)
-    tokens[:, lmax] = eos
+    tokens = torch.full((b.n_rows, b.max_len + 2), eos, dtype=torch.long, device=dev)
     score = torch.zeros(b.n_rows, device=dev)
     length = torch.full((b.n_rows,), -1, dtype=torch.long, device=dev)   # pieces, set when a row ends
     active = torch.arange(b.n_rows, device=dev)          # global row ids still decoding, ascending
@@ -108,6 +105,7 @@ def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, se
     rep = b.first_row_t                                  # an active row of each node (its position)
     node_src = torch.arange(len(b.sources), device=dev)  # source of each node
     n_active, n_nodes = b.n_rows, len(b.sources)
+    ban_state = b.bans.start(b.n_rows, dev) if b.bans is not None else None
     banned = b.bans.banned(b.row_req_t, None) if b.bans is not None else None
     widest = b.first_widest
     decoder = EnsembleDecoder([
@@ -115,7 +113,7 @@ def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, se
                        b.max_len, fast=engine.fast_decoder) for m in engine.models])
     k = min(topk, vocab)
     for step in range(b.max_len + 1):
-        features = decoder.step(tokens[active[rep], lmax:lmax + step + 1].clamp(min=0))
+        features = decoder.step(tokens[active[rep], :step + 1])
         # A row's top k after its bans lie in its node's top (k + its bans).
         at_limit = b.row_limit_t[active[rep]] <= step if step in b.limits else None
         node_vals, node_idx = engine._top_tokens(decoder, features, min(k + widest, vocab), step < min_len, at_limit)
@@ -127,15 +125,16 @@ def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, se
             idx = idx.gather(1, order)
         choice = (vals + gumbel(b.seeds[active], step, vals.shape[1])).argmax(-1, keepdim=True)
         tok = idx.gather(1, choice).squeeze(1)
-        tokens[active, lmax + step + 1] = tok
+        tokens[active, step + 1] = tok
         score[active] += vals.gather(1, choice).squeeze(1)
         done = tok.eq(eos)
         length[active] = torch.where(done, step, -1)
         child, parent, count = _next_nodes(node, tok, done, vocab)
         # The next step's bans, on this step's rows (compacted below with them).
         if b.bans is not None:
-            window = tokens[active, step + 2:lmax + step + 2] if lmax else None
-            banned = b.bans.banned(b.row_req_t[active], window)
+            requests = b.row_req_t[active]
+            ban_state = b.bans.advance(ban_state, requests, tok)
+            banned = b.bans.banned(requests, ban_state)
             bans_next = (banned >= 0).sum(1).masked_fill(done, 0).max()
         else:
             bans_next = torch.zeros((), dtype=torch.long, device=dev)
@@ -154,6 +153,8 @@ def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, se
             active, child = active[keep], child[keep]
             if banned is not None:
                 banned = banned[keep]
+            if ban_state is not None:
+                ban_state = ban_state[keep]
         node = child
         if not unchanged:
             parent = parent[:n_nodes_next]
@@ -163,7 +164,7 @@ def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, se
         rep = torch.empty(n_nodes, dtype=torch.long, device=dev).scatter_(
             0, node, torch.arange(n_active, device=dev))
     # Read every row out in one go, in the order rows finished (then row order).
-    token_rows = tokens[:, lmax + 1:].cpu().numpy()
+    token_rows = tokens[:, 1:].cpu().numpy()
     lengths, totals = length.cpu().numpy(), score.cpu().numpy()
     for row in np.lexsort((np.arange(b.n_rows), lengths)):
         n = int(lengths[row])

@@ -1,0 +1,83 @@
+"""Constrained sampling against unconstrained, in one process: what banned phrases cost.
+
+    python bench/bench_constrained.py --model M/cs-en --bitext ../shared/data/bitext/multi30k \\
+        [--sources 100] [--rounds 3] [--device cpu|cuda] [--threads 1]
+
+Our sampler (top-k 10) on --sources `val` sources in one batch: 30 samples a source, and ParaBank 2's
+5 constraint sets x 6 samples (the job's own draw of banned words), the two alternating for
+--rounds rounds after a warm-up (this machine is shared: the ratio is what to compare). Prints
+seconds (best and median) and sources/s of each, the ratio, the tensor operations a decoder step
+(kernel launches on a GPU; models/nmt/round_trips.py), the milliseconds to build the batch's ban
+tables, and a digest of the constrained samples: two versions of the code that agree on it give
+the same samples.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+
+from bench_gpu import ROOT, _sync, constrained_requests, free_requests, read_pairs  # noqa: F401 (ROOT: sys.path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="a model directory (cs-en)")
+    ap.add_argument("--bitext", required=True, help="folder with val.cs.gz and val.en.gz")
+    ap.add_argument("--sources", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from models.nmt.bans import BanTable
+    from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops
+    from models.nmt.translator import Translator
+
+    torch.set_num_threads(args.threads)
+    engine = Translator(args.model, device=args.device, precision="fp32")
+    engine.sample_batch_tokens = 10**9                  # one batch: the steps are comparable
+    pairs = read_pairs(args.bitext, "val", args.sources)
+    runs = {"30 samples": free_requests(pairs, 30), "5 sets x 6 samples": constrained_requests(pairs, 5, 6)}
+    phrases = [engine.banned_phrases(r.banned_words) for r in runs["5 sets x 6 samples"]]
+    start = time.perf_counter()
+    BanTable.build(phrases, len(engine.tgt_dict), args.device)
+    build_ms = (time.perf_counter() - start) * 1e3
+    times: dict = {label: [] for label in runs}
+    outputs = {}
+    for label, reqs in runs.items():
+        engine.sample(reqs[:8], topk=10, seed=0)         # warm-up
+    for _ in range(args.rounds):
+        for label, reqs in runs.items():
+            _sync()
+            start = time.perf_counter()
+            outputs[label] = engine.sample(reqs, topk=10, seed=0)
+            _sync()
+            times[label].append(time.perf_counter() - start)
+    print(f"# constrained sampling, {len(pairs)} sources, {args.device}, {args.threads} thread(s), "
+          f"{time.strftime('%Y-%m-%d')}\n")
+    print("| requests | best s | median s | sources/s | tensor ops a step | decoder steps |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, reqs in runs.items():
+        with count_device_ops() as ops, count_decoder_steps() as steps:
+            engine.sample(reqs, topk=10, seed=0)
+        best = min(times[label])
+        print(f"| {label} | {best:.3f} | {statistics.median(times[label]):.3f} | {len(pairs) / best:.1f} | "
+              f"{computing_ops(ops) / steps.total:.0f} | {steps.total} |")
+    ratio = min(times["5 sets x 6 samples"]) / min(times["30 samples"])
+    digest = hashlib.sha256(json.dumps([[h.token_ids for h in hs] for hs in outputs["5 sets x 6 samples"]])
+                            .encode()).hexdigest()[:16]
+    print(f"\nconstrained / unconstrained: {ratio:.2f}x (best of {args.rounds})")
+    print(f"ban tables of the batch: {build_ms:.1f} ms ({sum(map(len, phrases))} phrases, "
+          f"{len(phrases)} requests)")
+    print(f"digest of the constrained samples: {digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
