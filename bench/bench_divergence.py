@@ -242,6 +242,8 @@ def main() -> None:
     ap.add_argument("--batch_size", type=int, default=d.batch_size)
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--partial_negatives", type=int, default=d.partial_negatives,
+                    help=f"partial divergences made of each positive (default {d.partial_negatives})")
     ap.add_argument("--members", type=int, default=d.members,
                     help=f"detectors averaged, seeds --seed, --seed + 1000, ... (default {d.members}); prints "
                          "also the figures of the first k members for every k")
@@ -266,7 +268,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     cfg = DivergenceConfig(dim=a.dim, hidden=a.hidden, channels=tuple(int(c) for c in a.channels.split(",")),
                            epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device="cpu",
-                           members=a.members,
+                           members=a.members, partial_negatives=a.partial_negatives,
                            embeddings=a.embeddings, aligner=a.aligner,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, progress=False)
     paths = a.dev or [os.path.join(a.data, f"{name}.dev.tsv") for name in ("commoncrawl", "opensubs")]

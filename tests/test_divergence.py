@@ -5,6 +5,7 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from models.safety import UnsafeModelError
 from models.bitext.divergence import (Dictionary, DivergenceConfig, InteractionModel, bilingual_dictionary, coverage,
                                dictionary_from_counts, embedding_cosine_scores, greedy_matching, length_ratio,
                                length_ratio_scores, link_counts, load_divergence_detector, macro_f1,
-                               synthetic_examples, tokenize, train_divergence, tune_threshold, word_alignments)
+                               partial_divergence, synthetic_examples, tokenize, train_divergence, tune_threshold, word_alignments)
 from common.cli import UsageError
 
 WORDS = [f"w{i}" for i in range(30)]
@@ -206,7 +207,85 @@ def test_synthetic_sampling_stops_after_max_tries():
     pairs = [(["w1", "w2"], ["x1e", "x2e"]), (["w3"] * 9, ["x3e"])]       # the only cross pairs fail
     ex = synthetic_examples(pairs, true_dictionary(), max_tries=7)
     assert [y for *_, y in ex] == [1, 1] and ex.stats == {"positives": 2, "negatives": 0, "short_positives": 2,
-                                                          "tries": 14, "negatives_per_positive": 5}
+                                                          "tries": 14, "negatives_per_positive": 5,
+                                                          "partial_negatives": 0}
+
+
+def _changed_span(before, after):
+    """(removed, inserted): what lies between the longest common start and end of two lists."""
+    p = 0
+    while p < min(len(before), len(after)) and before[p] == after[p]:
+        p += 1
+    q = 0
+    while q < min(len(before), len(after)) - p and before[-1 - q] == after[-1 - q]:
+        q += 1
+    return before[p:len(before) - q], after[p:len(after) - q]
+
+
+def test_a_partial_divergence_changes_one_span_of_one_side():
+    """Delete, replace or add a span of 30-60% of one side's words, from the donor's same side;
+    trailing punctuation stays; a side too short is left alone (None)."""
+    src = ["w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8", "w9", "w10", "."]
+    tgt = ["x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8", "?", "!"]
+    donor = (["a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "."], ["b1", "b2", "b3", "b4", "b5", "b6", "."])
+    rng = random.Random(0)
+    ops = Counter()
+    for _ in range(300):
+        out = partial_divergence(src, tgt, donor, rng)
+        assert out is not None
+        side = 0 if out[1] == tuple(tgt) else 1
+        assert out[1 - side] == tuple((src, tgt)[1 - side])             # the other side untouched
+        words, tail = list((src, tgt)[side]), [".", "?", "!"]
+        n_tail = 1 if side == 0 else 2
+        changed = list(out[side])
+        assert changed[-n_tail:] == words[-n_tail:] and changed != words  # punctuation kept, words changed
+        removed, inserted = _changed_span(words[:-n_tail], changed[:-n_tail])
+        n = len(words) - n_tail
+        donor_words = " " + " ".join(donor[side][:-1]) + " "
+        assert not inserted or f" {' '.join(inserted)} " in donor_words  # a contiguous span of the donor
+        assert not set(inserted) & set(tail)
+        if removed:
+            assert 2 <= len(removed) and 0.3 * n - 1 <= len(removed) <= 0.6 * n + 1
+            ops["replace" if inserted else "delete"] += 1
+        else:
+            assert changed[:len(inserted)] == inserted or changed[-n_tail - len(inserted):-n_tail] == inserted
+            ops["add"] += 1
+    assert min(ops[o] for o in ("delete", "replace", "add")) > 50, ops
+    short = (["w1", "w2", "w3", "."], ["x1", "x2", "x3", "!"])
+    assert all(partial_divergence(*short, donor, random.Random(k)) is None for k in range(20))
+
+
+def test_partial_negatives_follow_each_positive_and_leave_the_cross_pairs_as_they_were():
+    pairs = _noisy_corpus(60, seed=4)
+    d = true_dictionary()
+    plain = synthetic_examples(pairs, d, seed=1, max_tries=3000)
+    ex = synthetic_examples(pairs, d, seed=1, max_tries=3000, partial_negatives=2)
+    true_pairs = {(tuple(s), tuple(t)) for s, t in pairs}
+
+    def groups(examples):                                   # each positive with the negatives after it
+        out = []
+        for e in examples:
+            if e[2] == 1:
+                out.append([])
+            out[-1].append(e)
+        return out
+
+    partial = 0
+    for mine, before in zip(groups(ex), groups(plain), strict=True):
+        assert mine[:len(before)] == before                 # the same cross pairs, in the same order
+        (src, tgt, _), extra = mine[0], mine[len(before):]
+        assert len(extra) <= 2
+        for s, t, y in extra:
+            assert y == 0 and (tuple(s), tuple(t)) not in true_pairs
+            assert (s == src) != (t == tgt)                 # exactly one side changed
+        partial += len(extra)
+    assert partial == ex.stats["partial_negatives"] > len(pairs)   # most positives are long enough for 2
+    assert ex.stats["negatives"] == plain.stats["negatives"] + partial
+    assert synthetic_examples(pairs, d, seed=1, max_tries=3000, partial_negatives=2) == ex
+    with pytest.raises(ValueError):
+        synthetic_examples(pairs, d, partial_negatives=-1)
+    with pytest.raises(ValueError, match="partial_negatives"):
+        DivergenceConfig(partial_negatives=11).validate()
 
 
 def greedy_reference(sim: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -415,9 +494,11 @@ def test_command_line_trains_tunes_and_refuses_to_overwrite(tmp_path, capsys):
     missing = [str(tmp_path / "missing.en") if a == str(tmp_path / "c.en") else a for a in args]
     assert main(missing + ["--overwrite"]) == 2 and "missing.en" in capsys.readouterr().err
     assert main(args + ["--overwrite", "--members", "0"]) == 2 and "members" in capsys.readouterr().err
-    report = run(args + ["--overwrite", "--members", "2"])
+    report = run(args + ["--overwrite", "--members", "2", "--partial_negatives", "1"])
     assert [m["seed"] for m in report["members"]] == [1, 1001]
-    assert load_divergence_detector(out).cfg.members == 2
+    assert 100 <= report["synthetic"]["partial_negatives"] <= 120       # one a positive of 4+ words
+    assert load_divergence_detector(out).cfg.members == 2 and load_divergence_detector(out).cfg.partial_negatives == 1
+    assert main(args + ["--overwrite", "--partial_negatives", "11"]) == 2 and "partial_negatives" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -86,6 +86,7 @@ MAX_CHARS = 5000            # hostile input: a line is cut to this many characte
 MAX_TOKENS = 80             # and to this many tokens before it reaches the model (the cube is L1 x L2)
 N_CHANNELS = 13             # 3 measures x 4 views of the BiLSTM states + the same-string channel
 MAX_MEMBERS = 16            # an ensemble's detectors (each one a training and a pass when scoring)
+MAX_PARTIAL_NEGATIVES = 10   # partial divergences made of each positive
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -209,15 +210,19 @@ class Examples(list):
 
 def synthetic_examples(pairs_tok: Sequence[tuple[Sequence[str], Sequence[str]]], dictionary: Dictionary,
                        negatives_per_positive: int = 5, max_length_ratio: float = 2.0, min_coverage: float = 0.5,
-                       seed: int = 1, max_tries: int = 200) -> Examples:
+                       seed: int = 1, max_tries: int = 200, partial_negatives: int = 0) -> Examples:
     """Each pair of PAIRS_TOK as a positive, followed by up to NEGATIVES_PER_POSITIVE negatives
     (e_i, f_j), j != i drawn at random (random.Random(SEED)), kept only when the length ratio is
     <= MAX_LENGTH_RATIO, at least MIN_COVERAGE of the words of each side have a translation in the
     other side, the pair is not itself one of the corpus pairs (duplicated sentences) and j was
     not drawn for i already. At most MAX_TRIES draws per positive: a sentence with no plausible
-    partner gets fewer negatives, counted in stats['short_positives']."""
-    if negatives_per_positive < 0 or max_tries < 0:
-        raise ValueError("negatives_per_positive and max_tries must be >= 0")
+    partner gets fewer negatives, counted in stats['short_positives']. Then PARTIAL_NEGATIVES
+    partial divergences of the positive itself (:func:`partial_divergence`), from their own
+    generator (random.Random(SEED + 1)), so the cross pairs are the same with or without them."""
+    if negatives_per_positive < 0 or max_tries < 0 or partial_negatives < 0:
+        raise ValueError("negatives_per_positive, partial_negatives and max_tries must be >= 0")
+    partial_rng = random.Random(seed + 1)
+    partial_count = 0
     rng = random.Random(seed)
     pairs = [(tuple(s), tuple(t)) for s, t in pairs_tok]
     true_pairs = set(pairs)
@@ -242,9 +247,58 @@ def synthetic_examples(pairs_tok: Sequence[tuple[Sequence[str], Sequence[str]]],
             out.append((list(src), list(cand), 0))
         tries_total += tries
         short += len(chosen) < negatives_per_positive
+        for _ in range(partial_negatives if n > 1 else 0):
+            j = partial_rng.randrange(n - 1)
+            j += j >= i
+            changed = partial_divergence(src, tgt, pairs[j], partial_rng)
+            if changed is not None and changed not in true_pairs:
+                out.append((list(changed[0]), list(changed[1]), 0))
+                partial_count += 1
     out.stats = {"positives": n, "negatives": len(out) - n, "short_positives": short, "tries": tries_total,
-                 "negatives_per_positive": negatives_per_positive}
+                 "negatives_per_positive": negatives_per_positive, "partial_negatives": partial_count}
     return out
+
+
+PARTIAL_OPS = ("delete", "replace", "add")
+MIN_PARTIAL_WORDS = 4          # a side shorter than this (trailing punctuation apart) is left whole
+
+
+def partial_divergence(src: Sequence[str], tgt: Sequence[str], donor: tuple[Sequence[str], Sequence[str]],
+                       rng: random.Random) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """A translation pair made partly divergent, or None when the chosen side is too short: on one
+    side (drawn at random) 30-60% of the words, a contiguous span, are deleted (content missing
+    from that side), replaced with a span as long from the DONOR pair's same side (content that
+    differs), or such a span is added at its start or end (content only that side has). Trailing
+    punctuation stays where it was, so the end of a sentence is no cue. The divergences the
+    cross pairs cannot teach: most of the two sides still translate each other, as in the
+    labelled divergences of the development sets (a clause missing or added on one side)."""
+    side = rng.randrange(2)
+    words, other = list((src, tgt)[side]), list(donor[side])
+    op = PARTIAL_OPS[rng.randrange(len(PARTIAL_OPS))]
+    tail = []
+    while words and not any(c.isalnum() for c in words[-1]):
+        tail.insert(0, words.pop())
+    while other and not any(c.isalnum() for c in other[-1]):
+        other.pop()
+    n = len(words)
+    if n < MIN_PARTIAL_WORDS:
+        return None
+    span = max(2, round(n * rng.uniform(0.3, 0.6)))
+    start = rng.randrange(n - span + 1)
+    piece_start = rng.randrange(max(1, len(other) - span + 1))
+    piece = other[piece_start:piece_start + span]
+    if op == "delete":
+        words = words[:start] + words[start + span:]
+    elif op == "replace":
+        if not piece:
+            return None
+        words = words[:start] + piece + words[start + span:]
+    else:
+        if not piece:
+            return None
+        words = piece + words if rng.randrange(2) else words + piece
+    changed = tuple(words + tail)
+    return (changed, tuple(tgt)) if side == 0 else (tuple(src), changed)
 
 
 # ---------------------------------------------------------------------------------- embeddings, baselines
@@ -537,6 +591,7 @@ class DivergenceConfig:
     aligner: str = "fast_align"           # word alignments: fast_align | agreement (deterministic) | eflomal
     min_count: int = 1                    # dictionary: times a word pair must be aligned
     negatives_per_positive: int = 5
+    partial_negatives: int = 0            # partial divergences of each positive (partial_divergence)
     max_length_ratio: float = 2.0
     min_coverage: float = 0.5
     max_tries: int = 200
@@ -566,6 +621,9 @@ class DivergenceConfig:
             raise ValueError("focus_weight and min_coverage must be in [0, 1], dropout in [0, 1)")
         if not (self.lr > 0 and self.max_length_ratio >= 1 and self.negatives_per_positive >= 1):
             raise ValueError("lr must be > 0, max_length_ratio >= 1, negatives_per_positive >= 1")
+        if not 0 <= self.partial_negatives <= MAX_PARTIAL_NEGATIVES:
+            raise ValueError(f"partial_negatives must be between 0 and {MAX_PARTIAL_NEGATIVES}, "
+                             f"got {self.partial_negatives}")
 
 
 class DivergenceDetector:
@@ -871,10 +929,11 @@ def _train_member(src_words: Vocabulary, tgt_words: Vocabulary, cfg: DivergenceC
     detector's extra['training'] says how it went."""
     _set_seed(cfg.seed)
     examples = synthetic_examples(short, dictionary, cfg.negatives_per_positive, cfg.max_length_ratio,
-                                  cfg.min_coverage, cfg.seed, cfg.max_tries)
+                                  cfg.min_coverage, cfg.seed, cfg.max_tries, cfg.partial_negatives)
     train_ex, held_ex = _split_heldout(examples, heldout, cfg.seed)
     log(f"synthetic data: {examples.stats['positives']} positives, {examples.stats['negatives']} negatives "
-        f"({examples.stats['short_positives']} positives short of {cfg.negatives_per_positive}); "
+        f"({examples.stats['short_positives']} positives short of {cfg.negatives_per_positive}; "
+        f"{examples.stats['partial_negatives']} of them partial); "
         f"{len(train_ex)} to train, {len(held_ex)} held out")
     det = DivergenceDetector(src_words, tgt_words, cfg, model=new_model(cfg, len(src_words), len(tgt_words), *vectors))
     optimizers = _optimizers(det.model, cfg.lr)

@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                              ("dense", int, "size of the dense layer after the CNN"),
                              ("min_count", int, "times a word pair must be aligned to enter the dictionary"),
                              ("max_train_tokens", int, "longest sentence (tokens) trained on"),
-                             ("max_tokens", int, "tokens kept per side when scoring")):
+                             ("max_tokens", int, "tokens kept per side when scoring"),
+                             ("partial_negatives", int, "partial divergences made of each positive (a span of "
+                              "one side deleted, replaced or added), besides the cross-pair negatives")):
         ap.add_argument(f"--{name}", type=typ, default=getattr(d, name), help=f"{help_} (default {getattr(d, name)})")
     ap.add_argument("--members", type=int, default=d.members,
                     help="detectors to train, from seeds --seed, --seed + 1000, ...; the saved detector averages "
@@ -110,7 +112,8 @@ def _config(a) -> DivergenceConfig:
                            dense=a.dense, max_tokens=a.max_tokens, max_train_tokens=a.max_train_tokens,
                            embeddings=a.embeddings, aligner=a.aligner,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, min_count=a.min_count,
-                           members=a.members, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
+                           members=a.members, partial_negatives=a.partial_negatives, epochs=a.epochs,
+                           batch_size=a.batch_size, lr=a.lr, seed=a.seed,
                            device=a.device,
                            progress=not a.no_progress)
     try:
