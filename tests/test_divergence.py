@@ -444,8 +444,14 @@ def test_save_load_round_trip_and_refusals(trained, tmp_path):
     src, tgt = substitution_corpus(20, seed=5)
     s_txt, t_txt = [" ".join(s) for s in src], [" ".join(t) for t in tgt[::-1]]
     assert np.array_equal(back.score(s_txt, t_txt), det.score(s_txt, t_txt))
-    assert back.threshold == 0.37
+    assert back.threshold == 0.37 and back.cfg.partial_negatives == det.cfg.partial_negatives == 1
     assert np.array_equal(back.divergent(s_txt, t_txt), det.score(s_txt, t_txt) < 0.37)
+    # a detector saved before partial negatives existed was trained without them
+    import json
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    del cfg["model"]["partial_negatives"]
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    assert load_divergence_detector(out, device="cpu").cfg.partial_negatives == 0
     odd = back.score(["", "w1 w2", "W1 , w2 !"], ["x1e", "", "x1e , x2e !"])          # empty sides, punctuation
     assert odd.shape == (3,) and np.all((odd >= 0) & (odd <= 1)) and back.score([], []).shape == (0,)
 
@@ -458,7 +464,6 @@ def test_save_load_round_trip_and_refusals(trained, tmp_path):
         load_divergence_detector(out)
     # a config with wrong types is refused before any model is built
     det.save(out)
-    import json
     cfg_path = os.path.join(out, "config.json")
     cfg = json.load(open(cfg_path))
     cfg["model"]["hidden"] = "12; import os"
