@@ -6,8 +6,8 @@ Each request (one constraint set) bans a list of target-token phrases (Translato
 A one-piece phrase bans its token at every step; a longer phrase bans its last token whenever the
 row ends with the rest of the phrase (its prefix), so it can never be completed.
 
-The prefixes of each request form a trie (one root per request; every node a prefix of a prefix,
-every complete prefix emitting its phrases' last tokens). A row's state holds, for each d = 1..L
+The prefixes of each request form a trie (request i's root is node i + 1; every node a prefix of
+a prefix, every complete prefix emitting its phrases' last tokens). A row's state holds, for each d = 1..L
 (L the longest prefix), the trie node its last d tokens lead to from its request's root, or DEAD
 when they lead nowhere: writing a token moves every column one deeper (a sorted-key lookup of the
 (node, token) edge) and restarts column 0 at the root. The row's banned tokens are then what its
@@ -16,7 +16,6 @@ table compared every row with every phrase of its request, (rows x 165 x 13) val
 ParaBank 2's constraint sets (docs/benchmarks.md, "Constrained sampling on a CPU").
 
     single      (requests, S)   one-piece phrases, -1 padding
-    roots       (requests,)     each request's trie root
     edge_key    (edges,)        parent * vocab + token, sorted (searchsorted finds a child)
     edge_child  (edges,)        the child of each edge
     emits       (nodes, E)      last tokens a node's complete prefix bans, -1 padding
@@ -34,7 +33,6 @@ DEAD = 0            # the node of a suffix that is no prefix: no edges, emits no
 @dataclass
 class BanTable:
     single: torch.Tensor
-    roots: torch.Tensor
     edge_key: torch.Tensor
     edge_child: torch.Tensor
     emits: torch.Tensor
@@ -86,8 +84,7 @@ class BanTable:
         emits = np.full((next_node, int(column.max()) + 1 if len(column) else 0), -1, dtype=np.int64)
         emits[emit_node, column] = emit_token
         move = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)    # noqa: E731
-        return cls(move(single), move(np.arange(1, n + 1, dtype=np.int64)), move(edge_key[order]),
-                   move(edge_child), move(emits), depth, vocab)
+        return cls(move(single), move(edge_key[order]), move(edge_child), move(emits), depth, vocab)
 
     def start(self, rows: int, device) -> torch.Tensor | None:
         """The state of ROWS rows before their first token (every column DEAD); None without
@@ -99,7 +96,7 @@ class BanTable:
         if state is None:
             return None
         # Column d of the new state extends column d - 1 of the old; column 0 starts at the root.
-        parent = torch.cat([self.roots.index_select(0, requests)[:, None], state[:, :-1]], dim=1)
+        parent = torch.cat([(requests + 1)[:, None], state[:, :-1]], dim=1)
         key = parent * self.vocab + token[:, None]
         at = torch.searchsorted(self.edge_key, key).clamp_(max=self.edge_key.numel() - 1)
         found = self.edge_key[at] == key
