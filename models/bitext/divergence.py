@@ -241,8 +241,7 @@ def synthetic_examples(pairs_tok: Sequence[tuple[Sequence[str], Sequence[str]]],
         src_set, chosen, tries = frozenset(src), set(), 0
         while len(chosen) < negatives_per_positive and tries < max_tries and n > 1:
             tries += 1
-            j = rng.randrange(n - 1)
-            j += j >= i                                # uniform over j != i
+            j = _other_index(rng, n, i)
             cand = pairs[j][1]
             if j in chosen or (src, cand) in true_pairs or length_ratio(src, cand) > max_length_ratio:
                 continue
@@ -254,15 +253,19 @@ def synthetic_examples(pairs_tok: Sequence[tuple[Sequence[str], Sequence[str]]],
         tries_total += tries
         short += len(chosen) < negatives_per_positive
         for _ in range(partial_negatives if n > 1 else 0):
-            j = partial_rng.randrange(n - 1)
-            j += j >= i
-            changed = partial_divergence(src, tgt, pairs[j], partial_rng)
+            changed = partial_divergence(src, tgt, pairs[_other_index(partial_rng, n, i)], partial_rng)
             if changed is not None and changed not in true_pairs:
                 out.append((list(changed[0]), list(changed[1]), 0))
                 partial_count += 1
     out.stats = {"positives": n, "negatives": len(out) - n, "short_positives": short, "tries": tries_total,
                  "negatives_per_positive": negatives_per_positive, "partial_negatives": partial_count}
     return out
+
+
+def _other_index(rng: random.Random, n: int, i: int) -> int:
+    """An index of range(N) other than I, uniformly."""
+    j = rng.randrange(n - 1)
+    return j + (j >= i)
 
 
 PARTIAL_OPS = ("delete", "replace", "add")
@@ -293,15 +296,13 @@ def partial_divergence(src: Sequence[str], tgt: Sequence[str], donor: tuple[Sequ
     start = rng.randrange(n - span + 1)
     piece_start = rng.randrange(max(1, len(other) - span + 1))
     piece = other[piece_start:piece_start + span]
+    if op != "delete" and not piece:
+        return None
     if op == "delete":
         words = words[:start] + words[start + span:]
     elif op == "replace":
-        if not piece:
-            return None
         words = words[:start] + piece + words[start + span:]
     else:
-        if not piece:
-            return None
         words = piece + words if rng.randrange(2) else words + piece
     changed = tuple(words + tail)
     return (changed, tuple(tgt)) if side == 0 else (tuple(src), changed)
