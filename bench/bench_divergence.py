@@ -244,6 +244,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--partial_negatives", type=int, default=d.partial_negatives,
                     help=f"partial divergences made of each positive (default {d.partial_negatives})")
+    ap.add_argument("--average_epochs", type=int, default=d.average_epochs,
+                    help=f"weights averaged over the last N epochs' steps, 0 = none (default {d.average_epochs})")
     ap.add_argument("--members", type=int, default=d.members,
                     help=f"detectors averaged, seeds --seed, --seed + 1000, ... (default {d.members}); prints "
                          "also the figures of the first k members for every k")
@@ -268,7 +270,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     cfg = DivergenceConfig(dim=a.dim, hidden=a.hidden, channels=tuple(int(c) for c in a.channels.split(",")),
                            epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device="cpu",
-                           members=a.members, partial_negatives=a.partial_negatives,
+                           members=a.members, partial_negatives=a.partial_negatives, average_epochs=a.average_epochs,
                            embeddings=a.embeddings, aligner=a.aligner,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, progress=False)
     paths = a.dev or [os.path.join(a.data, f"{name}.dev.tsv") for name in ("commoncrawl", "opensubs")]
@@ -329,7 +331,7 @@ def main() -> None:
           f"{syn['negatives']:,} negatives ({syn['short_positives']} positives got fewer than "
           f"{syn['negatives_per_positive']}); dictionary {r['dictionary_pairs']:,} word pairs; vocabularies "
           f"{r['src_words']:,} en / {r['tgt_words']:,} fr; held-out synthetic accuracy "
-          f"{r['epochs'][-1].get('heldout_accuracy', float('nan')):.3f}"
+          f"{r.get('heldout_accuracy', r['epochs'][-1].get('heldout_accuracy', float('nan'))):.3f}"
           + (f" (the first of {cfg.members} members)." if cfg.members > 1 else "."))
     vectors = ("random word vectors, trained" if cfg.embeddings == "random" else
                f"SVD word vectors, {'fixed' if cfg.freeze_embeddings else 'fine-tuned'}")

@@ -15,7 +15,8 @@ from models.safety import UnsafeModelError
 from models.bitext.divergence import (Dictionary, DivergenceConfig, InteractionModel, bilingual_dictionary, coverage,
                                dictionary_from_counts, embedding_cosine_scores, greedy_matching, length_ratio,
                                length_ratio_scores, link_counts, load_divergence_detector, macro_f1,
-                               partial_divergence, synthetic_examples, tokenize, train_divergence, tune_threshold, word_alignments)
+                               partial_divergence, synthetic_examples, tokenize, train_divergence, tune_threshold, word_alignments,
+                               WeightMean)
 from common.cli import UsageError
 
 WORDS = [f"w{i}" for i in range(30)]
@@ -452,6 +453,10 @@ def test_save_load_round_trip_and_refusals(trained, tmp_path):
     del cfg["model"]["partial_negatives"]
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
     assert load_divergence_detector(out, device="cpu").cfg.partial_negatives == 0
+    assert back.cfg.average_epochs == det.cfg.average_epochs == 1          # so was weight averaging
+    del cfg["model"]["average_epochs"]
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    assert load_divergence_detector(out, device="cpu").cfg.average_epochs == 0
     odd = back.score(["", "w1 w2", "W1 , w2 !"], ["x1e", "", "x1e , x2e !"])          # empty sides, punctuation
     assert odd.shape == (3,) and np.all((odd >= 0) & (odd <= 1)) and back.score([], []).shape == (0,)
 
@@ -504,6 +509,7 @@ def test_command_line_trains_tunes_and_refuses_to_overwrite(tmp_path, capsys):
     assert 100 <= report["synthetic"]["partial_negatives"] <= 120       # one a positive of 4+ words
     assert load_divergence_detector(out).cfg.members == 2 and load_divergence_detector(out).cfg.partial_negatives == 1
     assert main(args + ["--overwrite", "--partial_negatives", "11"]) == 2 and "partial_negatives" in capsys.readouterr().err
+    assert main(args + ["--overwrite", "--average_epochs", "2"]) == 2 and "average_epochs" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -620,6 +626,56 @@ def test_an_ensemble_averages_members_that_single_trainings_reproduce(tmp_path):
     cfg_path.write_text(json.dumps({**raw, "model": {**raw["model"], "members": 2}}))
     with pytest.raises(UsageError, match="weights.pt does not fit"):          # 3 members' weights, 2 said
         load_divergence_detector(str(out), device="cpu")
+
+
+def test_weight_mean_is_the_mean_of_every_step_and_leaves_fixed_tables_alone():
+    torch.manual_seed(0)
+    model = InteractionModel(20, 20, dim=6, hidden=4, channels=(4,), dense=4, freeze_embeddings=True)
+    table = model.src_embed.weight.detach().clone()
+    mean = WeightMean(model)
+    assert all(p.requires_grad for p in mean.params) and all(p is not model.src_embed.weight for p in mean.params)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    ids, lens = torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([3, 2])
+    seen = []
+    for step in range(5):
+        opt.zero_grad()
+        model(ids, lens, ids, lens).logsumexp(-1).sum().backward()
+        opt.step()
+        mean.add()
+        seen.append([p.detach().clone() for p in mean.params])
+    assert mean.steps == 5 and not torch.equal(seen[0][0], seen[-1][0])     # the weights did move
+    mean.copy_to_model()
+    for k, p in enumerate(mean.params):
+        torch.testing.assert_close(p.detach(), torch.stack([w[k] for w in seen]).mean(0))
+    assert torch.equal(model.src_embed.weight, table)
+
+
+@pytest.mark.slow
+def test_weight_averaging_keeps_the_last_epochs_mean_and_not_the_training_path():
+    """average_epochs changes only which weights are kept: the training itself (its losses, hence
+    every step's weights) is the same with 0 and 1, the kept weights are not, and the report
+    says over how many steps they were averaged."""
+    from dataclasses import replace
+
+    torch.set_num_threads(1)
+    src, tgt = substitution_corpus(120, seed=13, vocab=12)
+    links = true_alignments(src, tgt)
+    cfg = DivergenceConfig(**{**TINY, "epochs": 2, "seed": 3})
+    quiet = lambda m: None  # noqa: E731
+    last = train_divergence(src, tgt, replace(cfg, average_epochs=0), alignments=links, log=quiet)
+    mean = train_divergence(src, tgt, replace(cfg, average_epochs=1), alignments=links, log=quiet)
+    both = train_divergence(src, tgt, replace(cfg, average_epochs=2), alignments=links, log=quiet)
+    losses = [[e["loss"] for e in t.report["epochs"]] for t in (last, mean, both)]
+    assert losses[0] == losses[1] == losses[2]
+    examples = mean.report["synthetic"]["positives"] + mean.report["synthetic"]["negatives"]
+    steps = mean.report["averaged_steps"]
+    assert "averaged_steps" not in last.report and both.report["averaged_steps"] == 2 * steps
+    assert examples / cfg.batch_size * 0.9 < steps < examples / cfg.batch_size * 1.1     # one epoch of batches
+    texts = ([" ".join(s) for s in src[:20]], [" ".join(t) for t in tgt[:20]])
+    scores = [t.detector.score(*texts) for t in (last, mean, both)]
+    assert not np.array_equal(scores[0], scores[1]) and not np.array_equal(scores[1], scores[2])
+    with pytest.raises(ValueError, match="average_epochs"):
+        replace(cfg, average_epochs=3).validate()
 
 
 def test_an_ensembles_confident_scores_keep_their_order():

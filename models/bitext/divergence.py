@@ -605,6 +605,8 @@ class DivergenceConfig:
     max_tries: int = 200
     members: int = 1                      # detectors trained from seeds seed, seed + 1000, ...; P averaged
     epochs: int = 2
+    average_epochs: int = 1               # the weights kept: their mean over every step of the last N epochs
+                                          # (stochastic weight averaging); 0 = the last step's (docs/benchmarks.md)
     batch_size: int = 32
     lr: float = 1e-3
     seed: int = 1
@@ -629,6 +631,8 @@ class DivergenceConfig:
             raise ValueError("focus_weight and min_coverage must be in [0, 1], dropout in [0, 1)")
         if not (self.lr > 0 and self.max_length_ratio >= 1 and self.negatives_per_positive >= 1):
             raise ValueError("lr must be > 0, max_length_ratio >= 1, negatives_per_positive >= 1")
+        if not 0 <= self.average_epochs <= self.epochs:
+            raise ValueError(f"average_epochs must be between 0 and epochs ({self.epochs}), got {self.average_epochs}")
         if not 0 <= self.partial_negatives <= MAX_PARTIAL_NEGATIVES:
             raise ValueError(f"partial_negatives must be between 0 and {MAX_PARTIAL_NEGATIVES}, "
                              f"got {self.partial_negatives}")
@@ -756,7 +760,7 @@ def _validated_config(cfg, path: str) -> tuple[DivergenceConfig, float, dict]:
     if not isinstance(model, dict):
         bad("no 'model' object")
     defaults = DivergenceConfig()
-    kwargs = {"partial_negatives": 0}                  # detectors saved before the field were trained without
+    kwargs = {"partial_negatives": 0, "average_epochs": 0}   # detectors saved before these fields: trained without
     for name, value in model.items():
         if name not in DivergenceConfig.__dataclass_fields__ or name in ("device", "progress"):
             continue                                   # unknown fields are ignored, never passed on
@@ -945,9 +949,11 @@ def _train_member(src_words: Vocabulary, tgt_words: Vocabulary, cfg: DivergenceC
         f"{len(train_ex)} to train, {len(held_ex)} held out")
     det = DivergenceDetector(src_words, tgt_words, cfg, model=new_model(cfg, len(src_words), len(tgt_words), *vectors))
     optimizers = _optimizers(det.model, cfg.lr)
+    mean = WeightMean(det.model)
     rng = random.Random(cfg.seed)
     report = {"seed": cfg.seed, "synthetic": dict(examples.stats), "epochs": []}
     for epoch in range(1, cfg.epochs + 1):
+        averaging = epoch > cfg.epochs - cfg.average_epochs
         det.model.train()
         start, losses = time.time(), []
         bar = _progress(len(train_ex), f"epoch {epoch}/{cfg.epochs}", cfg.progress)
@@ -960,19 +966,58 @@ def _train_member(src_words: Vocabulary, tgt_words: Vocabulary, cfg: DivergenceC
             loss.backward()
             for opt in optimizers:
                 opt.step()
+            if averaging:
+                mean.add()
             losses.append(loss.item())
             bar.update(len(idx))
             bar.set_postfix(loss=f"{np.mean(losses[-100:]):.4f}")
         bar.close()
         entry = {"epoch": epoch, "loss": float(np.mean(losses)), "seconds": round(time.time() - start, 1)}
         if held_ex:
-            p = det.score_tokens([s for s, _, _ in held_ex], [t for _, t, _ in held_ex])
-            entry["heldout_accuracy"] = float(np.mean((p >= 0.5) == np.array([y for _, _, y in held_ex], bool)))
+            entry["heldout_accuracy"] = _heldout_accuracy(det, held_ex)
         report["epochs"].append(entry)
         log(f"epoch {epoch}: loss {entry['loss']:.4f}, {entry['seconds']:.0f}s"
             + (f", held-out synthetic accuracy {entry['heldout_accuracy']:.3f}" if held_ex else ""))
+    if mean.steps:
+        mean.copy_to_model()
+        report["averaged_steps"] = mean.steps
+        if held_ex:
+            report["heldout_accuracy"] = _heldout_accuracy(det, held_ex)
+        log(f"weights averaged over the last {mean.steps} steps ({cfg.average_epochs} epoch(s))"
+            + (f": held-out synthetic accuracy {report['heldout_accuracy']:.3f}" if held_ex else ""))
     det.extra = {"training": report}
     return det
+
+
+def _heldout_accuracy(det: "DivergenceDetector", held_ex) -> float:
+    p = det.score_tokens([s for s, _, _ in held_ex], [t for _, t, _ in held_ex])
+    return float(np.mean((p >= 0.5) == np.array([y for _, _, y in held_ex], bool)))
+
+
+class WeightMean:
+    """The running mean of a model's trained weights, one step at a time (stochastic weight
+    averaging, Izmailov et al. 2018, with a constant learning rate). Only the parameters that
+    train are averaged: the fixed SVD tables are most of the model's size and would be averaged
+    to themselves. (torch.optim.swa_utils.AveragedModel copies and averages every parameter.)"""
+
+    def __init__(self, model: nn.Module):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.mean: list[torch.Tensor] = []
+        self.steps = 0
+
+    @torch.no_grad()
+    def add(self) -> None:
+        self.steps += 1
+        if self.steps == 1:
+            self.mean = [p.detach().clone() for p in self.params]
+        else:
+            for m, p in zip(self.mean, self.params):
+                m.lerp_(p, 1.0 / self.steps)
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        for m, p in zip(self.mean, self.params):
+            p.copy_(m)
 
 
 def _optimizers(model: InteractionModel, lr: float) -> list:

@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                              ("max_train_tokens", int, "longest sentence (tokens) trained on"),
                              ("max_tokens", int, "tokens kept per side when scoring"),
                              ("partial_negatives", int, "partial divergences made of each positive (a span of "
-                              "one side deleted, replaced or added), besides the cross-pair negatives")):
+                              "one side deleted, replaced or added), besides the cross-pair negatives"),
+                             ("average_epochs", int, "keep the mean of the weights over every step of the last N "
+                              "epochs (stochastic weight averaging; 0: the last step's weights)")):
         ap.add_argument(f"--{name}", type=typ, default=getattr(d, name), help=f"{help_} (default {getattr(d, name)})")
     ap.add_argument("--members", type=int, default=d.members,
                     help="detectors to train, from seeds --seed, --seed + 1000, ...; the saved detector averages "
@@ -113,6 +115,7 @@ def _config(a) -> DivergenceConfig:
                            embeddings=a.embeddings, aligner=a.aligner,
                            freeze_embeddings=a.embeddings == "svd" and not a.train_embeddings, min_count=a.min_count,
                            members=a.members, partial_negatives=a.partial_negatives, epochs=a.epochs,
+                           average_epochs=a.average_epochs,
                            batch_size=a.batch_size, lr=a.lr, seed=a.seed,
                            device=a.device,
                            progress=not a.no_progress)
