@@ -22,6 +22,11 @@ one partial negative a positive the detector's commoncrawl F1 rose from 76.8 to 
 seeds; ROC AUC 0.873 -> 0.907), opensubs level (69.2 -> 68.8, AUC 0.747 -> 0.758); two per
 positive did worse on commoncrawl (75.3).
 
+The weights kept are the mean of the weights after every step of the last epoch
+(``average_epochs``, stochastic weight averaging with the constant learning rate): the last step's
+are one noisy point of the path. Over 5 seeds the commoncrawl ROC AUC spread 0.893-0.917 instead
+of 0.877-0.960 and the opensubs AUC rose 0.758 -> 0.785, the F1 means level (docs/benchmarks.md).
+
 A detector may be an ensemble (``DivergenceConfig.members``): the interaction model trained from
 several seeds on the same dictionary and vectors, P(equivalent) the mean of the members'. A single
 seed's dev figures spread widely (ROC AUC 0.80-0.90 on commoncrawl over 25 seeds); the mean of
