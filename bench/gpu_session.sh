@@ -6,7 +6,8 @@
 # (carry .gpu). Sized for one 600-s call on an H100 (2026-11-26: 900 updates took ~140 s there,
 # the job section 150 s, the engines more than 115 s). Dry run here: TINY=1 bash bench/gpu_session.sh
 # Env: MAX_UPDATE (900), TRAIN_S (195), PAIRS (800), JOBB_S (200), SOURCES (200), PROF_S (60),
-# BENCH_S (150). Order: what the last session could not measure first (job, profile), engines last.
+# CONS_SOURCES ("100 400"), CONS_S (45), DEADLINE (570: the engines get what is left of it).
+# Order: the job (the defaults follow from it), the constrained ratio, the profile, engines last.
 set -u
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 L=/tmp/gpulog; rm -rf "$L" /tmp/site /tmp/mf /tmp/mb /tmp/job-*; mkdir -p "$L" "$OUT" /tmp/site
@@ -14,13 +15,13 @@ T0=$(date +%s); ROOT=$PWD
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/steps.log"; }
 finish() { tar czf "$OUT/logs.tgz" -C "$L" .; cp "$L/steps.log" "$OUT/"; cp "$L"/*.json "$OUT/" 2>/dev/null
   echo "== summary"; cat "$L/steps.log" "$L/versions.txt" 2>/dev/null
-  for f in "$L"/bench_job.log "$L"/bench_profile.log "$L"/bench.log; do [[ -f $f ]] && { echo "-- $f"; grep -v "^INFO\|Warning" "$f" | tail -15 | cut -c1-300; }; done; }
+  for f in "$L"/bench_job.log "$L"/constrained_*.log "$L"/bench_profile.log "$L"/bench.log; do [[ -f $f ]] && { echo "-- $f"; grep -v "^INFO\|Warning" "$f" | tail -15 | cut -c1-300; }; done; }
 trap finish EXIT
 if [[ -z ${TINY:-} ]]; then
   tar xzf .gpu/site.tgz -C /tmp/site || { log "unpack failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$ROOT; PY=python3
+  export PYTHONPATH=/tmp/site:$ROOT; PY=python3; DEV=cuda
 else
-  export PYTHONPATH=$ROOT; PY=${PY:-.venv/bin/python}     # a dry run with the project's own venv
+  export PYTHONPATH=$ROOT; PY=${PY:-.venv/bin/python}; DEV=cpu     # a dry run with the project's own venv
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$L/versions.txt" 2>&1
 $PY -c "import torch, apache_beam, fairseq; print('torch', torch.__version__, torch.cuda.is_available(), 'beam', apache_beam.__version__)" >> "$L/versions.txt" 2>&1
@@ -43,11 +44,18 @@ log "bench_gpu job section (${PAIRS:-800} pairs; parabank2 with 1 and 4 processe
 timeout "${JOBB_S:-200}" $PY bench/bench_gpu.py "${B[@]}" --skip engines,syncs,precision --pairs "${PAIRS:-800}" \
     --out "$L/bench_job.json" > "$L/bench_job.log" 2>&1
 log "bench job rc=$?"
+for n in ${CONS_SOURCES:-100 400}; do       # the trie's constrained/unconstrained ratio, one batch of n sources
+  log "bench_constrained, $n sources"
+  timeout "${CONS_S:-45}" $PY bench/bench_constrained.py --model /tmp/mf/cs-en --bitext .gpu/data --sources "$n" \
+      --device "$DEV" > "$L/constrained_$n.log" 2>&1
+  log "bench constrained rc=$?"
+done
 log "bench_gpu syncs and the profile of a free and a constrained sample() (${SOURCES:-200} sources)"
 timeout "${PROF_S:-60}" $PY bench/bench_gpu.py "${B[@]}" --skip job,engines,precision --sources "${SOURCES:-200}" \
     --out "$L/bench_profile.json" > "$L/bench_profile.log" 2>&1
 log "bench profile rc=$?"
-log "bench_gpu engines/precision (${SOURCES:-200} sources)"
-timeout "${BENCH_S:-150}" $PY bench/bench_gpu.py "${B[@]}" --skip job,syncs,profile --precisions fp32,bf16 --sources "${SOURCES:-200}" \
+LEFT=$(( ${DEADLINE:-570} - $(date +%s) + T0 )); (( LEFT < 20 )) && LEFT=20
+log "bench_gpu engines/precision (${SOURCES:-200} sources, ${LEFT} s left)"
+timeout "$LEFT" $PY bench/bench_gpu.py "${B[@]}" --skip job,syncs,profile --precisions fp32,bf16 --sources "${SOURCES:-200}" \
     --out "$L/bench_engines.json" > "$L/bench.log" 2>&1
 log "bench engines rc=$?"
