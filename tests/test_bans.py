@@ -4,7 +4,7 @@ import random
 
 import torch
 
-from models.nmt.bans import BanTable, compact
+from models.nmt.bans import BanTable, PhrasePack, compact
 
 
 def _direct(phrases, history):
@@ -13,15 +13,16 @@ def _direct(phrases, history):
     for p in phrases:
         if len(p) == 1 or (len(history) >= len(p) - 1 and tuple(history[len(history) - len(p) + 1:]) == p[:-1]):
             out.append(p[-1])
-    return sorted(out)
+    return sorted(set(out))
 
 
-def test_banned_tokens_match_a_direct_check_of_every_phrase():
-    rnd = random.Random(0)
-    vocab = 12                                                 # small, so prefixes often match
-    requests = [[tuple(rnd.randrange(4, vocab) for _ in range(rnd.randint(1, 4))) for _ in range(rnd.randint(0, 7))]
-                for _ in range(9)]
-    table = BanTable.build(requests, vocab, "cpu")
+def _random_requests(rnd, vocab):
+    return [[tuple(rnd.randrange(4, vocab) for _ in range(rnd.randint(1, 4))) for _ in range(rnd.randint(0, 7))]
+            for _ in range(9)]
+
+
+def _assert_direct_bans(table, requests, rnd, vocab):
+    """TABLE's bans for random rows of REQUESTS, step by step, are those of a direct check."""
     rows = [rnd.randrange(len(requests)) for _ in range(200)]
     histories = [[rnd.randrange(4, vocab) for _ in range(rnd.randint(0, 6))] for _ in rows]
     requests_t = torch.tensor(rows)
@@ -38,14 +39,42 @@ def test_banned_tokens_match_a_direct_check_of_every_phrase():
     hits = 0
     for i, (r, h) in enumerate(zip(rows, histories)):
         want = _direct(requests[r], h)
-        assert sorted(t for t in got[i].tolist() if t >= 0) == want, (requests[r], h)
+        assert sorted({t for t in got[i].tolist() if t >= 0}) == want, (requests[r], h)
         assert table.width >= len(want)
         hits += len(want)
     assert hits > 50
     # Before the first token only one-piece phrases apply.
     first = table.banned(torch.tensor(rows), None)
     for i, r in enumerate(rows):
-        assert sorted(t for t in first[i].tolist() if t >= 0) == sorted(p[0] for p in requests[r] if len(p) == 1)
+        assert sorted(t for t in first[i].tolist() if t >= 0) == sorted({p[0] for p in requests[r] if len(p) == 1})
+
+
+def test_banned_tokens_match_a_direct_check_of_every_phrase():
+    rnd = random.Random(0)
+    vocab = 12                                                 # small, so prefixes often match
+    requests = _random_requests(rnd, vocab)
+    _assert_direct_bans(BanTable.build(requests, vocab, "cpu"), requests, rnd, vocab)
+
+
+def test_tables_from_word_packs_merge_the_words_of_a_request():
+    """A request's phrases arrive as one pack a word (the sampler's path): words that share
+    prefixes, or the same phrase, must still make one trie whose bans are the direct check's."""
+    rnd = random.Random(1)
+    vocab = 12
+    requests = _random_requests(rnd, vocab)
+    packs = []
+    for phrases in requests:
+        words = [[] for _ in range(rnd.randint(1, 3))]
+        for p in phrases:
+            for w in rnd.sample(range(len(words)), rnd.randint(1, len(words))):   # a phrase in 1+ words
+                words[w].append(p)
+        packs.append([PhrasePack.of(w) for w in words])
+    table = BanTable.from_packs(packs, vocab, "cpu")
+    _assert_direct_bans(table, requests, rnd, vocab)
+    one = BanTable.build(requests, vocab, "cpu")
+    for name in ("edge_key", "edge_child", "emits", "single"):
+        assert torch.equal(getattr(table, name), getattr(one, name)), name
+    assert not PhrasePack.of([]) and PhrasePack.of([(5,)]) and PhrasePack.of([(5, 6)])
 
 
 def test_compact_keeps_every_ban_in_fewer_columns():

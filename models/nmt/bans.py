@@ -48,23 +48,36 @@ class BanTable:
     def build(cls, phrases_per_request: list[list[tuple[int, ...]]], vocab: int, device) -> "BanTable":
         """The tables of a batch; PHRASES_PER_REQUEST[i] is request i's phrases (token-id tuples
         below VOCAB)."""
-        n = len(phrases_per_request)
-        singles = [[p[0] for p in phrases if len(p) == 1] for phrases in phrases_per_request]
-        single = np.full((n, max(map(len, singles), default=0)), -1, dtype=np.int64)
-        for i, ones in enumerate(singles):
-            single[i, :len(ones)] = ones
+        return cls.from_packs([[PhrasePack.of(phrases)] for phrases in phrases_per_request], vocab, device)
+
+    @classmethod
+    def from_packs(cls, packs_per_request: list[list["PhrasePack"]], vocab: int, device) -> "BanTable":
+        """The tables of a batch whose request i bans the phrases of PACKS_PER_REQUEST[i] (each
+        word's phrases packed once, Translator.banned_packs): the host work is numpy over whole
+        arrays, with one Python step per (request, word), not per phrase or token (102,000
+        phrases of 2,000 requests: docs/benchmarks.md, "Constrained sampling on a GPU")."""
+        n = len(packs_per_request)
+        owner = [i for i, packs in enumerate(packs_per_request) for _ in packs]
+        packs = [p for ps in packs_per_request for p in ps]
+        ones = _cat([p.single for p in packs])
+        length = _cat([p.lengths for p in packs])
+        flat = _cat([p.flat for p in packs])
+        for tokens in (ones, flat):
+            if len(tokens) and not 0 <= tokens.min() <= tokens.max() < vocab:      # keys would collide
+                raise ValueError(f"banned phrase tokens must lie in [0, {vocab})")
+        # One-piece phrases: each request's distinct tokens, left-aligned in its row.
+        one_key = np.unique(np.repeat(owner, [len(p.single) for p in packs]).astype(np.int64) * vocab + ones)
+        one_req, one_token = one_key // vocab, one_key % vocab
+        column = np.arange(len(one_key)) - np.searchsorted(one_req, one_req)
+        single = np.full((n, int(column.max()) + 1 if len(column) else 0), -1, dtype=np.int64)
+        single[one_req, column] = one_token
         # The multi-piece phrases as a padded array, one row each, with its request's root.
-        multi = [(i, p) for i, phrases in enumerate(phrases_per_request) for p in phrases if len(p) > 1]
-        length = np.fromiter((len(p) for _, p in multi), dtype=np.int64, count=len(multi))
-        depth = int(length.max()) - 1 if len(multi) else 0
-        padded = np.full((len(multi), depth + 1), -1, dtype=np.int64)
-        flat = np.fromiter((t for _, p in multi for t in p), dtype=np.int64, count=int(length.sum()))
-        if len(flat) and not 0 <= flat.min() <= flat.max() < vocab:     # keys would collide
-            raise ValueError(f"banned phrase tokens must lie in [0, {vocab})")
+        depth = int(length.max()) - 1 if len(length) else 0
+        padded = np.full((len(length), depth + 1), -1, dtype=np.int64)
         padded[np.arange(depth + 1) < length[:, None]] = flat
+        node = np.repeat(owner, [len(p.lengths) for p in packs]).astype(np.int64) + 1
         # Trie nodes a depth at a time: the distinct (parent node, token) edges of the phrases still
         # that long get the next node ids (DEAD is 0, the roots 1..n), in key order: sorted edges.
-        node = np.fromiter((i + 1 for i, _ in multi), dtype=np.int64, count=len(multi))
         keys, children, next_node = [], [], n + 1
         for d in range(depth):
             longer = length - 1 > d
@@ -78,7 +91,7 @@ class BanTable:
         order = np.argsort(edge_key, kind="stable")
         edge_child = (np.concatenate(children) if children else np.zeros(0, dtype=np.int64))[order]
         # A node's complete prefix bans its phrases' last tokens: one column each.
-        emit_key = np.unique(node * vocab + padded[np.arange(len(multi)), length - 1])   # by node, then token
+        emit_key = np.unique(node * vocab + padded[np.arange(len(length)), length - 1])   # by node, then token
         emit_node, emit_token = emit_key // vocab, emit_key % vocab
         column = np.arange(len(emit_key)) - np.searchsorted(emit_node, emit_node)
         emits = np.full((next_node, int(column.max()) + 1 if len(column) else 0), -1, dtype=np.int64)
@@ -112,6 +125,29 @@ class BanTable:
         return torch.cat([single, multi], dim=1)
 
 
+@dataclass(frozen=True)
+class PhrasePack:
+    """Phrases (one word's, usually) as arrays: SINGLE the one-piece phrases' tokens; FLAT the
+    multi-piece phrases' tokens end to end, LENGTHS their lengths."""
+    single: np.ndarray
+    flat: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, phrases) -> "PhrasePack":
+        multi = [p for p in phrases if len(p) > 1]
+        return cls(np.array([p[0] for p in phrases if len(p) == 1], dtype=np.int64),
+                   np.array([t for p in multi for t in p], dtype=np.int64),
+                   np.array([len(p) for p in multi], dtype=np.int64))
+
+    def __bool__(self) -> bool:
+        return bool(len(self.single) or len(self.lengths))
+
+
+def _cat(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+
+
 def compact(banned: torch.Tensor, width: int) -> torch.Tensor:
     """BANNED (rows, B) with each row's bans moved left and only WIDTH columns kept (WIDTH at
     least the most bans any row has): later comparisons scale with WIDTH, not B."""
@@ -120,4 +156,4 @@ def compact(banned: torch.Tensor, width: int) -> torch.Tensor:
     return banned.sort(dim=1, descending=True).values[:, :width]
 
 
-__all__ = ["BanTable", "compact"]
+__all__ = ["BanTable", "PhrasePack", "compact"]

@@ -78,14 +78,10 @@ class _Batch:
         for row in reversed(range(self.n_rows)):
             first_row[row_src[row]] = row
         self.first_row_t = _to_device(first_row, dev)
-        cache: dict = {}
-        for r in reqs:
-            if r.banned_words not in cache:
-                cache[r.banned_words] = engine.banned_phrases(r.banned_words) if r.banned_words else []
-        phrases = [cache[r.banned_words] for r in reqs]
-        self.bans = BanTable.build(phrases, len(engine.tgt_dict), dev) if any(phrases) else None
+        packs = [engine.banned_packs(r.banned_words) for r in reqs]
+        self.bans = BanTable.from_packs(packs, len(engine.tgt_dict), dev) if any(map(any, packs)) else None
         # Most bans a row has at the first step (one-piece phrases only).
-        self.first_widest = max((sum(len(p) == 1 for p in ph) for ph in phrases), default=0)
+        self.first_widest = self.bans.single.shape[1] if self.bans is not None else 0
 
 
 def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, seed: int,

@@ -29,6 +29,7 @@ import warnings
 import numpy as np
 import torch
 
+from models.nmt.bans import PhrasePack
 from models.nmt.devices import batch_budgets, gpu_memory_share
 from models.nmt.engine import Engine, Hypothesis, SampleRequest
 from models.nmt.ensemble import mean_probability
@@ -180,6 +181,7 @@ class Translator(Engine):
         self._never_t = torch.tensor(never, dtype=torch.long, device=self.device)   # masked at every step
         self._vocabulary = frozenset(d.symbols)
         self._word_bans_memo: dict[str, tuple[tuple[int, ...], ...]] = {}
+        self._word_packs_memo: dict[str, PhrasePack] = {}
         # Sampling decodes with models/nmt/prefix_decoder.py's PrefixDecoder where the model's
         # configuration allows it (False: fairseq's own incremental decoder, the reference).
         self.fast_decoder = True
@@ -266,6 +268,21 @@ class Translator(Engine):
                                 for pieces in self.tokenization.banned_phrases(word, self._vocabulary))
                 if ids and self.unk not in ids)
         return found
+
+    def banned_packs(self, words) -> list[PhrasePack]:
+        """banned_phrases of WORDS as one PhrasePack a word (kept beside the word's phrases), what
+        BanTable.from_packs takes: the sampler's tables are then built from whole arrays. A
+        phrase two words share is banned once all the same (the tables keep distinct ones)."""
+        memo = self._word_packs_memo
+        out = []
+        for word in words:
+            pack = memo.get(word)
+            if pack is None:
+                if len(memo) >= _MAX_WORD_BANS:
+                    memo.clear()
+                pack = memo[word] = PhrasePack.of(self._word_bans(word))
+            out.append(pack)
+        return out
 
     @property
     def max_source_positions(self) -> int:
