@@ -52,7 +52,7 @@ def bitext_models(tmp_path_factory):
     trained = train_divergence([tokenize(cs) for cs, _ in train], [tokenize(en) for _, en in train],
                                DivergenceConfig(src_lang="cs", tgt_lang="en", dim=16, hidden=12, channels=(8, 8),
                                                 dense=16, dropout=0.0, epochs=3, batch_size=16, lr=3e-3,
-                                                device="cpu", progress=False, max_tries=400),
+                                                device="cpu", progress=False, max_tries=400, members=1),
                                alignments=toy_alignments(train, tokenize), log=lambda m: None)
     trained.detector.save(str(root / "div"))
 

@@ -457,6 +457,9 @@ def test_save_load_round_trip_and_refusals(trained, tmp_path):
     del cfg["model"]["average_epochs"]
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
     assert load_divergence_detector(out, device="cpu").cfg.average_epochs == 0
+    del cfg["model"]["members"]                                   # and as one member (weights of one model)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    assert load_divergence_detector(out, device="cpu").cfg.members == 1 == det.cfg.members
     odd = back.score(["", "w1 w2", "W1 , w2 !"], ["x1e", "", "x1e , x2e !"])          # empty sides, punctuation
     assert odd.shape == (3,) and np.all((odd >= 0) & (odd <= 1)) and back.score([], []).shape == (0,)
 
@@ -498,6 +501,7 @@ def test_command_line_trains_tunes_and_refuses_to_overwrite(tmp_path, capsys):
     report = run(args)
     assert report["dev"]["pairs"] == 40 and 0 <= report["dev"]["macro_f1"] <= 1
     det = load_divergence_detector(out)
+    assert det.cfg.members == 2 and [m["seed"] for m in report["members"]] == [1, 1001]    # the default: two
     assert det.threshold == report["dev"]["threshold"] and det.cfg.src_lang == "en"
     assert main(args) == 2                                          # exists: refused without --overwrite
     assert "--overwrite" in capsys.readouterr().err
