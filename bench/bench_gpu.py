@@ -7,18 +7,19 @@
 (the engines' sources). On a GPU it prints (Markdown) and writes to --out (JSON, rewritten after
 every section, so a run stopped by a time limit keeps what it measured):
 
-  1. engines, --sources sources, top-10: our sampler (30 samples; 5 constraint sets x 6) in fp32,
-     fp16 and bf16, against fairseq-generate --sampling (fp16 and fp32, batch 256, every output
+  1. engines, --sources sources, top-10: our sampler (30 samples; 5 constraint sets x 6) in each
+     of --precisions, against fairseq-generate --sampling (fp16 and fp32, batch 256, every output
      checked); beam 12 in process (fairseq's SequenceGenerator) against fairseq-generate (batch 128);
   2. device synchronisations per decoder step of one sample() call (torch.cuda sync debug mode),
      and torch.profiler over one such call, unconstrained and constrained (host and device busy
      time, the ops that take the most of each);
-  3. dual scores of 150 candidates a source in each precision: ms a source, and fp16's and bf16's
+  3. dual scores of 150 candidates a source in each precision: ms a source, and each one's
      largest and mean difference from fp32 (nats per token);
   4. the whole job (DirectRunner, --device cuda) at the parabank2 and paranmt presets on --pairs
-     pairs, with 1 and 4 decoding processes per GPU (fp32; bf16 with 4): pairs/s of the command
-     and of its decoding alone, units per worker, worker time per stage, the GPU's busy fraction
-     (nvidia-smi every 0.5 s while the job runs), and the GPU-hours 50M pairs take.
+     pairs, with --processes decoding processes per GPU (fp32; the other --job_precisions with the
+     most of them): pairs/s of the command and of its decoding alone, units per worker, worker
+     time per stage, the GPU's busy fraction (nvidia-smi every 0.5 s while the job runs), and
+     the GPU-hours 50M pairs take.
 
 Without a GPU it prints the CPU proxies and exits 0: host<->device round trips during sample()
 and score() and the tensor operations (kernel launches on a GPU) per decoder step
@@ -478,10 +479,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sources", type=int, default=500, help="sources of val for the engines (default 500)")
     ap.add_argument("--processes", default="1,4",
                     help="decoding processes per GPU to run the parabank2 job with (default 1,4)")
-    ap.add_argument("--precisions", default="fp32,fp16,bf16",
-                    help="engines' precisions on a GPU, fp32 first (default fp32,fp16,bf16)")
-    ap.add_argument("--job_precisions", default="fp32,bf16",
-                    help="precisions of the parabank2 job with the most processes (default fp32,bf16)")
+    ap.add_argument("--precisions", default="fp32,tf32,bf16,fp16",
+                    help="engines' precisions on a GPU, fp32 first (default fp32,tf32,bf16,fp16)")
+    ap.add_argument("--job_precisions", default="fp32,tf32",
+                    help="precisions of the parabank2 job with the most processes (default fp32,tf32)")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: engines,syncs,precision,job")
     ap.add_argument("--out", required=True, help="JSON file for the figures")
     ap.add_argument("--rehearse", action="store_true",

@@ -8,7 +8,8 @@
 # Dry run here: TINY=1 bash bench/gpu_session.sh.  SKIP_TRAIN=1 reuses /tmp/mf and /tmp/mb of an
 # earlier call on the same warm machine (a machine is released 30 s after a call).
 # Env: MAX_UPDATE (900), BLEU_SAMPLES (100), TRAIN_S (240), PAIRS (800), JOBB_S (280), SOURCES (200),
-# CONS_SOURCES ("100 400"), CONS_S (40), PROF_S (50), DEADLINE (585: the engines get what is left).
+# PROCESSES ("4,8"), JOB_PRECISIONS ("fp32,tf32"), CONS_SOURCES ("100 400"), CONS_S (40), PROF_S (50),
+# DEADLINE (585: the engines get what is left).
 # Order: the job (the defaults follow from it), the constrained ratio, the profile, engines last.
 set -u
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
@@ -44,9 +45,10 @@ log "training rc $R1 $R2; $(grep -h '"bleu":' /tmp/mf/cs-en/model.json /tmp/mb/e
 fi
 R=(); [[ -n ${TINY:-} ]] && R=(--rehearse)
 B=(--forward_model /tmp/mf/cs-en --backward_model /tmp/mb/en-cs --bitext .gpu/data "${R[@]}")
-log "bench_gpu job section (${PAIRS:-800} pairs; parabank2 with 1 and 4 processes, bf16; paranmt)"
+# 2026-11-27 measured 1 and 4 processes and bf16 (slower): next, 4 against 8 and fp32 against tf32.
+log "bench_gpu job section (${PAIRS:-800} pairs; parabank2 with ${PROCESSES:-4,8} processes, ${JOB_PRECISIONS:-fp32,tf32}; paranmt)"
 timeout "${JOBB_S:-280}" $PY bench/bench_gpu.py "${B[@]}" --skip engines,syncs,precision --pairs "${PAIRS:-800}" \
-    --out "$L/bench_job.json" > "$L/bench_job.log" 2>&1
+    --processes "${PROCESSES:-4,8}" --job_precisions "${JOB_PRECISIONS:-fp32,tf32}" --out "$L/bench_job.json" > "$L/bench_job.log" 2>&1
 log "bench job rc=$?"
 for n in ${CONS_SOURCES:-100 400}; do       # the trie's constrained/unconstrained ratio, one batch of n sources
   log "bench_constrained, $n sources"
@@ -60,6 +62,6 @@ timeout "${PROF_S:-50}" $PY bench/bench_gpu.py "${B[@]}" --skip job,engines,prec
 log "bench profile rc=$?"
 LEFT=$(( ${DEADLINE:-585} - $(date +%s) + T0 )); (( LEFT < 20 )) && LEFT=20
 log "bench_gpu engines/precision (${SOURCES:-200} sources, ${LEFT} s left)"
-timeout "$LEFT" $PY bench/bench_gpu.py "${B[@]}" --skip job,syncs,profile --precisions fp32,bf16 --sources "${SOURCES:-200}" \
+timeout "$LEFT" $PY bench/bench_gpu.py "${B[@]}" --skip job,syncs,profile --precisions fp32,tf32,bf16 --sources "${SOURCES:-200}" \
     --out "$L/bench_engines.json" > "$L/bench.log" 2>&1
 log "bench engines rc=$?"

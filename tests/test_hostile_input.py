@@ -249,6 +249,8 @@ def test_device_and_precision_are_checked_for_local_workers(monkeypatch):
     assert resolve_device("cpu", "auto", "DirectRunner") == ("cpu", "fp32")
     with pytest.raises(UsageError, match="fp16 decoding needs a GPU"):
         resolve_device("cpu", "fp16", "DirectRunner")
+    with pytest.raises(UsageError, match="tf32 is a GPU's"):
+        resolve_device("cpu", "tf32", "DirectRunner")
     # the CPU's bf16 support decides; simulate both kinds of CPU
     monkeypatch.setattr(models.nmt.translator, "cpu_has_native_bf16", lambda: False)
     with pytest.raises(UsageError, match="AVX512-BF16"):

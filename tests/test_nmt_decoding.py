@@ -183,8 +183,30 @@ def test_precision_is_validated(tiny_nmt_models):
     assert resolve_precision("bf16", "cuda") == "bf16"
     with pytest.raises(ValueError, match="needs a GPU"):
         resolve_precision("fp16", "cpu")
+    assert resolve_precision("tf32", "cuda") == "tf32"
+    with pytest.raises(ValueError, match="tensor-core format"):
+        resolve_precision("tf32", "cpu")
     with pytest.raises(ValueError, match="precision must be one of"):
         Translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu", precision="int4")
+
+
+def test_tf32_is_on_for_a_tf32_engine_s_calls_only():
+    """torch's TF32 switch is per process: a tf32 engine turns it on around its own calls and puts
+    back what was there, also when the call fails, so an fp32 engine beside it stays exact."""
+    import torch
+
+    from models.nmt.translator import tf32_matmuls
+
+    flag = torch.backends.cuda.matmul
+    assert flag.allow_tf32 is False                          # torch's default
+    with tf32_matmuls(True):
+        assert flag.allow_tf32 is True
+        with tf32_matmuls(False):
+            assert flag.allow_tf32 is True                   # an fp32 call nested inside changes nothing
+    assert flag.allow_tf32 is False
+    with pytest.raises(RuntimeError, match="boom"), tf32_matmuls(True):
+        raise RuntimeError("boom")
+    assert flag.allow_tf32 is False
 
 
 @pytest.mark.slow

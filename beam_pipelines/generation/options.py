@@ -100,10 +100,11 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                    help="language code of the side paraphrased, the input's second column (default en)")
     g.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="where to decode (default: cuda when a GPU is visible to the worker, else cpu)")
-    g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+    g.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32", "bf16", "fp16"],
                    help="model weights' precision (default auto = fp32: on an H100 it decoded a 6-layer d512 model "
                         "faster than bf16 or fp16, docs/benchmarks.md); bf16 or fp16 may pay off for larger models; "
-                        "bf16 on a CPU needs AVX512-BF16 or AMX; half precisions give slightly different scores")
+                        "tf32 (a GPU only): fp32 weights, matrix products on tensor cores; bf16 on a CPU needs "
+                        "AVX512-BF16 or AMX; all but fp32 give slightly different scores")
     g.add_argument("--processes_per_gpu", type=int, default=DEFAULT_PROCESSES_PER_GPU,
                    help=f"decoding processes sharing each GPU, so that one process's host work (tokenization, "
                         f"clustering, writing) overlaps another's decoding; on a GPU machine the DirectRunner starts "

@@ -20,6 +20,7 @@ Ensembles combine their members as fairseq's ``EnsembleModel`` and ``SequenceSco
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -95,7 +96,7 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -105,14 +106,33 @@ def resolve_precision(precision: str, device_type: str) -> str:
     a 6-layer d512 model's decoding steps are too small for half precision to pay for its casts.
     bf16 (Ampere and later; fp32's range, so activations cannot overflow as fp16's can) and fp16
     are there on request, for larger models; they give slightly different scores and samples.
-    Softmax and scores are always computed in fp32."""
+    tf32 keeps fp32 weights and runs the matrix products on a GPU's tensor cores with 10-bit
+    mantissas (Ampere and later): no casts, so no extra kernels a step. Softmax and scores are
+    always computed in fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if precision == "auto":
         return "fp32"
     if precision == "fp16" and device_type != "cuda":
         raise ValueError("fp16 decoding needs a GPU; use bf16 on the CPU")
+    if precision == "tf32" and device_type != "cuda":
+        raise ValueError("tf32 is a GPU's tensor-core format (NVIDIA Ampere or later); use fp32 on the CPU")
     return precision
+
+
+@contextlib.contextmanager
+def tf32_matmuls(on: bool):
+    """fp32 matrix products in TF32 while the block runs, if ON: torch's switch is per process,
+    so a tf32 engine turns it on for its own calls only and an fp32 engine beside it stays exact."""
+    if not on:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def cpu_has_native_bf16() -> bool | None:
@@ -158,7 +178,7 @@ class Translator(Engine):
         self.models = []
         for model in models:
             model = model.to(self.device).eval()
-            if self.precision != "fp32":
+            if self.precision in _DTYPES:
                 model.to(_DTYPES[self.precision])
             if self.device.type == "cpu":
                 pack_linears(model)                         # oneDNN products: see models/nmt/onednn.py
@@ -192,7 +212,8 @@ class Translator(Engine):
         the batches, so a retry gives what the first try would have."""
         for attempt in range(5):
             try:
-                return decode()
+                with tf32_matmuls(self.precision == "tf32"):
+                    return decode()
             except torch.cuda.OutOfMemoryError:
                 if self.device.type != "cuda" or attempt == 4:
                     raise
@@ -209,7 +230,7 @@ class Translator(Engine):
         return batch_budgets("cuda", gpu_memory_share(self.device, processes_per_gpu) // max(1, len(self.models)),
                              layers=len(getattr(decoder, "layers", [])) or 6,
                              dim=int(decoder.embed_tokens.weight.shape[1]), vocab=len(self.tgt_dict),
-                             element_bytes=4 if self.precision == "fp32" else 2)
+                             element_bytes=2 if self.precision in _DTYPES else 4)
 
     def describe(self) -> dict:
         return {"engine": "fairseq", "members": len(self.models), "tokenization": self.tokenization.describe(),
@@ -395,11 +416,15 @@ class Translator(Engine):
         return out
 
     # ---------------------------------------------------------------- beam search
-    @torch.inference_mode()
     def beam_search(self, sources: list[str], beam: int = 12, nbest: int = 1) -> list[list[Hypothesis]]:
         """fairseq's own SequenceGenerator (the reference engine), n-best per source; an ensemble
         through fairseq's EnsembleModel. Each source ends at its own length limit
         (models/nmt/beam.py), so its hypotheses do not depend on the sources batched with it."""
+        with tf32_matmuls(self.precision == "tf32"):
+            return self._beam_search(sources, beam, nbest)
+
+    @torch.inference_mode()
+    def _beam_search(self, sources: list[str], beam: int, nbest: int) -> list[list[Hypothesis]]:
         from models.nmt.beam import beam_generator
 
         src_ids = [self._ids(self.src_dict, s, "src") for s in sources]
