@@ -179,9 +179,11 @@ def bench_syncs(args, sources_pairs, emit) -> None:
 
 
 def bench_profile(args, sources_pairs, emit, top: int = 12) -> None:
-    """torch.profiler over one sample() call of 100 sources, unconstrained and 5 sets x 6 (after
+    """torch.profiler over one sample() call of 100 sources, unconstrained and 5 sets x 6, and over
+    the job's backward score() of those 3,000 unconstrained samples against their sources (after
     a warm-up call each): the wall time, the host's and the device's busy time, and the ops that
-    take the most of each (self time). Where the constrained step's extra time goes."""
+    take the most of each (self time). Where the constrained step's extra time goes, and whether
+    scoring waits for the host or the device."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -191,14 +193,21 @@ def bench_profile(args, sources_pairs, emit, top: int = 12) -> None:
     engine.sample_batch_tokens = 10**9
     cuda = args.device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    free = free_requests(sources_pairs[:100], 30)
+    texts = [(h.text, r.source) for r, hs in zip(free, engine.sample(free, topk=10, seed=0)) for h in hs]
+    backward = Translator(args.backward_model, device=args.device, precision="fp32")
+    calls = (("30 samples", lambda: engine.sample(free, topk=10, seed=0)),
+             ("5 sets x 6 samples",
+              lambda reqs=constrained_requests(sources_pairs[:100], 5, 6): engine.sample(reqs, topk=10, seed=0)),
+             (f"score {len(texts)} samples (backward)",
+              lambda: backward.score([e for e, _ in texts], [f for _, f in texts])))
     out = []
-    for label, reqs in (("30 samples", free_requests(sources_pairs[:100], 30)),
-                        ("5 sets x 6 samples", constrained_requests(sources_pairs[:100], 5, 6))):
-        engine.sample(reqs, topk=10, seed=0)                       # warm-up: allocator, kernels, ban memo
+    for label, call in calls:
+        call()                                                   # warm-up: allocator, kernels, ban memo
         _sync()
         start = time.perf_counter()
         with profile(activities=activities) as prof:
-            engine.sample(reqs, topk=10, seed=0)
+            call()
             _sync()
         wall = time.perf_counter() - start
         events = prof.key_averages()
