@@ -55,7 +55,7 @@ class BanTable:
         """The tables of a batch whose request i bans the phrases of PACKS_PER_REQUEST[i] (each
         word's phrases packed once, Translator.banned_packs): the host work is numpy over whole
         arrays, with one Python step per (request, word), not per phrase or token (102,000
-        phrases of 2,000 requests: docs/benchmarks.md, "Constrained sampling on a GPU")."""
+        phrases of 2,000 requests: docs/benchmarks.md, "Constrained sampling on a CPU")."""
         n = len(packs_per_request)
         owner = [i for i, packs in enumerate(packs_per_request) for _ in packs]
         packs = [p for ps in packs_per_request for p in ps]
