@@ -68,16 +68,20 @@ def decoder_linears(decoder) -> dict:
     layers = []
     for layer in decoder.layers:
         a, c = layer.self_attn, layer.encoder_attn
-        qkv = (a.q_proj, a.k_proj, a.v_proj)
-        bias = [p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in qkv]
+        # fairseq scales each query after its projection; here the query weights are scaled
+        # instead, which saves a kernel a layer and attention (exact when the head width is a
+        # power of 4, as 64 is: the scaling is then a power of 2).
+        qkv = [(a.q_proj, a.scaling), (a.k_proj, 1.0), (a.v_proj, 1.0)]
+        bias = [(p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0])) * s for p, s in qkv]
         relu = _is_relu(layer.activation_fn)
         layers.append({
             # Self-attention's three projections as one product (fewer, larger products).
-            "qkv": Linear(torch.cat([p.weight for p in qkv]), torch.cat(bias)),
+            "qkv": Linear(torch.cat([p.weight * s for p, s in qkv]), torch.cat(bias)),
             # The rest are the modules' own products (already packed by pack_linears on a CPU
             # Translator, so the weights are not packed twice).
             "self_out": linear_of(a.out_proj),
-            "cross_q": linear_of(c.q_proj),
+            "cross_q": Linear(c.q_proj.weight * c.scaling,
+                              None if c.q_proj.bias is None else c.q_proj.bias * c.scaling),
             "cross_k": linear_of(c.k_proj),
             "cross_v": linear_of(c.v_proj),
             "cross_out": linear_of(c.out_proj),
@@ -159,7 +163,7 @@ class PrefixDecoder:
 
     def _cross_attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         lin = self.linears["layers"][layer]
-        q = lin["cross_q"](x) * self.layers[layer].encoder_attn.scaling     # as fairseq scales
+        q = lin["cross_q"](x)                                     # scaled (decoder_linears)
         src, slot, width = self._source_groups()
         k, v = self.cross_kv[layer]                               # (n_src, H, S, hd)
         padded = q.new_zeros(k.shape[0], width, q.shape[-1])
@@ -174,7 +178,7 @@ class PrefixDecoder:
     def _self_attention(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         lin = self.linears["layers"][layer]
         q, k_new, v_new = (_heads(t, self.heads) for t in lin["qkv"](x[:, None, :]).chunk(3, dim=-1))
-        q = q * self.layers[layer].self_attn.scaling              # (N, H, 1, hd), as fairseq scales
+        # q: (N, H, 1, hd), already scaled by its weights (decoder_linears)
         if self.cache[layer] is None:
             k, v = k_new, v_new
         else:
