@@ -14,7 +14,9 @@
 # Order: the job (the defaults follow from it), the constrained ratio, the profile, engines last.
 set -u
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
-L=/tmp/gpulog; rm -rf "$L" /tmp/site /tmp/job-*; [[ " ${STEPS:-train} " == *" train "* ]] && rm -rf /tmp/mf /tmp/mb; mkdir -p "$L" "$OUT" /tmp/site
+STEPS=" ${STEPS:-train job constrained profile engines} "
+want() { [[ $STEPS == *" $1 "* ]]; }
+L=/tmp/gpulog; rm -rf "$L" /tmp/site /tmp/job-*; want train && rm -rf /tmp/mf /tmp/mb; mkdir -p "$L" "$OUT" /tmp/site
 T0=$(date +%s); ROOT=$PWD
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/steps.log"; }
 finish() { tar czf "$OUT/logs.tgz" -C "$L" .; cp "$L/steps.log" "$OUT/"; cp "$L"/*.json "$OUT/" 2>/dev/null
@@ -36,8 +38,6 @@ TRAIN=(--tsv /tmp/m30k.tsv --src_lang cs --tgt_lang en --layers 6 --dim 512 --ff
 [[ -n ${TINY:-} ]] && TRAIN=(--tsv /tmp/m30k.tsv --src_lang cs --tgt_lang en --max_lines 3000 --vocab_size 1000
        --layers 1 --dim 64 --heads 2 --max_epoch 1 --bleu_samples 20 --valid_size 100)
 # A post-norm 6-layer model with lr 7e-4 and a 56-update warm-up diverged here (BLEU 0): keep the warm-up.
-STEPS=" ${STEPS:-train job constrained profile engines} "
-want() { [[ $STEPS == *" $1 "* ]]; }
 if want train; then
 log "training both directions at once"
 timeout "${TRAIN_S:-240}" $PY -m models.nmt.train "${TRAIN[@]}" --output /tmp/mf --directions fwd > "$L/train_fwd.log" 2>&1 & P1=$!

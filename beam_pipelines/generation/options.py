@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from common.shards import DEFAULT_MAX_LINE_CHARS
+from models.nmt.devices import PRECISIONS
 from paracorpus.compaction import DEFAULT_FILE_MB, DEFAULT_FILE_ROWS
 from paracorpus.config import PRESETS
 from paracorpus.units import DEFAULT_UNIT_PAIRS
@@ -100,7 +101,7 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                    help="language code of the side paraphrased, the input's second column (default en)")
     g.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="where to decode (default: cuda when a GPU is visible to the worker, else cpu)")
-    g.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32", "bf16", "fp16"],
+    g.add_argument("--precision", default="auto", choices=PRECISIONS,
                    help="model weights' precision (default auto = fp32: on an H100 it decoded a 6-layer d512 model "
                         "faster than bf16 or fp16, docs/benchmarks.md); bf16 or fp16 may pay off for larger models; "
                         "tf32 (a GPU only): fp32 weights, matrix products on tensor cores; bf16 on a CPU needs "

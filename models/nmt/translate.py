@@ -25,6 +25,7 @@ import sys
 
 from common.cli import UsageError, cli_main, configure_logging
 from common.shards import bounded_lines
+from models.nmt.devices import PRECISIONS
 
 log = logging.getLogger("paragen.translate")
 MAX_LINE_BYTES = 100_000
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch_lines", type=int, default=64, help="lines decoded together (default 64)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
                     help="where to decode (default: cuda when a GPU is visible, else cpu)")
-    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32", "bf16", "fp16"],
+    ap.add_argument("--precision", default="auto", choices=PRECISIONS,
                     help="weights' precision (default auto = fp32: the fastest measured on a GPU for a 6-layer "
                          "d512 model, docs/benchmarks.md; tf32 (a GPU's tensor cores), bf16, fp16 on request)")
     return ap

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from models.nmt.bans import PhrasePack
-from models.nmt.devices import batch_budgets, gpu_memory_share
+from models.nmt.devices import PRECISIONS, batch_budgets, gpu_memory_share
 from models.nmt.engine import Engine, Hypothesis, SampleRequest
 from models.nmt.ensemble import mean_probability
 from models.nmt.model_dir import build_members, read_model_meta
@@ -47,7 +47,9 @@ warnings.filterwarnings("ignore", message="Support for mismatched key_padding_ma
 
 _NEG_INF = float("-inf")
 _LOGIT_ROWS = 160           # rows per block of logits on the CPU (see _logit_blocks)
-_MAX_WORD_BANS = 20_000     # words whose banned phrases a Translator keeps (~3 KB a word: ~60 MB at most)
+# Words whose banned phrases a Translator keeps (~3 KB a word: ~60 MB at most), and as many packed
+# (PhrasePack: about a third of that again).
+_MAX_WORD_BANS = 20_000
 
 
 def _logit_blocks(features: torch.Tensor):
@@ -96,7 +98,6 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -118,6 +119,17 @@ def resolve_precision(precision: str, device_type: str) -> str:
     if precision == "tf32" and device_type != "cuda":
         raise ValueError("tf32 is a GPU's tensor-core format (NVIDIA Ampere or later); use fp32 on the CPU")
     return precision
+
+
+def _kept(memo: dict, word: str, make):
+    """MEMO[WORD], made by MAKE() the first time; the memo is dropped when it reaches
+    _MAX_WORD_BANS words (a job's words keep coming)."""
+    found = memo.get(word)
+    if found is None:
+        if len(memo) >= _MAX_WORD_BANS:
+            memo.clear()
+        found = memo[word] = make()
+    return found
 
 
 @contextlib.contextmanager
@@ -279,31 +291,16 @@ class Translator(Engine):
         """banned_phrases of one word, kept: a job's constraint words repeat (a thousand pairs'
         5 sets draw ~10,000 words, ~1,500 distinct), and enumerating a word's segmentations is
         host work the device waits for. The memo is dropped when it reaches _MAX_WORD_BANS words."""
-        memo = self._word_bans_memo
-        found = memo.get(word)
-        if found is None:
-            if len(memo) >= _MAX_WORD_BANS:
-                memo.clear()
-            found = memo[word] = tuple(
-                ids for ids in (tuple(self.tgt_dict.index(p) for p in pieces)
-                                for pieces in self.tokenization.banned_phrases(word, self._vocabulary))
-                if ids and self.unk not in ids)
-        return found
+        return _kept(self._word_bans_memo, word, lambda: tuple(
+            ids for ids in (tuple(self.tgt_dict.index(p) for p in pieces)
+                            for pieces in self.tokenization.banned_phrases(word, self._vocabulary))
+            if ids and self.unk not in ids))
 
     def banned_packs(self, words) -> list[PhrasePack]:
         """banned_phrases of WORDS as one PhrasePack a word (kept beside the word's phrases), what
         BanTable.from_packs takes: the sampler's tables are then built from whole arrays. A
         phrase two words share is banned once all the same (the tables keep distinct ones)."""
-        memo = self._word_packs_memo
-        out = []
-        for word in words:
-            pack = memo.get(word)
-            if pack is None:
-                if len(memo) >= _MAX_WORD_BANS:
-                    memo.clear()
-                pack = memo[word] = PhrasePack.of(self._word_bans(word))
-            out.append(pack)
-        return out
+        return [_kept(self._word_packs_memo, w, lambda w=w: PhrasePack.of(self._word_bans(w))) for w in words]
 
     @property
     def max_source_positions(self) -> int:
