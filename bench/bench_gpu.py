@@ -21,15 +21,17 @@ every section, so a run stopped by a time limit keeps what it measured):
      time per stage, the GPU's busy fraction (nvidia-smi every 0.5 s while the job runs), and
      the GPU-hours 50M pairs take.
 
-Without a GPU it prints the CPU proxies and exits 0: host<->device round trips during sample()
-and score() and the tensor operations (kernel launches on a GPU) per decoder step
-(models/nmt/round_trips.py), the host milliseconds per pair to find banned phrases (two units of
+Without a GPU it prints the CPU proxies and exits 0: the tensor operations of a decoder step on
+the code paths a GPU takes (its kernel launches: what a launch-bound step's time follows), by
+name; host<->device round trips during sample() and score() and the tensor operations per
+decoder step on the CPU's own paths (models/nmt/round_trips.py), the host milliseconds per pair to find banned phrases (two units of
 up to 500 of the --pairs), and the job's host milliseconds per pair by stage, outside the engines'
 calls (the given models on this CPU).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -374,10 +376,50 @@ def bench_job(args, pairs, emit, gpu: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- CPU proxies
+@contextlib.contextmanager
+def gpu_paths():
+    """The code paths a GPU takes, on this CPU, for counting its kernel launches: the products
+    unpacked (oneDNN is the CPU's), the logits in one block (the CPU's are cache-sized) and fused
+    attention (the GPU's default)."""
+    from models.nmt import onednn, prefix_decoder, translator
+
+    saved = onednn._onednn_pack, translator._LOGIT_ROWS, prefix_decoder.PrefixDecoder.__init__
+    init = saved[2]
+    onednn._onednn_pack = lambda weight: None
+    translator._LOGIT_ROWS = 10**9
+    prefix_decoder.PrefixDecoder.__init__ = lambda self, *a, **k: init(self, *a, **{**k, "fused_attention": True})
+    try:
+        yield
+    finally:
+        onednn._onednn_pack, translator._LOGIT_ROWS, prefix_decoder.PrefixDecoder.__init__ = saved
+
+
+def gpu_launches(args, sources_pairs, top: int = 12) -> list[dict]:
+    """Tensor operations a decoder step as a GPU would launch them (gpu_paths), unconstrained and
+    constrained, in all and by name (the most frequent): what a step's host time scales with."""
+    from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops
+    from models.nmt.translator import Translator
+
+    rows = []
+    with gpu_paths():
+        engine = Translator(args.forward_model, device="cpu", precision="fp32")   # not the shared cache
+        engine.sample_batch_tokens = 10**9
+        for label, reqs in (("30 samples", free_requests(sources_pairs[:100], 30)),
+                            ("5 constraint sets x 6 samples", constrained_requests(sources_pairs[:100], 5, 6))):
+            with count_device_ops() as ops, count_decoder_steps() as steps:
+                engine.sample(reqs, topk=10, seed=0)
+            named = [(k, v) for k, v in ops.by_kind.most_common() if k != "(views)"][:top]
+            rows.append({"call": f"sample(), {label}", "sources": min(100, len(sources_pairs)),
+                         "launches_per_step": computing_ops(ops) / steps.total,
+                         "most": ", ".join(f"{k} {v / steps.total:.1f}" for k, v in named)})
+    return rows
+
+
 def cpu_proxies(args, sources_pairs, emit, unit_pairs=()) -> None:
     from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops, count_round_trips
     from models.nmt.translator import load_translator
 
+    emit("gpu_launches_per_step", gpu_launches(args, sources_pairs))
     fwd = load_translator(args.forward_model, device="cpu")
     bwd = load_translator(args.backward_model, device="cpu")
     fwd.sample_batch_tokens = 10**9                # one batch per call: steps comparable across rows

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.nmt.device_random import gumbel, row_seed, splitmix64
+from models.nmt.device_random import gumbel, gumbel_steps, row_seed, splitmix64
 
 
 def _np_splitmix64(x):
@@ -56,6 +56,11 @@ def test_gumbel_noise_is_bit_identical_to_the_numpy_reference(step):
         got = gumbel(seeds_t, step, k)
         assert got.dtype == torch.float32 and got.shape == (len(keys), k)
         assert torch.equal(got, want)
+        # The sampler makes several steps' noise at once: each step's is the same, bit for bit.
+        block = gumbel_steps(seeds_t, step, 3, k)
+        assert block.shape == (len(keys), 3, k)
+        for j in range(3):
+            assert torch.equal(block[:, j], _np_gumbel(seeds_u, step + j, k))
 
 
 def test_noise_depends_on_the_row_seed_step_and_column_only():

@@ -23,6 +23,21 @@ def test_packed_linear_equals_f_linear():
     torch.testing.assert_close(Linear(weight, bias)(xt), torch.nn.functional.linear(xt, weight, bias))
 
 
+def test_unpacked_linear_with_relu_equals_f_linear():
+    """Where oneDNN does not take the weight (a GPU, or here float64) the product and its ReLU
+    run as one fused op: the same numbers as F.linear then ReLU."""
+    gen = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(40, 16, generator=gen).double(), torch.randn(40, generator=gen).double()
+    x = torch.randn(7, 3, 16, generator=gen).double()
+    for relu in (False, True):
+        lin = Linear(weight, bias, relu=relu)
+        assert lin.packed is None
+        want = torch.nn.functional.linear(x, weight, bias)
+        torch.testing.assert_close(lin(x), want.relu() if relu else want)
+        assert lin(x).shape == (7, 3, 40)
+    assert bool((want < 0).any()), "the ReLU had something to do"
+
+
 def test_pack_linears_keeps_outputs_and_survives_deepcopy():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()

@@ -15,12 +15,16 @@ def sources(sources):
     return sources[:5]                     # the shared fixture's first five (tests/conftest.py)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["explicit", "fused_attention"])
 @torch.inference_mode()
-def test_features_match_fairseq_full_forward_through_splits_and_deaths(fwd, sources):
+def test_features_match_fairseq_full_forward_through_splits_and_deaths(fwd, sources, fused):
+    """Both attention paths: the explicit products (the CPU's) and the fused kernel (a GPU's
+    default, run here on the CPU)."""
     model = fwd.model
     src_tokens, src_lengths = fwd._collate_src([fwd._ids(fwd.src_dict, s, "src") for s in sources])
     enc = model.encoder.forward_torchscript({"src_tokens": src_tokens, "src_lengths": src_lengths})
-    dec = PrefixDecoder(model.decoder, enc, max_len=12)
+    dec = PrefixDecoder(model.decoder, enc, max_len=12, fused_attention=fused)
+    assert dec.fused is fused
     gen = torch.Generator().manual_seed(0)
     prefixes = torch.full((len(sources), 1), fwd.eos, dtype=torch.long)
     node_src = torch.arange(len(sources))
@@ -42,6 +46,30 @@ def test_features_match_fairseq_full_forward_through_splits_and_deaths(fwd, sour
         node_src = node_src[parent]
         dec.reorder(parent)
     assert splits and deaths, "the walk exercised both splits and deaths"
+
+
+@torch.inference_mode()
+def test_fused_attention_launches_fewer_kernels_a_step(fwd, sources):
+    """On a GPU a step's time follows its kernel launches: each fused attention replaces the
+    products, the mask and the softmax (at least three operations a layer fewer)."""
+    from models.nmt.round_trips import computing_ops, count_device_ops
+
+    model = fwd.model
+    src_tokens, src_lengths = fwd._collate_src([fwd._ids(fwd.src_dict, s, "src") for s in sources])
+    enc = model.encoder.forward_torchscript({"src_tokens": src_tokens, "src_lengths": src_lengths})
+    ops, features = {}, {}
+    for fused in (False, True):
+        dec = PrefixDecoder(model.decoder, enc, max_len=12, fused_attention=fused)
+        prefixes = torch.full((len(sources), 1), fwd.eos, dtype=torch.long)
+        dec.step(prefixes)
+        parent = torch.arange(len(sources)).repeat_interleave(2)                 # every node splits
+        dec.reorder(parent)
+        prefixes = torch.cat([prefixes[parent], torch.arange(4, 4 + len(parent))[:, None]], dim=1)
+        with count_device_ops() as counted:
+            features[fused] = dec.step(prefixes)
+        ops[fused] = computing_ops(counted)
+    torch.testing.assert_close(features[True], features[False], atol=1e-5, rtol=1e-5)
+    assert ops[True] <= ops[False] - 3 * len(model.decoder.layers), ops
 
 
 def test_sampling_is_the_same_with_fairseqs_decoder(fwd, sources):

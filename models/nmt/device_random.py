@@ -60,11 +60,20 @@ def row_seeds(values: list[int], device) -> torch.Tensor:
 def gumbel(seeds: torch.Tensor, step: int, k: int) -> torch.Tensor:
     """(rows, k) float32 Gumbel(0, 1) noise for decoder step STEP: row r, column j is a function of
     (seeds[r], step, j) only. On SEEDS' device; no host round trip."""
-    base = splitmix64(seeds ^ _signed((step + 1) * _STEP))
-    counters = base[:, None] + torch.arange(k, dtype=torch.int64, device=seeds.device)[None, :]
+    return gumbel_steps(seeds, step, 1, k)[:, 0]
+
+
+def gumbel_steps(seeds: torch.Tensor, first: int, steps: int, k: int) -> torch.Tensor:
+    """(rows, steps, k): :func:`gumbel` of steps FIRST .. FIRST + STEPS - 1 at once, bit for bit.
+    The noise takes ~35 small tensor operations however many rows: made for several steps at a
+    time, they are that many fewer kernel launches a decoder step."""
+    # (step + 1) * _STEP in int64 wraps modulo 2**64 exactly as the uint64 product does.
+    salt = torch.arange(first + 1, first + steps + 1, dtype=torch.int64, device=seeds.device) * _signed(_STEP)
+    base = splitmix64(seeds[:, None] ^ salt[None, :])                   # (rows, steps)
+    counters = base[:, :, None] + torch.arange(k, dtype=torch.int64, device=seeds.device)
     bits = _shr(splitmix64(counters), 11)                               # 53 random bits
     uniform = (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 53))        # in (0, 1)
     return (-torch.log(-torch.log(uniform))).to(torch.float32)
 
 
-__all__ = ["gumbel", "row_seed", "row_seeds", "splitmix64"]
+__all__ = ["gumbel", "gumbel_steps", "row_seed", "row_seeds", "splitmix64"]

@@ -21,12 +21,16 @@ import numpy as np
 import torch
 
 from models.nmt.bans import BanTable, compact
-from models.nmt.device_random import gumbel, row_seed, row_seeds
+from models.nmt.device_random import gumbel_steps, row_seed, row_seeds
 from models.nmt.engine import Hypothesis, SampleRequest
 from models.nmt.ensemble import EnsembleDecoder
 from models.nmt.prefix_decoder import prefix_decoder
 
 _NEG_INF = float("-inf")
+# Gumbel noise is made for up to this many steps at a time (models/nmt/device_random.py), within
+# about this many numbers (its int64 and float64 temporaries are 8 bytes each).
+_NOISE_STEPS = 8
+_NOISE_NUMBERS = 1 << 22
 
 
 def _to_device(values, device, dtype=np.int64) -> torch.Tensor:
@@ -108,7 +112,10 @@ def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, se
         prefix_decoder(m, m.encoder.forward_torchscript({"src_tokens": b.src_tokens, "src_lengths": b.src_lengths}),
                        b.max_len, fast=engine.fast_decoder) for m in engine.models])
     k = min(topk, vocab)
+    noise_steps = max(1, min(_NOISE_STEPS, _NOISE_NUMBERS // (b.n_rows * k)))
     for step in range(b.max_len + 1):
+        if step % noise_steps == 0:                  # every row's noise for the next steps
+            noise = gumbel_steps(b.seeds, step, noise_steps, k)
         features = decoder.step(tokens[active[rep], :step + 1])
         # A row's top k after its bans lie in its node's top (k + its bans).
         at_limit = b.row_limit_t[active[rep]] <= step if step in b.limits else None
@@ -119,7 +126,7 @@ def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, se
             hit = (idx[:, :, None] == ban[:, None, :]).any(-1)
             vals, order = vals.masked_fill(hit, _NEG_INF).topk(k, dim=-1)
             idx = idx.gather(1, order)
-        choice = (vals + gumbel(b.seeds[active], step, vals.shape[1])).argmax(-1, keepdim=True)
+        choice = (vals + noise[active, step % noise_steps]).argmax(-1, keepdim=True)
         tok = idx.gather(1, choice).squeeze(1)
         tokens[active, step + 1] = tok
         score[active] += vals.gather(1, choice).squeeze(1)
