@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from models.nmt.translator import SampleRequest
+from models.nmt import prefix_decoder as prefix_decoder_module
 from models.nmt.prefix_decoder import FairseqPrefixDecoder, PrefixDecoder, prefix_decoder, unsupported_reason
 
 pytestmark = pytest.mark.slow    # every test needs the tiny NMT models (trained once per session)
@@ -15,11 +16,16 @@ def sources(sources):
     return sources[:5]                     # the shared fixture's first five (tests/conftest.py)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["explicit", "fused_attention"])
+@pytest.mark.parametrize("fused,max_batch", [(False, None), (True, None), (True, 2)],
+                         ids=["explicit", "fused_attention", "fused_in_slices"])
 @torch.inference_mode()
-def test_features_match_fairseq_full_forward_through_splits_and_deaths(fwd, sources, fused):
+def test_features_match_fairseq_full_forward_through_splits_and_deaths(fwd, sources, fused, max_batch,
+                                                                       monkeypatch):
     """Both attention paths: the explicit products (the CPU's) and the fused kernel (a GPU's
-    default, run here on the CPU)."""
+    default, run here on the CPU), also cut into slices as a GPU's grid limit makes it for more
+    than 65,535 nodes (here 2)."""
+    if max_batch:
+        monkeypatch.setattr(prefix_decoder_module, "_FUSED_MAX_BATCH", max_batch)
     model = fwd.model
     src_tokens, src_lengths = fwd._collate_src([fwd._ids(fwd.src_dict, s, "src") for s in sources])
     enc = model.encoder.forward_torchscript({"src_tokens": src_tokens, "src_lengths": src_lengths})

@@ -58,6 +58,7 @@ def _is_relu(fn) -> bool:
     return fn in (F.relu, torch.relu) or getattr(fn, "__name__", "") == "relu"
 
 
+_FUSED_MAX_BATCH = 65_535          # rows of one fused attention call (see PrefixDecoder._attention)
 _LINEARS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -193,7 +194,14 @@ class PrefixDecoder:
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
         """softmax(q k^T + mask) v, q already scaled; the softmax in fp32 as fairseq's."""
         if self.fused:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+            # The fused kernels launch a grid with the batch as a dimension, which CUDA caps at
+            # 65,535 (pytorch#146704): a larger tree's nodes go through in slices.
+            step = _FUSED_MAX_BATCH
+            if q.shape[0] <= step:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+            return torch.cat([F.scaled_dot_product_attention(
+                q[i:i + step], k[i:i + step], v[i:i + step], scale=1.0,
+                attn_mask=None if mask is None else mask[i:i + step]) for i in range(0, q.shape[0], step)])
         scores = (q @ k.transpose(-1, -2)).float()
         probs = torch.softmax(scores if mask is None else scores + mask, dim=-1).type_as(q)
         return probs @ v
