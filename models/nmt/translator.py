@@ -470,9 +470,11 @@ class Translator(Engine):
         that a block's logits stay in cache (those of ~500 nodes over an 8,000-word vocabulary
         are 16 MB)."""
         n = features.shape[0]
-        vals = torch.empty(n, k, device=self.device)
-        idx = torch.empty(n, k, dtype=torch.long, device=self.device)
-        for part in _logit_blocks(features):
+        blocks = _logit_blocks(features)
+        if len(blocks) != 1:
+            vals = torch.empty(n, k, device=self.device)
+            idx = torch.empty(n, k, dtype=torch.long, device=self.device)
+        for part in blocks:
             lp = decoder.log_probs(features, part)
             lp.index_fill_(1, self._never_t, _NEG_INF)
             if no_eos:
@@ -483,6 +485,8 @@ class Translator(Engine):
                 forced = torch.where(torch.isinf(forced), 0.0, forced)          # masked: certain
                 lp.masked_fill_(limit[:, None], _NEG_INF)
                 lp[:, self.eos] = torch.where(limit, forced, lp[:, self.eos])
+            if len(blocks) == 1:                    # all nodes at once (a GPU): no copy into place
+                return topk_rows(lp, k)
             vals[part], idx[part] = topk_rows(lp, k)
         return vals, idx
 
