@@ -231,3 +231,17 @@ def test_zero_samples_gives_no_hypotheses(fwd, sources):
     out = fwd.sample([SampleRequest(sources[0], "z", (), 0), SampleRequest(sources[1], "y", (), 2)], seed=1)
     assert out[0] == [] and len(out[1]) == 2
     assert fwd.sample([SampleRequest(sources[0], "z", (), 0)], seed=1) == [[]]
+
+
+def test_warm_up_leaves_nothing_a_unit_would_see(fwd, bwd, sources):
+    """The job warms each engine up before its first unit (transforms/units.py): the samples and
+    scores that follow are those of a fresh engine, and its budgets and memos are untouched."""
+    reqs = [SampleRequest(s, f"w{i}", tuple(s.split()[:1]), 4) for i, s in enumerate(sources[:3])]
+    english = [h.text for hs in fwd.sample(reqs, topk=10, seed=5) for h in hs]
+    before = [[h.token_ids for h in hs] for hs in fwd.sample(reqs, topk=10, seed=5)]
+    scores = bwd.score(english, [sources[0]] * len(english))
+    state = (fwd.batch_tokens, fwd.sample_batch_tokens, dict(fwd._word_bans_memo), dict(fwd._word_packs_memo))
+    assert fwd.warm_up("sample") > 0 and fwd.warm_up("beam") > 0 and bwd.warm_up("sample") > 0
+    assert [[h.token_ids for h in hs] for hs in fwd.sample(reqs, topk=10, seed=5)] == before
+    assert bwd.score(english, [sources[0]] * len(english)) == scores
+    assert state == (fwd.batch_tokens, fwd.sample_batch_tokens, dict(fwd._word_bans_memo), dict(fwd._word_packs_memo))

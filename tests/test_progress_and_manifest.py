@@ -20,9 +20,9 @@ def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tm
     cmd = [sys.executable, "-m", "beam_pipelines.generate", "--input", str(inp), "--output", str(out),
            "--forward_model", os.path.join(tiny_nmt_models, "cs-en"),
            "--backward_model", os.path.join(tiny_nmt_models, "en-cs"),
-           "--num_sets", "1", "--num_samples", "2", "--dual_xent_threshold", "-1", "--score_threshold", "-1"]
+           "--num_sets", "2", "--num_samples", "10", "--dual_xent_threshold", "-1", "--score_threshold", "-1"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PARAGEN_PROGRESS_SECONDS": "0.2"})
+                          env={**os.environ, "PARAGEN_PROGRESS_SECONDS": "0.1"})
     assert done.returncode == 0, done.stderr[-3000:]
     err = done.stderr
     # inside a unit, lines say which and how far (the heartbeat: a long batch is not silence)
@@ -32,6 +32,8 @@ def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tm
     line = re.search(r"\[generate\] .*generate_pairs_in=(\d+).*\| ([\d.]+) pairs/s", err)
     assert line and int(line.group(1)) > 0, err[-3000:]
     assert "counters: " in done.stdout and "reconciled (read = with paraphrases + rejected): True" in done.stdout
+    # the engines' first calls happen before any unit, said and counted apart from the units' stages
+    assert re.search(r"engines warmed up on cpu in [\d.]+ s", err), err[-3000:]
 
     manifest = json.load(open(out / "_manifest.json"))
     assert manifest["command"][1:3] == ["--input", str(inp)]
@@ -44,6 +46,7 @@ def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tm
                      "rejected_no_candidates", "rejected_no_paraphrase"}
     before = sum(v for k, v in rejected.items() if k not in at_generation)
     assert counters["generate_pairs_in"] + before == manifest["counts"]["records_read"] == 30
+    assert counters["ms_warm_up"] > 0 and counters["ms_sample"] > 0
 
 
 def test_progress_line_has_rate_share_and_eta():

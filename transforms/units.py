@@ -5,6 +5,7 @@ The per-unit algorithm is paracorpus/units.py; these are thin wrappers around it
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import apache_beam as beam
@@ -21,6 +22,8 @@ from paracorpus.steps import bitext_steps, decoding_steps
 from paracorpus.units import (PAIR, REJECT, UNIT, generate_unit, input_shard_of, partition_of_unit, unit_of, unit_record_path,
                               write_unit)
 from transforms.progress import Progress
+
+log = logging.getLogger("paragen.units")
 
 
 class _Models:
@@ -68,6 +71,10 @@ class UnitTranslatorHandler(ModelHandler):
         if self.bitext is not None and self.bitext.enabled:
             bitext = bitext_steps(self.bitext, self.langs, device=device, sha256=self.model_sha256)
         limits = piece_limits(forward, backward, self.cfg.max_pieces)
+        # First calls outside the units: their cost is its own counter, not the first unit's.
+        seconds = sum(e.warm_up(self.cfg.mode) for e in (forward, backward) if e is not None)
+        self._warm_up_ms = getattr(self, "_warm_up_ms", 0) + round(seconds * 1000)
+        log.info("engines warmed up on %s in %.2f s", device, seconds)
         return _Models(forward, backward, decoding_steps(forward, backward, self.cfg, self.config_hash, limits, bitext))
 
     def should_skip_batching(self) -> bool:
@@ -84,6 +91,7 @@ class UnitTranslatorHandler(ModelHandler):
             self._progress = Progress("generate", rate_of="generate_pairs_in", expected=self.expected_pairs)
             # which device and precision each worker really decoded with, for the run's manifest
             self._progress.inc(f"workers_{model.forward.device_type}_{model.forward.precision}")
+            self._progress.inc("ms_warm_up", getattr(self, "_warm_up_ms", 0))
         for unit, elements in batch:
             start = time.time()
             elements = list(elements)

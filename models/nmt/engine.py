@@ -13,7 +13,8 @@ paracorpus/paraphrasing.py) use only what is here:
   limits, clustering), and the positions it allows;
 * :meth:`Engine.describe`: what the manifest and the config hash record (engine, members,
   tokenization, precision);
-* :meth:`Engine.start_unit`: a work unit starts (per-unit randomness, for engines that need it).
+* :meth:`Engine.start_unit`: a work unit starts (per-unit randomness, for engines that need it);
+* :meth:`Engine.warm_up`: a process's first calls made on made-up text, before any unit.
 
 Text in and out is plain text: each engine tokenizes and detokenizes (models/nmt/tokenization.py).
 The fairseq engine is models/nmt/translator.py; models/nmt/loading.py's ``load_engine`` picks the
@@ -22,6 +23,7 @@ engine a model directory names.
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass
 
 
@@ -99,3 +101,18 @@ class Engine(abc.ABC):
         """A work unit KEY starts: an engine whose randomness cannot be keyed per pair (CTranslate2)
         reseeds here, so that decoding the unit again gives the same samples. The fairseq
         engine's randomness is keyed per pair: nothing to do."""
+
+    def warm_up(self, mode: str = "sample") -> float:
+        """Score and decode (MODE: 'sample' or 'beam', as the job will) two short made-up
+        sentences; returns the seconds taken. A process's first calls on a GPU load kernels and
+        build library handles (a second or more a process), which would otherwise land in the
+        first work unit's stage times; on a CPU, oneDNN builds its kernels the same way. Nothing
+        is kept: the outputs are dropped and no request or unit state is touched."""
+        start = time.perf_counter()
+        texts = ["a", "a b c d e f g h"]
+        self.score(texts, texts)
+        if mode == "beam":
+            self.beam_search(texts, beam=2)
+        else:
+            self.sample([SampleRequest(t, f"warm-up:{i}", (), 3) for i, t in enumerate(texts)], topk=10)
+        return time.perf_counter() - start
