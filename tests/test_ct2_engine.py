@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from models.nmt.ct2 import CT2Engine
 from models.nmt.engine import SampleRequest
 from models.nmt.loading import load_engine
 from paracorpus.paraphrasing import violates
@@ -109,6 +110,24 @@ def test_samples_never_contain_a_banned_word_and_a_unit_gives_the_same_samples(c
     assert [[h.text for h in hs] for hs in again] == texts
     assert [[h.text for h in hs] for hs in other] != texts
     assert [[h.nll for h in hs] for hs in again] == [[h.nll for h in hs] for hs in first]
+    # As the job decodes a unit: both engines score (dual_xent), then the forward one samples. A
+    # unit draws the same whether it is a process's first (right after the engines' warm-up) or
+    # comes after others, whatever the seed; the backward engine's calls move CTranslate2's
+    # global seed in between.
+    for seed in (1, 3):
+        forward, backward = (CT2Engine(converted[name][1], device="cpu") for _ in range(2))   # fresh, not cached
+        for e in (forward, backward):
+            e.warm_up("sample")
+
+        def unit_draws(key):
+            for e in (forward, backward):
+                e.start_unit(key)
+            forward.score([r.source for r in requests[:4]], [r.source for r in requests[:4]])
+            backward.score([r.source for r in requests[:4]], [r.source for r in requests[:4]])
+            return [[h.text for h in hs] for hs in forward.sample(requests, topk=10, seed=seed)]
+        first_unit = unit_draws("run:9")
+        unit_draws("run:8")
+        assert unit_draws("run:9") == first_unit, seed
 
 
 def test_paragen_translate_runs_a_ctranslate2_directory(converted, fairseq_layouts):

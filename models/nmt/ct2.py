@@ -24,9 +24,10 @@ The ParaBank 2 recipe, as the fairseq engine runs it:
   be an error, so such sequences are dropped: they cannot be generated anyway).
 * **Randomness per work unit.** CTranslate2 has no per-call seed: ``set_random_seed`` is global
   and each thread seeds once, at its first sampling call. So the engine runs one decoding thread
-  (``inter_threads=1``: parallelism comes from worker processes) and, at the start of every work
-  unit (:meth:`start_unit`), seeds with a hash of (seed, unit) and makes a new ``Translator``:
-  the same unit gives the same samples however often it is decoded (``--resume``, retries). The
+  (``inter_threads=1``: parallelism comes from worker processes) and, at the first sampling call
+  of every work unit (:meth:`start_unit`), seeds with a hash of (seed, unit) and makes a new
+  ``Translator``: the same unit gives the same samples however often it is decoded, and whether it
+  is a process's first or not (``--resume``, retries, other workers). The
   fairseq engine draws per pair instead (counter-based noise keyed by the pair), so its samples
   do not depend on the unit; the two engines' samples differ.
 * **Scores.** ``score_batch`` appends and scores ``</s>`` itself; the language token of
@@ -127,8 +128,8 @@ class CT2Engine(Engine):
         self.src_code, self.tgt_code = codes.get("src"), codes.get("tgt")
         self.fingerprint = hashlib.sha256(repr(sorted(self.meta["sha256"].items())).encode()).hexdigest()[:16]
         self.max_len_a, self.max_len_b = MAX_LEN_A, MAX_LEN_B
-        self._seed, self._unit = 1, ""
-        self._translator = None
+        self._unit, self._translator = "", None
+        self._sampling: tuple[str, int] | None = None      # (unit, seed) the Translator samples for
         self._lock = threading.Lock()
         self._vocabulary = frozenset(self._target_vocabulary())
         # the target code too: the prefix forces it first, it must not come again
@@ -143,12 +144,26 @@ class CT2Engine(Engine):
     def start_unit(self, key: str) -> None:
         """A work unit KEY starts: its samples are drawn from a generator seeded by (seed, KEY)
         in a fresh Translator (see the module doc)."""
-        self._unit, self._translator = str(key), None
+        self._unit, self._translator, self._sampling = str(key), None, None
 
-    def _get(self, seed: int):
-        if self._translator is None or seed != self._seed:
-            self._seed = seed
-            self._ct2.set_random_seed(_seed_of(seed, self._unit))
+    def warm_up(self, mode: str = "sample") -> float:
+        """Engine.warm_up, then the randomness as a freshly loaded engine has it."""
+        seconds = super().warm_up(mode)
+        with self._lock:
+            self._unit, self._translator, self._sampling = "", None, None
+        return seconds
+
+    def _get(self, seed: int | None = None):
+        """The Translator. For sampling (SEED given), a unit's first call makes a new one right
+        after seeding CTranslate2's global generator with (SEED, unit), whatever exists: a
+        Translator's thread seeds itself at its first sampling call, from the global seed as it
+        is then, and another engine of this process (the backward model scoring the unit) may
+        have set it since an earlier Translator was made. Scoring and beam search draw nothing:
+        they use whichever Translator there is."""
+        if seed is not None and self._sampling != (self._unit, seed):
+            self._sampling, self._translator = (self._unit, seed), None
+        if self._translator is None:
+            self._ct2.set_random_seed(_seed_of(seed or 0, self._unit))
             try:
                 kind, _, index = self.device_name.partition(":")       # "cuda:1": CTranslate2 wants an index
                 self._translator = self._ct2.Translator(self.model_dir, device=kind, device_index=int(index or 0),
@@ -203,7 +218,7 @@ class CT2Engine(Engine):
     # ---------------------------------------------------------------- scoring
     def _score_tokens(self, sources: list[list[str]], targets: list[list[str]]) -> list[float]:
         """Per-token NLL of target TOKENS (pieces, no code, no </s>) given source TOKENS."""
-        translator, out = self._get(self._seed), []
+        translator, out = self._get(), []
         prefix = [self.tgt_code] if self.tgt_code else []
         for start in range(0, len(sources), BATCH):
             results = translator.score_batch(sources[start:start + BATCH],
@@ -224,7 +239,7 @@ class CT2Engine(Engine):
             limits = [self._max_len(len(self.source_pieces(s)) + 1) for s in sources]
             order = sorted(range(len(sources)), key=lambda i: (limits[i], len(tokens[i])))
             outputs: list = [None] * len(sources)
-            translator = self._get(self._seed)
+            translator = self._get()
             prefix = self._prefix()
             # A call has one length limit: only sources with the same limit share one, so that a
             # source's hypotheses do not depend on what it is batched with.
