@@ -51,6 +51,7 @@ class UnitTranslatorHandler(ModelHandler):
         self.model_sha256, self.cfg, self.config_hash = model_sha256, cfg, config_hash
         self.expected_pairs = expected_pairs
         self._progress = None
+        self._warm_up_ms = 0                         # the engines' first calls (load_model), counted once
 
     def load_model(self) -> _Models:
         from models.nmt.devices import worker_device
@@ -73,7 +74,7 @@ class UnitTranslatorHandler(ModelHandler):
         limits = piece_limits(forward, backward, self.cfg.max_pieces)
         # First calls outside the units: their cost is its own counter, not the first unit's.
         seconds = sum(e.warm_up(self.cfg.mode) for e in (forward, backward) if e is not None)
-        self._warm_up_ms = getattr(self, "_warm_up_ms", 0) + round(seconds * 1000)
+        self._warm_up_ms += round(seconds * 1000)
         log.info("engines warmed up on %s in %.2f s", device, seconds)
         return _Models(forward, backward, decoding_steps(forward, backward, self.cfg, self.config_hash, limits, bitext))
 
@@ -91,7 +92,7 @@ class UnitTranslatorHandler(ModelHandler):
             self._progress = Progress("generate", rate_of="generate_pairs_in", expected=self.expected_pairs)
             # which device and precision each worker really decoded with, for the run's manifest
             self._progress.inc(f"workers_{model.forward.device_type}_{model.forward.precision}")
-            self._progress.inc("ms_warm_up", getattr(self, "_warm_up_ms", 0))
+            self._progress.inc("ms_warm_up", self._warm_up_ms)
         for unit, elements in batch:
             start = time.time()
             elements = list(elements)

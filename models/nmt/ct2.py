@@ -149,8 +149,7 @@ class CT2Engine(Engine):
     def warm_up(self, mode: str = "sample") -> float:
         """Engine.warm_up, then the randomness as a freshly loaded engine has it."""
         seconds = super().warm_up(mode)
-        with self._lock:
-            self._unit, self._translator, self._sampling = "", None, None
+        self.start_unit("")
         return seconds
 
     def _get(self, seed: int | None = None):

@@ -469,26 +469,28 @@ class Translator(Engine):
         nodes are forced to </s>. On the CPU the nodes go through in blocks of `_LOGIT_ROWS`, so
         that a block's logits stay in cache (those of ~500 nodes over an 8,000-word vocabulary
         are 16 MB)."""
-        n = features.shape[0]
         blocks = _logit_blocks(features)
-        if len(blocks) != 1:
-            vals = torch.empty(n, k, device=self.device)
-            idx = torch.empty(n, k, dtype=torch.long, device=self.device)
+        if len(blocks) == 1:                        # all nodes at once (a GPU): no copy into place
+            return topk_rows(self._steered_log_probs(decoder, features, blocks[0], no_eos, at_limit), k)
+        vals = torch.empty(features.shape[0], k, device=self.device)
+        idx = torch.empty(features.shape[0], k, dtype=torch.long, device=self.device)
         for part in blocks:
-            lp = decoder.log_probs(features, part)
-            lp.index_fill_(1, self._never_t, _NEG_INF)
-            if no_eos:
-                lp[:, self.eos] = _NEG_INF
-            if at_limit is not None:
-                limit = at_limit[part]
-                forced = lp[:, self.eos].clone()
-                forced = torch.where(torch.isinf(forced), 0.0, forced)          # masked: certain
-                lp.masked_fill_(limit[:, None], _NEG_INF)
-                lp[:, self.eos] = torch.where(limit, forced, lp[:, self.eos])
-            if len(blocks) == 1:                    # all nodes at once (a GPU): no copy into place
-                return topk_rows(lp, k)
-            vals[part], idx[part] = topk_rows(lp, k)
+            vals[part], idx[part] = topk_rows(self._steered_log_probs(decoder, features, part, no_eos, at_limit), k)
         return vals, idx
+
+    def _steered_log_probs(self, decoder, features, part: slice, no_eos: bool, at_limit):
+        """Next-token log-probabilities of the nodes PART, with _top_tokens' masks applied."""
+        lp = decoder.log_probs(features, part)
+        lp.index_fill_(1, self._never_t, _NEG_INF)
+        if no_eos:
+            lp[:, self.eos] = _NEG_INF
+        if at_limit is not None:
+            limit = at_limit[part]
+            forced = lp[:, self.eos].clone()
+            forced = torch.where(torch.isinf(forced), 0.0, forced)          # masked: certain
+            lp.masked_fill_(limit[:, None], _NEG_INF)
+            lp[:, self.eos] = torch.where(limit, forced, lp[:, self.eos])
+        return lp
 
 
 _CACHE: dict = {}
