@@ -76,4 +76,13 @@ def gumbel_steps(seeds: torch.Tensor, first: int, steps: int, k: int) -> torch.T
     return (-torch.log(-torch.log(uniform))).to(torch.float32)
 
 
-__all__ = ["gumbel", "gumbel_steps", "row_seed", "row_seeds", "splitmix64"]
+def gumbel_at(seeds: torch.Tensor, step: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`gumbel` with the step as a 0-d int64 device tensor (a compiled or replayed
+    decoder step cannot take it from the host), bit for bit."""
+    salt = (step + 1) * _signed(_STEP)
+    counters = splitmix64(seeds ^ salt)[:, None] + torch.arange(k, dtype=torch.int64, device=seeds.device)
+    uniform = (_shr(splitmix64(counters), 11).to(torch.float64) + 0.5) * (1.0 / (1 << 53))
+    return (-torch.log(-torch.log(uniform))).to(torch.float32)
+
+
+__all__ = ["gumbel", "gumbel_at", "gumbel_steps", "row_seed", "row_seeds", "splitmix64"]

@@ -67,24 +67,30 @@ def _counting(original, name: str, trips: RoundTrips):
 
 @contextlib.contextmanager
 def count_decoder_steps():
-    """Count the sampler's decoder steps (EnsembleDecoder.step calls) while the block runs."""
-    from models.nmt import ensemble
+    """Count the samplers' decoder steps (EnsembleDecoder.step calls of the tree loop, CompiledStep
+    calls of the fixed-shape one) while the block runs."""
+    from models.nmt import ensemble, fixed_sampler
 
     steps = RoundTrips()
-    step = ensemble.EnsembleDecoder.step
+    saved = [(ensemble.EnsembleDecoder, "step"), (fixed_sampler.CompiledStep, "__call__")]
+    originals = [getattr(owner, name) for owner, name in saved]
 
-    def counting(self, prefixes):
-        steps.by_kind["step"] += 1
-        return step(self, prefixes)
-    ensemble.EnsembleDecoder.step = counting
+    def counting(original):
+        def step(self, *args, **kwargs):
+            steps.by_kind["step"] += 1
+            return original(self, *args, **kwargs)
+        return step
+    for (owner, name), original in zip(saved, originals):
+        setattr(owner, name, counting(original))
     try:
         yield steps
     finally:
-        ensemble.EnsembleDecoder.step = step
+        for (owner, name), original in zip(saved, originals):
+            setattr(owner, name, original)
 
 
 @contextlib.contextmanager
-def count_device_ops():
+def count_device_ops(enabled: bool = True):
     """Count the tensor operations torch dispatches in this thread while the block runs, by name
     (aten ops that compute; views, which launch nothing, apart under "(views)"). On a GPU each
     is at least one kernel launch, ~5-10 microseconds of host time: when a decoding step is
@@ -92,6 +98,9 @@ def count_device_ops():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     ops = RoundTrips()
+    if not enabled:                 # a compiled function refuses to run under a dispatch mode
+        yield ops
+        return
 
     class Counting(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -34,6 +34,7 @@ from models.nmt.bans import PhrasePack
 from models.nmt.devices import PRECISIONS, batch_budgets, gpu_memory_share
 from models.nmt.engine import Engine, Hypothesis, SampleRequest
 from models.nmt.ensemble import mean_probability
+from models.nmt.fixed_sampler import fixed_step_of, resolve_step_mode, sample_batch_fixed
 from models.nmt.model_dir import build_members, read_model_meta
 from models.nmt.onednn import pack_linears
 from models.nmt.sampler import sample_batch
@@ -175,15 +176,19 @@ class Translator(Engine):
 
     def __init__(self, model_dir: str, device: str | None = None, max_len_a: float = MAX_LEN_A,
                  max_len_b: int = MAX_LEN_B, batch_tokens: int | None = None,
-                 sample_batch_tokens: int | None = None, precision: str = "auto", processes_per_gpu: int = 1):
+                 sample_batch_tokens: int | None = None, precision: str = "auto", processes_per_gpu: int = 1,
+                 step_mode: str = "auto"):
         """BATCH_TOKENS (beam search, scoring) and SAMPLE_BATCH_TOKENS: padded source plus output
         tokens per batch; None sizes them for the device (models/nmt/devices.py), on a GPU for
-        this process's share of its memory when PROCESSES_PER_GPU processes share it."""
+        this process's share of its memory when PROCESSES_PER_GPU processes share it. STEP_MODE:
+        how sampling runs its decoder steps (models/nmt/fixed_sampler.py: tree, fixed, compiled,
+        graphs; auto is tree)."""
         self.model_dir = model_dir
         self.meta = read_model_meta(model_dir)
         self.device = torch.device(device or default_device())
         src_lang, tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
         self.precision = resolve_precision(precision, self.device.type)
+        self.step_mode = resolve_step_mode(step_mode, self.device.type)
         if self.precision == "bf16" and self.device.type == "cpu" and cpu_has_native_bf16() is False:
             log.warning("bf16 on a CPU without AVX512-BF16/AMX is emulated and several times slower than fp32")
         models, task = build_members(model_dir, self.meta)           # validated configs only
@@ -246,7 +251,7 @@ class Translator(Engine):
 
     def describe(self) -> dict:
         return {"engine": "fairseq", "members": len(self.models), "tokenization": self.tokenization.describe(),
-                "precision": self.precision, "fingerprint": self.fingerprint}
+                "precision": self.precision, "fingerprint": self.fingerprint, "decode_step": self.step_mode}
 
     # ---------------------------------------------------------------- tokens
     def source_pieces(self, text: str) -> list[str]:
@@ -455,11 +460,15 @@ class Translator(Engine):
         results: list[list[Hypothesis]] = [[] for _ in requests]
         per_item = max((r.num_samples for r in requests), default=1)
         lengths = [len(src_cache[r.source]) for r in requests]
+        step = fixed_step_of(self) if self.step_mode != "tree" and self.fast_decoder else None
         for batch in self._length_batches(lengths, rows_per_item=per_item, budget=self.sample_batch_tokens):
             if not any(requests[i].num_samples > 0 for i in batch):
                 continue
-            for i, hyps in zip(batch, sample_batch(self, [requests[i] for i in batch], src_cache, topk, seed, min_len)):
-                results[i] = hyps
+            reqs = [requests[i] for i in batch]
+            hyps = (sample_batch(self, reqs, src_cache, topk, seed, min_len) if step is None
+                    else sample_batch_fixed(self, step, reqs, src_cache, topk, seed, min_len))
+            for i, h in zip(batch, hyps):
+                results[i] = h
         return results
 
     def _top_tokens(self, decoder, features, k, no_eos, at_limit):
