@@ -57,8 +57,8 @@ def run(argv=None) -> dict:
             stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)
             finished = record_plan(plan, job, request, inputs)
             # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept
-            counters, elapsed = decode(job, plan, inputs, finished, stopping)
-            outcome = collect(job, request, inputs, plan, counters, elapsed)
+            counters, elapsed, sharing = decode(job, plan, inputs, finished, stopping)
+            outcome = collect(job, request, inputs, plan, counters, elapsed, sharing)
             try:                                        # 5. commit: publish only if the counts reconcile
                 commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical)
             finally:                                    # 6. report, published or not

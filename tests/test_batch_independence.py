@@ -104,6 +104,18 @@ def test_job_rows_do_not_depend_on_unit_or_batch_size(mixed_input, tiny_nmt_mode
         assert_same_rows(other, runs[0])
 
 
+def test_the_fixed_shape_step_eager_and_compiled_writes_the_tree_loops_rows(mixed_input, tiny_nmt_models, tmp_path):
+    """--decode_step fixed and compiled (models/nmt/fixed_sampler.py: rows padded to buckets of
+    sources, nodes and lengths) in other unit and batch layouts: the tree loop's rows, scores to
+    float rounding."""
+    models = {"forward": os.path.join(tiny_nmt_models, "cs-en"), "backward": os.path.join(tiny_nmt_models, "en-cs")}
+    mode = ("--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples", "4")
+    want = job_rows(mixed_input, tmp_path / "tree", models, *mode, *LAYOUTS[0])
+    for i, step in enumerate(("fixed", "compiled")):
+        assert_same_rows(job_rows(mixed_input, tmp_path / step, models, *mode, *LAYOUTS[i + 1], "--decode_step", step),
+                         want)
+
+
 def test_translate_cli_gives_a_line_the_same_output_alone_and_among_long_ones(tiny_nmt_models, fwd):
     from tests.toydata import toy_bitext
 

@@ -42,8 +42,9 @@ class UnitTranslatorHandler(ModelHandler):
     def __init__(self, forward_model: str, backward_model: str | None, device: str | None, precision: str,
                  torch_threads: int | None, model_sha256: dict, cfg: GenerationConfig, config_hash: str,
                  expected_pairs: int | None = None, bitext=None, langs: tuple[str, str] = ("", ""),
-                 processes_per_gpu: int = 1):
+                 processes_per_gpu: int = 1, decode_step: str = "auto"):
         super().__init__()
+        self.decode_step = decode_step               # how the forward model samples (models/nmt/fixed_sampler.py)
         self.processes_per_gpu = processes_per_gpu   # this machine's GPUs are shared by this many processes each
         self.bitext, self.langs = bitext, langs      # a paracorpus.steps.BitextFilterConfig, or None
         self.forward_model, self.backward_model = forward_model, backward_model
@@ -63,8 +64,9 @@ class UnitTranslatorHandler(ModelHandler):
             torch.set_num_threads(self.torch_threads)
         device = worker_device(self.device, self.processes_per_gpu)      # on a GPU machine: this process's GPU
         gpu = {"processes_per_gpu": self.processes_per_gpu} if device.startswith("cuda") else {}
+        step = {"step_mode": self.decode_step} if self.decode_step != "auto" else {}
         forward = load_engine(self.forward_model, device=device, precision=self.precision,
-                              sha256=self.model_sha256.get("forward"), threads=self.torch_threads, **gpu)
+                              sha256=self.model_sha256.get("forward"), threads=self.torch_threads, **gpu, **step)
         backward = (load_engine(self.backward_model, device=device, precision=self.precision,
                                 sha256=self.model_sha256.get("backward"), threads=self.torch_threads, **gpu)
                     if self.backward_model else None)
@@ -93,6 +95,10 @@ class UnitTranslatorHandler(ModelHandler):
             # which device and precision each worker really decoded with, for the run's manifest
             self._progress.inc(f"workers_{model.forward.device_type}_{model.forward.precision}")
             self._progress.inc("ms_warm_up", self._warm_up_ms)
+            step_mode = getattr(model.forward, "step_mode", None)         # the fairseq engine's
+            if step_mode:
+                self._progress.inc(f"decode_step_{step_mode}")
+                self._progress.inc("ms_compile", round(1000 * model.forward.compile_seconds))
         for unit, elements in batch:
             start = time.time()
             elements = list(elements)

@@ -14,7 +14,9 @@ import logging
 import math
 from dataclasses import dataclass
 
-from beam_pipelines.generation.devices import GPU_BATCH_PAIRS, gpu_worker_processes, hashed_precision, resolve_device
+from beam_pipelines.generation.devices import (GPU_BATCH_PAIRS, check_decode_step, gpu_worker_processes, hashed_precision,
+                                               resolve_device)
+from beam_pipelines.generation.mps import check_mps
 from beam_pipelines.generation.model_checks import (bitext_filter_config, bitext_model_entries, check_bitext_languages,
                                                     check_compute_types, check_models, model_entry)
 from beam_pipelines.generation.options import TUNABLES, build_parser
@@ -65,6 +67,8 @@ class Job:
     requested_precision: str
     threads: int | None              # torch threads per worker process
     processes_per_gpu: int
+    decode_step: str                 # --decode_step (models/nmt/fixed_sampler.py), as given
+    mps: str                         # --mps: auto, on or off (beam_pipelines/generation/mps.py)
 
     @property
     def lang_pair(self) -> str:
@@ -104,6 +108,8 @@ def check(argv: list[str]) -> tuple[Request, Job]:
             cfg = dataclasses.replace(cfg, batch_pairs=GPU_BATCH_PAIRS)
         beam_args = gpu_worker_processes(beam_args, runner, opts.processes_per_gpu)
     check_compute_types({"--forward_model": fwd_meta, "--backward_model": bwd_meta}, device, runner)
+    check_decode_step(opts.decode_step, fwd_meta, device, runner)
+    check_mps(opts.mps, device, runner, opts.processes_per_gpu)
     src_column, tgt_column = opts.src_column or src_lang, opts.tgt_column or tgt_lang
     shards = _shards(opts.input, src_lang, tgt_lang, src_column, tgt_column)
     models = {"forward": model_entry(opts.forward_model, fwd_meta)}
@@ -116,7 +122,8 @@ def check(argv: list[str]) -> tuple[Request, Job]:
               src_column=src_column, tgt_column=tgt_column, models=models, bitext=bitext, preset=opts.preset,
               config_hash="", file_target=file_target, unit_pairs=opts.unit_pairs, runner=runner,
               beam_args=tuple(beam_args), device=device, precision=precision, requested_precision=opts.precision,
-              threads=torch_threads_for(opts.torch_threads, beam_args), processes_per_gpu=opts.processes_per_gpu)
+              threads=torch_threads_for(opts.torch_threads, beam_args), processes_per_gpu=opts.processes_per_gpu,
+              decode_step=opts.decode_step, mps=opts.mps)
     return request, dataclasses.replace(job, config_hash=job_config_hash(job, fwd_meta["tokenization"]))
 
 

@@ -22,8 +22,9 @@ import apache_beam as beam
 
 from beam_pipelines.generation.check import Job
 from beam_pipelines.generation.compact import Compact, WriteRunSummary
+from beam_pipelines.generation.mps import MpsDaemon
 from beam_pipelines.generation.plan import Inputs, Plan, units_committed
-from beam_pipelines.options import run_pipeline
+from beam_pipelines.options import is_local, run_pipeline
 from beam_pipelines.stopping import RunnerNoise, Stopping, pipeline_failure
 from paracorpus.cleaning import CleaningConfig
 from paracorpus.commit import file_location
@@ -99,7 +100,7 @@ def unit_handler(job: Job, inputs: Inputs) -> UnitTranslatorHandler:
         forward, backward, job.device, job.precision, job.threads, {k: v["sha256"] for k, v in models.items()},
         job.cfg, job.config_hash, inputs.expected // workers if workers and inputs.expected else None,
         bitext=job.bitext if job.bitext.enabled else None, langs=(job.cleaning.src_lang, job.cleaning.tgt_lang),
-        processes_per_gpu=job.processes_per_gpu)
+        processes_per_gpu=job.processes_per_gpu, decode_step=job.decode_step)
 
 
 def build(p: beam.Pipeline, job: Job, plan: Plan, inputs: Inputs, finished: frozenset = frozenset(),
@@ -118,23 +119,28 @@ def build(p: beam.Pipeline, job: Job, plan: Plan, inputs: Inputs, finished: froz
     _ = {"groups": groups, "reads": records["reads"]} | "Summary" >> WriteRunSummary(plan.work)
 
 
-def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset, stopping: Stopping) -> tuple[dict, float]:
-    """Run PLAN's pipeline to the end on JOB's runner: (its counters, seconds it took). A failure is
-    one line (JobFailed) with the committed units kept; a worker process that dies ends the job
-    through STOPPING at once (beam_pipelines/stopping.py)."""
+def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset,
+           stopping: Stopping) -> tuple[dict, float, dict]:
+    """Run PLAN's pipeline to the end on JOB's runner: (its counters, seconds it took, how its GPU
+    worker processes shared a GPU). A failure is one line (JobFailed) with the committed units
+    kept; a worker process that dies ends the job through STOPPING at once
+    (beam_pipelines/stopping.py). GPU worker processes of this machine run under an MPS daemon
+    of the run's where --mps allows (beam_pipelines/generation/mps.py)."""
     beam_args = list(job.beam_args)
     dask = "dask" in job.runner.lower()
     if dask and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in beam_args):
         beam_args += ["--dask_npartitions", str(min(max(plan.num_units, 2), 512))]
     handler = unit_handler(job, inputs)
     start = time.time()
+    mps = MpsDaemon(job.mps, gpu=is_local(job.runner) and job.device == "cuda", processes_per_gpu=job.processes_per_gpu)
     try:
-        with RunnerNoise(stopping.on_worker_lost(plan.work)) as noise:
+        with mps, RunnerNoise(stopping.on_worker_lost(plan.work)) as noise:
             counters = run_pipeline(
                 lambda p: build(p, job, plan, inputs, finished, handler, use_run_inference=not dask), beam_args)
     except Exception as exc:  # noqa: BLE001: any failure of the pipeline is one line; its units are kept
         raise pipeline_failure(exc, plan.work, units_committed(plan), noise.kept, plan.output) from None
-    return counters, time.time() - start
+    sharing = {"processes_per_gpu": job.processes_per_gpu, "mps": mps.state.to_dict()} if job.device != "cpu" else None
+    return counters, time.time() - start, sharing
 
 
 

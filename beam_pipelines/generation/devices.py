@@ -36,6 +36,22 @@ def resolve_device(device: str | None, precision: str, runner: str) -> tuple[str
     return effective, resolved
 
 
+def check_decode_step(mode: str, forward_meta: dict, device: str | None, runner: str) -> None:
+    """Refuse a --decode_step that cannot apply: a step mode for a CTranslate2 model (it decodes
+    its own way), CUDA graphs where the workers are this machine and it decodes on the CPU."""
+    if mode == "auto":
+        return
+    if forward_meta["engine"] != "fairseq":
+        raise UsageError(f"--decode_step {mode}: the forward model is a {forward_meta['engine']} model, which decodes "
+                         "its own way; the step modes are the fairseq engine's (leave --decode_step unset)")
+    if mode == "graphs" and is_local(runner):
+        import torch
+
+        if (device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cuda":
+            raise UsageError("--decode_step graphs replays CUDA graphs and this job decodes on the CPU; use "
+                             "--decode_step compiled (or leave it unset: the eager loop is the CPU's fastest)")
+
+
 def hashed_precision(requested: str, device: str | None, resolved: str) -> str:
     """The precision the config hash records: as requested, except that 'auto' on a GPU records
     what it resolved to where the driver can tell (the DirectRunner): 'auto' meant bf16 or fp16

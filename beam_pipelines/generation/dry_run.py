@@ -28,7 +28,9 @@ def measure_rate(shard, job: Job) -> tuple[float, int]:
     from paracorpus.units import PAIR, generate_unit
 
     cfg, models = job.cfg, job.models
-    forward = load_engine(models["forward"]["path"], device=job.device, precision=job.precision, threads=job.threads)
+    step = {"step_mode": job.decode_step} if job.decode_step != "auto" else {}
+    forward = load_engine(models["forward"]["path"], device=job.device, precision=job.precision, threads=job.threads,
+                          **step)
     backward = load_engine(models["backward"]["path"], device=job.device, precision=job.precision,
                            threads=job.threads) if "backward" in models else None
     steps = decoding_steps(forward, backward, cfg, "dry-run", piece_limits(forward, backward, cfg.max_pieces))

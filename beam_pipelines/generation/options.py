@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from common.shards import DEFAULT_MAX_LINE_CHARS
-from models.nmt.devices import PRECISIONS
+from models.nmt.devices import PRECISIONS, STEP_MODES
 from paracorpus.compaction import DEFAULT_FILE_MB, DEFAULT_FILE_ROWS
 from paracorpus.config import PRESETS
 from paracorpus.units import DEFAULT_UNIT_PAIRS
@@ -111,6 +111,17 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                         f"clustering, writing) overlaps another's decoding; on a GPU machine the DirectRunner starts "
                         f"GPUs x this many worker processes unless --direct_running_mode is given (default "
                         f"{DEFAULT_PROCESSES_PER_GPU})")
+    g.add_argument("--decode_step", default="auto", choices=STEP_MODES,
+                   help="how sampling runs a decoder step (fairseq models): tree = the eager loop over the prefix "
+                        "tree (auto: the fastest measured, CPU and GPU); fixed = fixed shapes, eager; compiled = "
+                        "fixed shapes fused by torch.compile (compiled once per worker process, tens of seconds); "
+                        "graphs = compiled and replayed as CUDA graphs (a GPU only). The same samples in each "
+                        "(docs/internals.md)")
+    g.add_argument("--mps", default="auto", choices=["auto", "on", "off"],
+                   help="run a DirectRunner job's GPU worker processes under a CUDA MPS control daemon of its own, "
+                        "so that their kernels overlap instead of taking turns (auto: with a GPU, more than one "
+                        "process per GPU and nvidia-cuda-mps-control installed; the GPU's compute mode is left "
+                        "as it is); off: never; on: refuse to run without it")
     g.add_argument("--torch_threads", type=int, default=0,
                    help="CPU threads of each worker process's model (default 0 = auto: the cores divided by "
                         "the DirectRunner's worker processes; elsewhere torch's default, which follows "

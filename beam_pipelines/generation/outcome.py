@@ -50,8 +50,10 @@ class Outcome:
         return None
 
 
-def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: dict, elapsed: float) -> Outcome:
-    """The Outcome of PLAN's pipeline, from the summary it wrote and its COUNTERS."""
+def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: dict, elapsed: float,
+            gpu_sharing: dict | None = None) -> Outcome:
+    """The Outcome of PLAN's pipeline, from the summary it wrote and its COUNTERS (GPU_SHARING:
+    decode()'s, where the workers could decode on a GPU)."""
     reuse, output = inputs.reuse, plan.output
     summary = read_summary(plan.work)
     _counts, new_files, units, decoded = summarize_run(summary["groups"], summary["reads"])
@@ -67,6 +69,10 @@ def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: di
         "precision": {"requested": job.requested_precision, "resolved": precision if precision != "auto" else None,
                       "workers": {k[len("workers_"):]: v for k, v in counters.items() if k.startswith("workers_")}},
         "device": job.device, "torch_threads_per_worker": job.threads,
+        "decode_step": {"requested": job.decode_step,
+                        "workers": {k[len("decode_step_"):]: v for k, v in counters.items() if k.startswith("decode_step_")},
+                        "compile_ms": counters.get("ms_compile", 0)},
+        "gpu_sharing": gpu_sharing,
         "inputs": [shards[name] for name in sorted(shards)],
         "previous": {"run_id": reuse.previous_run_id, "path": reuse.previous, "why_nothing_reused": reuse.why_not,
                      "reused_shards": sorted(reuse.reused), "copied_shards": sorted(reuse.carried),

@@ -26,6 +26,8 @@ log = logging.getLogger("paragen")
 # The engines' --precision choices (models/nmt/translator.py resolves them); here, without torch,
 # so that the command lines can offer them without importing it.
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
+# ... and sampling's step modes (models/nmt/fixed_sampler.py).
+STEP_MODES = ("auto", "tree", "fixed", "compiled", "graphs")
 CPU_SCORE_TOKENS = 24_000         # beam search and forced decoding: source + output tokens per batch
 # Sampled rows share prefixes (models/nmt/prefix_decoder.py): a sampling batch holds far fewer
 # decoder states than rows, so it gets a larger budget (one batch for a typical 64-pair call).
@@ -109,7 +111,7 @@ def gpu_memory_share(device, processes_per_gpu: int) -> int:
     return total // max(1, processes_per_gpu)
 
 
-__all__ = ["PRECISIONS", "batch_budgets", "claim_gpu", "gpu_memory_share", "slots_dir", "worker_device"]
+__all__ = ["PRECISIONS", "STEP_MODES", "batch_budgets", "claim_gpu", "gpu_memory_share", "slots_dir", "worker_device"]
 
 
 class DeviceFailure(RuntimeError):

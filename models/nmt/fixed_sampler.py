@@ -35,13 +35,13 @@ import torch
 
 from models.nmt.bans import BanTable
 from models.nmt.device_random import row_seed
+from models.nmt.devices import STEP_MODES
 from models.nmt.engine import Hypothesis, SampleRequest
 from models.nmt.fixed_step import FixedStep
 from models.nmt.prefix_decoder import unsupported_reason
 
 log = logging.getLogger("paragen.decoder")
 
-STEP_MODES = ("auto", "tree", "fixed", "compiled", "graphs")
 _ALIGN = 16                 # source and cache lengths are padded to this (fused attention takes them as they are)
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _STEPS_LOCK = threading.Lock()
@@ -207,12 +207,8 @@ class FixedBatch:
         packs = [engine.banned_packs(r.banned_words) for r in reqs]
         self.ban_width = 0
         if any(map(any, packs)):
-            table = BanTable.from_packs(packs, len(engine.tgt_dict), dev)
-            s["ban_single"] = table.single
-            self.ban_width = table.width
-            if table.depth:
-                s["ban_state"] = table.start(rows, dev)
-                s["ban_emits"], s["ban_edge_key"], s["ban_edge_child"] = table.emits, table.edge_key, table.edge_child
+            s.update(_ban_tensors(BanTable.from_packs(packs, len(engine.tgt_dict), dev), rows))
+            self.ban_width = s["ban_single"].shape[1] + s["ban_state"].shape[1] * s["ban_emits"].shape[1]
         self.state = s
 
     def hypotheses(self, engine, n_requests: int) -> list[list[Hypothesis]]:
@@ -229,6 +225,31 @@ class FixedBatch:
             text, pieces = engine.decode_ids(ids)
             outs[self.row_req[row]].append(Hypothesis(text, pieces, tuple(ids), -float(totals[row]) / (n + 1)))
         return outs
+
+
+def _ban_tensors(table: BanTable, rows: int) -> dict:
+    """TABLE's tensors (models/nmt/bans.py) for ROWS rows, every dimension padded to a bucket of
+    at least 4 with entries that change nothing: a ban of -1 (no token), a trie column that stays
+    DEAD (no prefix is longer than the table's depth), edges whose key no (node, token) has.
+    Every batch with bans is then one graph of the compiled step, never specialised on a size
+    of 1 (a table with one-piece phrases only has depth 0), and its shapes come in few sizes."""
+    def pad(t: torch.Tensor, dim: int, size: int, value: int) -> torch.Tensor:
+        extra = size - t.shape[dim]
+        if extra <= 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = extra
+        return torch.cat([t, t.new_full(shape, value)], dim=dim)
+
+    emits = pad(pad(table.emits, 0, bucket(table.emits.shape[0], floor=4), -1), 1, bucket(table.emits.shape[1], floor=4), -1)
+    edges = bucket(table.edge_key.shape[0], floor=4)
+    single = pad(table.single, 0, bucket(table.single.shape[0], floor=4), -1)          # a row per request
+    return {"ban_single": pad(single, 1, bucket(table.single.shape[1], floor=4), -1),
+            "ban_state": torch.zeros((rows, bucket(table.depth, floor=4)), dtype=torch.long, device=table.single.device),
+            "ban_emits": emits,
+            # sorted keys stay sorted: the padding is larger than any key
+            "ban_edge_key": pad(table.edge_key, 0, edges, torch.iinfo(torch.int64).max),
+            "ban_edge_child": pad(table.edge_child, 0, edges, 0)}
 
 
 def sample_batch_fixed(engine, step: CompiledStep, reqs: list[SampleRequest], src_ids: dict, topk: int, seed: int,
