@@ -256,13 +256,21 @@ def test_shell_scripts_lint_clean():
 def test_dask_gpu_workers_see_one_gpu_each(tmp_path):
     """deploy/dask_gpu_workers.sh with GPUS=2 PROCESSES_PER_GPU=2 against a real scheduler: four
     worker processes, two seeing GPU 0 and two GPU 1 (CUDA_VISIBLE_DEVICES), on a machine
-    without a GPU: what each process is assigned is what matters here."""
+    without a GPU: what each process is assigned is what matters here. All four share the MPS
+    daemon the script starts (NVIDIA's control program played by tests/test_gpu_sharing.py's
+    script), which is told to quit, its folder removed, when the script is stopped."""
     import json
     import signal
     import sys
     import time
 
     from distributed import Client
+
+    from tests.test_gpu_sharing import install_fake_control
+
+    fake_env, mps_calls = install_fake_control(tmp_path)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
 
     scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                                   "--port", "0", "--scheduler-file", str(tmp_path / "s.json"),
@@ -274,19 +282,26 @@ def test_dask_gpu_workers_see_one_gpu_each(tmp_path):
                 break
             time.sleep(0.2)
         address = json.load(open(tmp_path / "s.json"))["address"]
-        env = {**os.environ, "GPUS": "2", "PROCESSES_PER_GPU": "2", "PYTHON": sys.executable}
+        env = {**os.environ, "GPUS": "2", "PROCESSES_PER_GPU": "2", "PYTHON": sys.executable, "TMPDIR": str(temp),
+               **fake_env}
+        env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
         workers = subprocess.Popen(["bash", os.path.join(ROOT, "deploy", "dask_gpu_workers.sh"), address], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         with Client(address, timeout=60) as client:
             client.wait_for_workers(4, timeout=120)
-            seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
-        assert sorted(seen.values()) == ["0", "0", "1", "1"]
+            seen = client.run(lambda: (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_MPS_PIPE_DIRECTORY")))
+        assert sorted(gpu for gpu, _ in seen.values()) == ["0", "0", "1", "1"]
+        pipes = {pipe for _, pipe in seen.values()}
+        assert len(pipes) == 1 and pipes.pop().startswith(str(temp))
     finally:
         if workers is not None:
             os.killpg(workers.pid, signal.SIGTERM)
             workers.wait(timeout=60)
         scheduler.terminate()
         scheduler.wait(timeout=60)
+    calls = mps_calls()
+    assert [c["args"] for c in calls] == [["-d"], []] and calls[1]["stdin"] == "quit\n", calls
+    assert [f for f in os.listdir(temp) if f.startswith("paragen-mps-")] == []       # dask keeps its scratch space
     bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "dask_gpu_workers.sh"), "tcp://x:1"],
                          env={**os.environ, "GPUS": "0"}, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "no GPU found" in bad.stderr

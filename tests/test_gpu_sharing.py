@@ -29,19 +29,27 @@ sys.exit(int(os.environ.get("FAKE_MPS_EXIT", "0")))
 """
 
 
-@pytest.fixture
-def fake_control(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
+def install_fake_control(folder) -> tuple[dict, callable]:
+    """FOLDER/bin/nvidia-cuda-mps-control (the script above): (the environment variables that put
+    it first on PATH and name its log, a function that reads the calls it recorded)."""
+    bin_dir = folder / "bin"
     bin_dir.mkdir()
     exe = bin_dir / CONTROL
     exe.write_text(FAKE)
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    log = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_MPS_LOG", str(log))
+    log = folder / "calls.jsonl"
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_MPS_LOG": str(log)}
+    return env, lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.fixture
+def fake_control(tmp_path, monkeypatch):
+    env, calls = install_fake_control(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
         monkeypatch.delenv(name, raising=False)
-    return lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return calls
 
 
 def test_the_daemon_runs_in_the_runs_temporary_space_for_the_workers_and_quits(fake_control, tmp_path):

@@ -180,6 +180,9 @@ def test_precision_is_validated(tiny_nmt_models):
 
     assert resolve_precision("auto", "cpu") == "fp32"
     assert resolve_precision("auto", "cuda") == "fp32"          # fastest measured on an H100 (benchmarks.md)
+    assert resolve_precision("auto", "cuda", (7, 5)) == "fp32"  # no TF32 before Ampere
+    assert resolve_precision("auto", "cuda", (8, 0)) == "tf32" and resolve_precision("auto", "cuda", (9, 0)) == "tf32"
+    assert resolve_precision("auto", "cpu", None) == "fp32"
     assert resolve_precision("bf16", "cuda") == "bf16"
     with pytest.raises(ValueError, match="needs a GPU"):
         resolve_precision("fp16", "cpu")

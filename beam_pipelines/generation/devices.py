@@ -18,7 +18,7 @@ def resolve_device(device: str | None, precision: str, runner: str) -> tuple[str
     Elsewhere the workers resolve 'auto' themselves and the manifest's counters say what they used."""
     import torch
 
-    from models.nmt.translator import cpu_has_native_bf16, resolve_precision
+    from models.nmt.translator import cpu_has_native_bf16, gpu_capability, resolve_precision
 
     if not is_local(runner):
         return device, precision
@@ -27,7 +27,7 @@ def resolve_device(device: str | None, precision: str, runner: str) -> tuple[str
                          "False); leave --device unset to use the CPU")
     effective = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        resolved = resolve_precision(precision, effective)
+        resolved = resolve_precision(precision, effective, gpu_capability(effective))
     except ValueError as exc:
         raise UsageError(f"--precision {precision}: {exc}") from None
     if resolved == "bf16" and effective == "cpu" and cpu_has_native_bf16() is False:

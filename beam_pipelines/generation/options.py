@@ -102,10 +102,11 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="where to decode (default: cuda when a GPU is visible to the worker, else cpu)")
     g.add_argument("--precision", default="auto", choices=PRECISIONS,
-                   help="model weights' precision (default auto = fp32: on an H100 it decoded a 6-layer d512 model "
-                        "faster than bf16 or fp16, docs/benchmarks.md); bf16 or fp16 may pay off for larger models; "
-                        "tf32 (a GPU only): fp32 weights, matrix products on tensor cores; bf16 on a CPU needs "
-                        "AVX512-BF16 or AMX; all but fp32 give slightly different scores")
+                   help="model weights' precision (default auto: tf32 on an NVIDIA GPU of compute capability 8.0 "
+                        "or later, else fp32; fp32 decoded a 6-layer d512 model faster than bf16 or fp16 on an H100, "
+                        "docs/benchmarks.md); tf32 (a GPU only): fp32 weights, matrix products on tensor cores; "
+                        "bf16 or fp16 may pay off for larger models; bf16 on a CPU needs AVX512-BF16 or AMX; all "
+                        "but fp32 give slightly different scores")
     g.add_argument("--processes_per_gpu", type=int, default=DEFAULT_PROCESSES_PER_GPU,
                    help=f"decoding processes sharing each GPU, so that one process's host work (tokenization, "
                         f"clustering, writing) overlaps another's decoding; on a GPU machine the DirectRunner starts "

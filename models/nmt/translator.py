@@ -103,24 +103,31 @@ def default_device() -> str:
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_precision(precision: str, device_type: str) -> str:
-    """Weights' precision. auto is fp32 everywhere: on an H100 fp32 sampled 1.3-1.5x faster than
-    bf16 and fp16 and ran beam search 1.5-1.8x faster (docs/benchmarks.md, "Decoding on a GPU"):
-    a 6-layer d512 model's decoding steps are too small for half precision to pay for its casts.
+def resolve_precision(precision: str, device_type: str, capability: tuple[int, int] | None = None) -> str:
+    """Weights' precision. auto is fp32 weights everywhere: on an H100 fp32 sampled 1.3-1.5x
+    faster than bf16 and fp16 and ran beam search 1.5-1.8x faster (docs/benchmarks.md, "Decoding
+    on a GPU"): a 6-layer d512 model's decoding steps are too small for half precision to pay for
+    its casts. On a GPU of compute CAPABILITY 8.0 or later (Ampere, Hopper) auto is tf32: fp32
+    weights, the matrix products on tensor cores with 10-bit mantissas, no casts, so no extra
+    kernels a step; the scorer's products, the job's largest, run several times faster on them.
     bf16 (Ampere and later; fp32's range, so activations cannot overflow as fp16's can) and fp16
-    are there on request, for larger models; they give slightly different scores and samples.
-    tf32 keeps fp32 weights and runs the matrix products on a GPU's tensor cores with 10-bit
-    mantissas (Ampere and later): no casts, so no extra kernels a step. Softmax and scores are
-    always computed in fp32."""
+    are there on request, for larger models. All but fp32 give slightly different scores and
+    samples. Softmax and scores are always computed in fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if precision == "auto":
-        return "fp32"
+        return "tf32" if device_type == "cuda" and capability is not None and capability >= (8, 0) else "fp32"
     if precision == "fp16" and device_type != "cuda":
         raise ValueError("fp16 decoding needs a GPU; use bf16 on the CPU")
     if precision == "tf32" and device_type != "cuda":
         raise ValueError("tf32 is a GPU's tensor-core format (NVIDIA Ampere or later); use fp32 on the CPU")
     return precision
+
+
+def gpu_capability(device) -> tuple[int, int] | None:
+    """DEVICE's CUDA compute capability, None for a CPU."""
+    device = torch.device(device)
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
 
 
 def _kept(memo: dict, word: str, make):
@@ -188,7 +195,7 @@ class Translator(Engine):
         self.meta = read_model_meta(model_dir)
         self.device = torch.device(device or default_device())
         src_lang, tgt_lang = self.meta["src_lang"], self.meta["tgt_lang"]
-        self.precision = resolve_precision(precision, self.device.type)
+        self.precision = resolve_precision(precision, self.device.type, gpu_capability(self.device))
         self.step_mode = resolve_step_mode(step_mode, self.device.type)
         if self.precision == "bf16" and self.device.type == "cpu" and cpu_has_native_bf16() is False:
             log.warning("bf16 on a CPU without AVX512-BF16/AMX is emulated and several times slower than fp32")
