@@ -15,15 +15,22 @@ every section, so a run stopped by a time limit keeps what it measured):
      time, the ops that take the most of each);
   3. dual scores of 150 candidates a source in each precision: ms a source, and each one's
      largest and mean difference from fp32 (nats per token);
-  4. the whole job (DirectRunner, --device cuda) at the parabank2 and paranmt presets on --pairs
-     pairs, with --processes decoding processes per GPU (fp32; the other --job_precisions with the
-     most of them): pairs/s of the command and of its decoding alone, units per worker, worker
-     time per stage, the GPU's busy fraction (nvidia-smi every 0.5 s while the job runs), and
-     the GPU-hours 50M pairs take.
+  4. the whole job (DirectRunner, --device cuda) on --pairs pairs in each of --job_variants
+     (processes per GPU, decoder step, precision, MPS, preset): pairs/s of the command and of its
+     decoding alone, units per worker, worker time per stage, compile seconds, whether MPS was on,
+     the GPU's busy fraction (nvidia-smi every 0.5 s while the job runs), and the GPU-hours 50M
+     pairs take;
+  5. steps: the decoder step modes (--step_modes: tree, fixed, compiled, graphs) in each of
+     --step_precisions on one sample() call of 100 sources (5 constraint sets x 6 samples, and 30
+     free samples): seconds (best of 3 after a warm-up that compiles), compile seconds, decoder
+     steps, device kernels and device ms a step (torch.profiler's CUDA activity), host launch
+     calls a step (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch, ...), and how many samples
+     differ from the tree loop's (float rounding deciding a near-tie).
 
 Without a GPU it prints the CPU proxies and exits 0: the tensor operations of a decoder step on
 the code paths a GPU takes (its kernel launches: what a launch-bound step's time follows), by
-name; host<->device round trips during sample() and score() and the tensor operations per
+name, for the tree loop and the fixed-shape step, and the calls a compiled step makes a step
+(inductor's fused kernels and the library calls it keeps: on a GPU each is a launch); host<->device round trips during sample() and score() and the tensor operations per
 decoder step on the CPU's own paths (models/nmt/round_trips.py), the host milliseconds per pair to find banned phrases (two units of
 up to 500 of the --pairs), and the job's host milliseconds per pair by stage, outside the engines'
 calls (the given models on this CPU).
@@ -47,6 +54,10 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 TARGET_PAIRS = 50_000_000
+# The job runs, most valuable first (issue 52): the 2026-11-27 baseline (4 processes, the tree loop,
+# fp32, processes taking turns), then one change at a time, then 8 processes.
+DEFAULT_VARIANTS = ("4:tree:fp32:off,4:tree:tf32:off,4:tree:tf32:auto,4:compiled:tf32:auto,4:graphs:tf32:auto,"
+                    "8:graphs:tf32:auto,8:tree:tf32:auto")
 ENGINE_STAGES = ("sample", "beam_search", "score", "dual_xent")     # time inside engine calls
 
 
@@ -226,6 +237,93 @@ def bench_profile(args, sources_pairs, emit, top: int = 12) -> None:
         emit("profile", out)
 
 
+# Host calls that put work on a GPU (CUDA runtime and driver API names as torch.profiler shows them).
+_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
+             "cudaMemcpyAsync", "cudaMemsetAsync")
+# Calls inside a compiled graph that launch nothing (allocations, views, bookkeeping).
+_NOT_LAUNCHES = ("aten::empty", "aten::empty_strided", "aten::as_strided", "aten::view", "aten::reshape",
+                 "aten::expand", "aten::resolve_conj", "aten::resolve_neg", "aten::lift_fresh", "aten::slice",
+                 "aten::transpose", "aten::select", "aten::resize_", "aten::t", "aten::detach", "aten::alias")
+
+
+def compiled_calls(prof) -> int:
+    """Calls made inside compiled graphs (torch.profiler with inductor's kernel profiling on a
+    CPU): each fused kernel and each library call the graph keeps (matrix products, top-k,
+    sort, ...); on a GPU each would be a launch."""
+    total = 0
+    for event in prof.events():
+        if event.name.startswith("## Call CompiledFxGraph"):
+            total += sum(1 for child in event.cpu_children
+                         if child.name.startswith("graph_") or (child.name.startswith("aten::")
+                                                                and child.name not in _NOT_LAUNCHES))
+    return total
+
+
+def bench_steps(args, sources_pairs, emit) -> None:
+    """The decoder step modes on one sample() call each (models/nmt/fixed_sampler.py): time,
+    compile time, device kernels and ms a step, host launch calls a step, samples unlike the
+    first mode's (the tree loop's)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops
+    from models.nmt.translator import Translator
+
+    cuda = args.device == "cuda"
+    pairs = sources_pairs[:100]
+    runs = {"5 sets x 6 samples": constrained_requests(pairs, 5, 6), "30 samples": free_requests(pairs, 30)}
+    modes = [m for m in args.step_modes if cuda or m != "graphs"]
+    rows, first = [], {}
+    if not cuda:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True     # the compiled kernels as profiler events
+    for precision in args.step_precisions if cuda else ["fp32"]:
+        for mode in modes:
+            engine = Translator(args.forward_model, device=args.device, precision=precision, step_mode=mode)
+            engine.sample_batch_tokens = 10**9               # one batch: the steps are comparable
+            start = time.perf_counter()
+            engine.warm_up("sample")                         # both graphs compiled here
+            warm = time.perf_counter() - start
+            timed = timed_samples(engine, runs)
+            for label, reqs in runs.items():
+                got = [h.token_ids for hs in engine.sample(reqs, topk=10, seed=0) for h in hs]
+                want = first.setdefault((precision, label), got)
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+                _sync()
+                with profile(activities=activities) as prof, count_decoder_steps() as steps:
+                    engine.sample(reqs, topk=10, seed=0)
+                    _sync()
+                n = max(steps.total, 1)
+                events = prof.key_averages()
+                if cuda:
+                    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
+                    device_kernels = sum(e.count for e in kernels) / n
+                    device_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / n
+                    launches = sum(e.count for e in events if e.key in _LAUNCHES) / n
+                elif mode in ("compiled", "graphs"):
+                    device_kernels = device_ms = None
+                    launches = compiled_calls(prof) / n
+                else:
+                    device_kernels = device_ms = None
+                    with count_device_ops() as ops:
+                        engine.sample(reqs, topk=10, seed=0)
+                    launches = computing_ops(ops) / n
+                r = timed[label]
+                rows.append({"mode": mode, "precision": precision, "requests": label, "sources": len(pairs),
+                             "best_s": r["seconds"], "median_s": r["median_seconds"],
+                             "sources_per_s": len(pairs) / r["seconds"], "warm_up_s": warm,
+                             "compile_s": engine.compile_seconds, "steps": steps.total,
+                             "device_kernels_per_step": device_kernels, "device_ms_per_step": device_ms,
+                             "host_launches_per_step": launches,
+                             # samples unlike the first mode's: float rounding deciding a near-tie
+                             "samples_differing": f"{sum(a != b for a, b in zip(got, want))} of {len(want)}"})
+                emit("steps", rows)
+            del engine
+            if cuda:
+                torch.cuda.empty_cache()
+
+
 def bench_precision(args, pairs, emit) -> None:
     """Dual scores in each precision: their distance from fp32's and the time of one score()
     call of 150 candidates a source (the job's parabank2 load), after a warm-up."""
@@ -303,31 +401,49 @@ def run_job(args, tsv: str, workdir: str, preset: str, extra: list[str], gpu: bo
     counts, counters, units = manifest["counts"], manifest["counters"], manifest["units"]
     read = counts["records_read"]
     decoding = max(units["decoding_seconds_per_worker"].values(), default=0) or wall
+    sharing = manifest.get("gpu_sharing") or {}
     return {"preset": preset, "options": " ".join(extra), "pairs": read, "seconds": wall,
             "pairs_per_s": read / wall, "decode_pairs_per_s": read / decoding,
             "units_per_worker": sorted(units["per_worker"].values(), reverse=True),
             "paraphrase_rows": counts["paraphrase_rows"],
-            "worker_ms_per_pair": {k[3:]: v / read for k, v in sorted(counters.items()) if k.startswith("ms_")},
+            "worker_ms_per_pair": {k[3:]: v / read for k, v in sorted(counters.items())
+                                   if k.startswith("ms_") and k not in ("ms_compile", "ms_warm_up")},
+            "warm_up_s_per_worker": counters.get("ms_warm_up", 0) / 1e3 / max(len(units["per_worker"]), 1),
+            "compile_s_per_worker": counters.get("ms_compile", 0) / 1e3 / max(len(units["per_worker"]), 1),
+            "mps": (sharing.get("mps") or {}).get("how"),
             "gpu_busy": busy.mean if busy else None,
             "gpu_hours_for_50M": TARGET_PAIRS / (read / decoding) / 3600}
 
 
+def parse_variants(text: str) -> list[dict]:
+    """--job_variants: comma-separated PROCESSES:STEP:PRECISION:MPS[:PRESET] (preset parabank2)."""
+    out = []
+    for spec in (v for v in text.split(",") if v):
+        parts = spec.split(":")
+        if len(parts) not in (4, 5) or not parts[0].isdigit():
+            raise ValueError(f"--job_variants: {spec!r} is not PROCESSES:STEP:PRECISION:MPS[:PRESET]")
+        out.append({"processes": int(parts[0]), "step": parts[1], "precision": parts[2], "mps": parts[3],
+                    "preset": parts[4] if len(parts) == 5 else "parabank2"})
+    return out
+
+
 def job_plan(args, pairs: int, gpu: bool) -> list[tuple[str, list[str]]]:
-    """(preset, options) of the job runs: parabank2 with each --processes count in fp32, then
-    with the most processes in each other --job_precisions, then paranmt. Units are sized so
-    that every decoding process gets at least two (64 to 500 pairs)."""
+    """(preset, options) of the job runs, one per --job_variants entry, in that order (the most
+    valuable first: a run stopped by its time limit keeps the ones before). Units are
+    --unit_pairs (the job's default, 500) or, where --pairs is too few for every decoding process
+    to get four of them, smaller (at least 32 pairs): each run's row says what it had."""
     if not gpu:
         return [("parabank2", ["--device", "cpu", "--dual_xent_threshold", "-1"])]
     off = [] if args.device == "cuda" else ["--dual_xent_threshold", "-1"]     # a rehearsal's tiny models
-    most = max(args.processes)
-
-    def opts(p: int, precision: str) -> list[str]:
-        unit = max(64, min(500, pairs // (2 * p)))
-        return ["--device", args.device, "--processes_per_gpu", str(p), "--precision", precision,
-                "--unit_pairs", str(unit), *off]
-    plan = [("parabank2", opts(p, "fp32")) for p in args.processes]
-    plan += [("parabank2", opts(most, x)) for x in args.job_precisions if x != "fp32" and x in args.precisions]
-    return plan + [("paranmt", opts(most, "fp32"))]
+    plan = []
+    for v in args.job_variants:
+        if args.device != "cuda" and v["step"] == "graphs":
+            continue                                                          # CUDA graphs need a GPU
+        unit = max(32, min(args.unit_pairs, pairs // (4 * v["processes"])))
+        plan.append((v["preset"], ["--device", args.device, "--processes_per_gpu", str(v["processes"]),
+                                   "--precision", v["precision"] if args.device == "cuda" else "fp32",
+                                   "--decode_step", v["step"], "--mps", v["mps"], "--unit_pairs", str(unit), *off]))
+    return plan
 
 
 def host_stages(pairs, tsv: str) -> dict:
@@ -381,37 +497,59 @@ def gpu_paths():
     """The code paths a GPU takes, on this CPU, for counting its kernel launches: the products
     unpacked (oneDNN is the CPU's), the logits in one block (the CPU's are cache-sized) and fused
     attention (the GPU's default)."""
-    from models.nmt import onednn, prefix_decoder, translator
+    from models.nmt import fixed_step, onednn, prefix_decoder, translator
 
-    saved = onednn._onednn_pack, translator._LOGIT_ROWS, prefix_decoder.PrefixDecoder.__init__
+    saved = onednn._onednn_pack, translator._LOGIT_ROWS, prefix_decoder.PrefixDecoder.__init__, fixed_step.FUSED_ON_CPU
     init = saved[2]
     onednn._onednn_pack = lambda weight: None
     translator._LOGIT_ROWS = 10**9
     prefix_decoder.PrefixDecoder.__init__ = lambda self, *a, **k: init(self, *a, **{**k, "fused_attention": True})
+    fixed_step.FUSED_ON_CPU = True
     try:
         yield
     finally:
-        onednn._onednn_pack, translator._LOGIT_ROWS, prefix_decoder.PrefixDecoder.__init__ = saved
+        (onednn._onednn_pack, translator._LOGIT_ROWS, prefix_decoder.PrefixDecoder.__init__,
+         fixed_step.FUSED_ON_CPU) = saved
 
 
 def gpu_launches(args, sources_pairs, top: int = 12) -> list[dict]:
     """Tensor operations a decoder step as a GPU would launch them (gpu_paths), unconstrained and
-    constrained, in all and by name (the most frequent): what a step's host time scales with."""
+    constrained, in all and by name (the most frequent): what a step's host time scales with; for
+    the tree loop and the fixed-shape step eager, and the calls the compiled step makes (inductor's
+    fused kernels, each a launch on a GPU, and the library calls it keeps: compiled_calls)."""
+    import torch
+    import torch._inductor.config as inductor_config
+    from torch.profiler import profile
+
     from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops
     from models.nmt.translator import Translator
 
     rows = []
+    requests = (("30 samples", free_requests(sources_pairs[:100], 30)),
+                ("5 constraint sets x 6 samples", constrained_requests(sources_pairs[:100], 5, 6)))
     with gpu_paths():
-        engine = Translator(args.forward_model, device="cpu", precision="fp32")   # not the shared cache
-        engine.sample_batch_tokens = 10**9
-        for label, reqs in (("30 samples", free_requests(sources_pairs[:100], 30)),
-                            ("5 constraint sets x 6 samples", constrained_requests(sources_pairs[:100], 5, 6))):
-            with count_device_ops() as ops, count_decoder_steps() as steps:
-                engine.sample(reqs, topk=10, seed=0)
-            named = [(k, v) for k, v in ops.by_kind.most_common() if k != "(views)"][:top]
-            rows.append({"call": f"sample(), {label}", "sources": min(100, len(sources_pairs)),
-                         "launches_per_step": computing_ops(ops) / steps.total,
-                         "most": ", ".join(f"{k} {v / steps.total:.1f}" for k, v in named)})
+        for mode in ("tree", "fixed", "compiled"):
+            engine = Translator(args.forward_model, device="cpu", precision="fp32", step_mode=mode)   # not the shared cache
+            engine.sample_batch_tokens = 10**9
+            for label, reqs in requests:
+                if mode == "compiled":
+                    inductor_config.cpp.enable_kernel_profile = True     # fused kernels as profiler events
+                    engine.sample(reqs, topk=10, seed=0)                 # compiles
+                    with profile() as prof, count_decoder_steps() as steps:
+                        engine.sample(reqs, topk=10, seed=0)
+                    calls = compiled_calls(prof)
+                    rows.append({"call": f"sample(), {label}", "step": mode, "sources": min(100, len(sources_pairs)),
+                                 "launches_per_step": calls / steps.total,
+                                 "most": "fused kernels and library calls of the compiled graph"})
+                    continue
+                with count_device_ops() as ops, count_decoder_steps() as steps:
+                    engine.sample(reqs, topk=10, seed=0)
+                named = [(k, v) for k, v in ops.by_kind.most_common() if k != "(views)"][:top]
+                rows.append({"call": f"sample(), {label}", "step": mode, "sources": min(100, len(sources_pairs)),
+                             "launches_per_step": computing_ops(ops) / steps.total,
+                             "most": ", ".join(f"{k} {v / steps.total:.1f}" for k, v in named)})
+            del engine
+    torch._dynamo.reset()
     return rows
 
 
@@ -528,20 +666,29 @@ def main(argv=None) -> int:
     ap.add_argument("--bitext", required=True, help="folder with train.{cs,en}.gz and val.{cs,en}.gz")
     ap.add_argument("--pairs", type=int, default=2000, help="pairs of train for the whole job (default 2000)")
     ap.add_argument("--sources", type=int, default=500, help="sources of val for the engines (default 500)")
-    ap.add_argument("--processes", default="1,4",
-                    help="decoding processes per GPU to run the parabank2 job with (default 1,4)")
+    ap.add_argument("--job_variants", default=DEFAULT_VARIANTS,
+                    help="the job runs, comma-separated PROCESSES:STEP:PRECISION:MPS[:PRESET], most valuable "
+                         f"first (default {DEFAULT_VARIANTS})")
+    ap.add_argument("--unit_pairs", type=int, default=500,
+                    help="the job runs' work unit size, if --pairs gives every process four (default 500, the job's)")
     ap.add_argument("--precisions", default="fp32,tf32,bf16,fp16",
                     help="engines' precisions on a GPU, fp32 first (default fp32,tf32,bf16,fp16)")
-    ap.add_argument("--job_precisions", default="fp32,tf32",
-                    help="precisions of the parabank2 job with the most processes (default fp32,tf32)")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: engines,syncs,precision,job")
+    ap.add_argument("--step_modes", default="tree,fixed,compiled,graphs",
+                    help="decoder step modes of the steps section, the baseline first (default tree,fixed,compiled,graphs)")
+    ap.add_argument("--step_precisions", default="fp32,tf32", help="precisions of the steps section (default fp32,tf32)")
+    ap.add_argument("--skip", default="",
+                    help="comma list of sections to skip: engines,syncs,profile,precision,job,steps")
     ap.add_argument("--out", required=True, help="JSON file for the figures")
     ap.add_argument("--rehearse", action="store_true",
                     help="without a GPU, run the GPU sections on the CPU (fp32 only): a check of this script "
                          "before a GPU machine's time is spent on it")
     args = ap.parse_args(argv)
-    args.processes = [int(x) for x in args.processes.split(",") if x]
-    args.job_precisions = [x for x in args.job_precisions.split(",") if x]
+    try:
+        args.job_variants = parse_variants(args.job_variants)
+    except ValueError as exc:
+        ap.error(str(exc))
+    args.step_modes = [x for x in args.step_modes.split(",") if x]
+    args.step_precisions = [x for x in args.step_precisions.split(",") if x]
     skip = set(args.skip.split(","))
 
     import torch
@@ -572,7 +719,8 @@ def main(argv=None) -> int:
         if "job" not in skip:
             bench_job(args, pairs[:min(len(pairs), 200)], emit, gpu=False)
         return 0
-    for name, fn in (("engines", lambda: bench_engines(args, sources, emit)),
+    for name, fn in (("steps", lambda: bench_steps(args, sources, emit)),
+                     ("engines", lambda: bench_engines(args, sources, emit)),
                      ("syncs", lambda: bench_syncs(args, sources, emit)),
                      ("profile", lambda: bench_profile(args, sources, emit)),
                      ("precision", lambda: bench_precision(args, sources, emit)),

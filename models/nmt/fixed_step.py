@@ -42,6 +42,7 @@ from models.nmt.ensemble import mean_probability
 _NEG_INF = float("-inf")
 _SENTINEL = torch.iinfo(torch.int64).max
 FUSED_MAX_BATCH = 65_535            # CUDA's grid limit on a fused attention's batch (pytorch#146704)
+FUSED_ON_CPU = False                # bench/bench_gpu.py counts a GPU's launches on a CPU with it on
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -53,7 +54,7 @@ def attention(q, k, v, mask):
     """softmax(q k^T + mask) v with q already scaled: on a GPU one fused kernel (in slices past
     CUDA's grid limit), on a CPU the explicit products (torch's CPU kernel for fused attention
     took 11 ms a call against ~1 for the products, one query a row over 3,000 rows)."""
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and not FUSED_ON_CPU:
         scores = (q @ k.transpose(-1, -2)).float() + mask
         return torch.softmax(scores, dim=-1).to(q.dtype) @ v
     step = FUSED_MAX_BATCH
