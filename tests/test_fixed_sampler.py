@@ -130,3 +130,20 @@ def test_the_compiled_step_has_no_graph_break_gives_the_eager_samples_and_compil
         _same_samples(compiled.sample(requests, topk=10, seed=2), fixed.sample(requests, topk=10, seed=2))
     assert step.compile_seconds > 0
     assert counters["stats"]["unique_graphs"] - before == 1, dict(counters["stats"])
+
+
+@pytest.mark.slow
+def test_the_graphs_mode_runs_its_code_path_on_a_cpu(fixed, tiny_nmt_models):
+    """--decode_step graphs is refused on a CPU (CUDA graphs need a GPU); its code path (the
+    step's buffers marked as static addresses, inductor's "reduce-overhead" mode, a step marked
+    before each call) still runs here, where inductor leaves the graphs out, and draws the same
+    samples, batch after batch."""
+    import os
+
+    engine = Translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu", step_mode="fixed")
+    engine.step_mode = "graphs"                         # past the refusal, for this test only
+    step = fixed_step_of(engine)
+    assert step.mode == "graphs"
+    for requests in (_requests(6), _requests(3, seed=4)):
+        _same_samples(engine.sample(requests, topk=10, seed=1), fixed.sample(requests, topk=10, seed=1))
+    assert step.compilations >= 1

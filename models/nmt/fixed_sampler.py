@@ -45,6 +45,7 @@ log = logging.getLogger("paragen.decoder")
 _ALIGN = 16                 # source and cache lengths are padded to this (fused attention takes them as they are)
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _STEPS_LOCK = threading.Lock()
+_MAX_BUFFERS = 512          # state buffers a process keeps (each name x shape; the caches apart)
 
 
 def bucket(n: int, cap: int | None = None, floor: int = 8) -> int:
@@ -98,18 +99,52 @@ class CompiledStep:
         self.module, self.mode, self.device = module, mode, device
         self.compile_seconds = 0.0
         self.compilations = 0
-        self.lock = threading.Lock()           # one batch at a time: its caches are the workspace's
+        self.lock = threading.Lock()           # one batch at a time: the buffers are the workspace's
         self._caches: dict = {}
+        self._buffers: dict = {}
         if mode in ("compiled", "graphs"):
             import torch._dynamo
+            import torch._inductor.config as inductor_config
 
-            # Each batch kind (no bans, one-piece bans, multi-piece bans) and ensemble size is a
-            # graph of its own; beyond the default limit dynamo would fall back to eager silently.
+            # Batches with and without bans are two graphs; beyond the default limit of
+            # recompilations dynamo would fall back to eager silently.
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            # CUDA graphs: one is recorded per shape (node and length buckets, batch sizes); that
+            # many is expected, not a warning.
+            inductor_config.triton.cudagraph_dynamic_shape_warn_limit = None
             self.fn = torch.compile(module, fullgraph=True, dynamic=True,
                                     mode="reduce-overhead" if mode == "graphs" else None)
         else:
             self.fn = module
+
+    def _new(self, shape, dtype) -> torch.Tensor:
+        with torch.inference_mode(False):          # a normal tensor: updated in place in and out of inference mode
+            t = torch.zeros(shape, dtype=dtype, device=self.device)
+        if self.mode == "graphs":
+            # A CUDA graph may update a buffer in place only if its address never changes: these
+            # are made once per shape and kept (graph replays then need no copy of their inputs).
+            torch._dynamo.mark_static_address(t, guard=False)
+        return t
+
+    def put(self, name: str, value) -> torch.Tensor:
+        """VALUE (a tensor or a numpy array) in this process's buffer NAME of its shape and dtype,
+        made once per shape and kept: a batch's state lives at the same addresses as the last
+        batch of its shape (what a replayed CUDA graph needs, and fewer allocations)."""
+        value = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+        return self._buffer(name, tuple(value.shape), value.dtype).copy_(value)
+
+    def fill(self, name: str, shape: tuple, dtype: torch.dtype, value) -> torch.Tensor:
+        """:meth:`put` of a tensor of SHAPE all VALUE."""
+        return self._buffer(name, tuple(shape), dtype).fill_(value)
+
+    def _buffer(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        key = (name, shape, dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            if len(self._buffers) >= _MAX_BUFFERS:              # shapes come in buckets; bound them anyway
+                self._buffers.clear()
+            buf = self._buffers[key] = self._new(shape, dtype)
+        return buf
 
     def caches(self, member: int, layers: int, rows: int, heads: int, length: int, head_dim: int, like: torch.Tensor):
         """Per layer (k, v) self-attention caches for a batch of ROWS rows, (ROWS, HEADS, >= LENGTH,
@@ -123,7 +158,8 @@ class CompiledStep:
         if held is None or held[0][0].shape[0] != rows or held[0][0].shape[2] < length or len(held) != layers:
             shape = (rows, heads, max(length, held[0][0].shape[2] if held else 0), head_dim)
             self._caches[key] = None                               # the old buffers go before the new come
-            self._caches[key] = held = [(like.new_zeros(shape), like.new_zeros(shape)) for _ in range(layers)]
+            self._caches[key] = held = [(self._new(shape, like.dtype), self._new(shape, like.dtype))
+                                        for _ in range(layers)]
         return held
 
     def __call__(self, state: dict, n_nodes: int, span: int, topk: int, width: int, min_len: int) -> torch.Tensor:
@@ -183,23 +219,26 @@ class FixedBatch:
         length_cap = self.length_cap = _round_up(self.max_len + 1)
         src_tokens, src_lengths = engine._collate_src([src_ids[s] for s in self.sources])
         src_len = _round_up(src_tokens.shape[1])
-        to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)      # noqa: E731
-        s = {"pos": torch.zeros((), dtype=torch.long, device=dev),
-             "row_req": to(row_req), "seeds": to(seeds), "row_limit": to(row_limit),
-             "active": to(self.eager_row >= 0),
-             "node_of_row": to(np.arange(rows) // max(1, self.per_source)),
-             "node_token": torch.full((rows,), engine.eos, dtype=torch.long, device=dev),
-             "rep": to(np.where(np.arange(rows) < self.n_src, np.arange(rows) * self.per_source, 0)),
-             "tokens": torch.full((rows, self.max_len + 2), engine.eos, dtype=torch.long, device=dev),
-             "score": torch.zeros(rows, device=dev),
-             "length": torch.full((rows,), -1, dtype=torch.long, device=dev),
-             "self_mask_base": torch.arange(length_cap, device=dev).view(1, 1, 1, length_cap),
+        # Every tensor the step reads or updates lives in the step's buffers (CompiledStep.put).
+        put, fill, long = step.put, step.fill, torch.long
+        s = {"pos": fill("pos", (), long, 0),
+             "row_req": put("row_req", row_req), "seeds": put("seeds", seeds), "row_limit": put("row_limit", row_limit),
+             "active": put("active", self.eager_row >= 0),
+             "node_of_row": put("node_of_row", np.arange(rows) // max(1, self.per_source)),
+             "node_token": fill("node_token", (rows,), long, engine.eos),
+             "rep": put("rep", np.where(np.arange(rows) < self.n_src, np.arange(rows) * self.per_source, 0)),
+             # each row's tokens after the </s> it starts with; as wide as the cache, so that batches
+             # of a length bucket share the buffer
+             "tokens": fill("tokens", (rows, length_cap + 1), long, engine.eos),
+             "score": fill("score", (rows,), torch.float32, 0.0),
+             "length": fill("length", (rows,), long, -1),
+             "self_mask_base": put("self_mask_base", np.arange(length_cap).reshape(1, 1, 1, length_cap)),
              "caches": [], "cross": [], "cross_mask": []}
         for m, (model, member) in enumerate(zip(engine.models, step.module.members)):
             enc = model.encoder.forward_torchscript({"src_tokens": src_tokens, "src_lengths": src_lengths})
             cross, mask = member.cross_kv(enc, self.n_src, src_len)
-            s["cross"].append(cross)
-            s["cross_mask"].append(mask)
+            s["cross"].append([(put(f"cross_k{m}.{i}", k), put(f"cross_v{m}.{i}", v)) for i, (k, v) in enumerate(cross)])
+            s["cross_mask"].append(put(f"cross_mask{m}", mask))
             k0 = cross[0][0]
             # One position more than a step attends to: the span is then always a strict slice of the
             # cache (were they equal in the first batch, the compiled step would guard on it).
@@ -207,7 +246,8 @@ class FixedBatch:
         packs = [engine.banned_packs(r.banned_words) for r in reqs]
         self.ban_width = 0
         if any(map(any, packs)):
-            s.update(_ban_tensors(BanTable.from_packs(packs, len(engine.tgt_dict), dev), rows))
+            bans = _ban_tensors(BanTable.from_packs(packs, len(engine.tgt_dict), dev), rows)
+            s.update({name: put(name, t) for name, t in bans.items()})
             self.ban_width = s["ban_single"].shape[1] + s["ban_state"].shape[1] * s["ban_emits"].shape[1]
         self.state = s
 
