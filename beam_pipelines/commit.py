@@ -14,11 +14,11 @@ import logging
 
 from common import storage
 from common.cli import JobFailed, UsageError
-from paracorpus.commit import Claim, publish, read_manifest
+from paracorpus.commit import WORK, Claim, publish, read_manifest, remove_unlisted
 
 log = logging.getLogger("paragen")
 
-__all__ = ["Claim", "refuse_to_replace", "commit"]
+__all__ = ["Claim", "refuse_to_replace", "commit", "finish_cleanup"]
 
 
 def refuse_to_replace(output: str, manifest_name: str, what: str, allowed: bool) -> None:
@@ -45,3 +45,19 @@ def commit(output: str, manifest_name: str, manifest: dict, tables: tuple[str, .
     log.info("published run %s: %d files; removed %d files of earlier runs and attempts", manifest.get("run_id"),
              sum(len(v) for v in manifest.get("files", {}).values()), len(removed))
     return removed
+
+
+def finish_cleanup(output: str, manifest_name: str, tables: tuple[str, ...]) -> list[str] | None:
+    """The clean-up of OUTPUT's committed run, finished: a run stopped after its manifest was
+    written (its unit files, the files of the run it replaced, its _work are still there) is
+    cleaned up by the next start of the same command, under the claim. The removed files, or None
+    when there was nothing to finish (no _work)."""
+    manifest = read_manifest(output, manifest_name)
+    if manifest is None or not storage.exists(storage.join(output, WORK)):
+        return None
+    with Claim(output, manifest["run_id"]):
+        removed = remove_unlisted(output, manifest, tables)
+    print(f"finished the clean-up of run {manifest['run_id']} (stopped after it was published): removed "
+          f"{len(removed)} files it does not list, and its _work", flush=True)
+    return removed
+

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from beam_pipelines.commit import Claim, commit
+from beam_pipelines.commit import Claim, commit, finish_cleanup
 from beam_pipelines.generation.check import check
 from beam_pipelines.generation.decode import decode
 from beam_pipelines.generation.dry_run import dry_run
@@ -52,6 +52,7 @@ def run(argv=None) -> dict:
             return dry_run(job, request, inputs)        #    the plan and its estimate; nothing written
         plan = plan_run(job, request, inputs)           #    new, the stopped one continued, or done
         if plan.done:
+            finish_cleanup(plan.output, MANIFEST, TABLES)   # a stop after the manifest left it
             return report_already_done(plan.run_id, plan.output)
         with Claim(plan.output, plan.run_id) as claim:
             stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)

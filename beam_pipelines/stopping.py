@@ -87,21 +87,39 @@ class Stopping:
     """While active (a context manager), SIGTERM and SIGINT stop the job as the module doc says.
     PROGRESS() -> a few words on what is kept (e.g. '12 of 18 work units committed'), CLEANUP()
     releases what the job holds (its claim); both run under the deadline. Signals are only
-    handled in the main thread; elsewhere (a job run from a thread) the defaults stay."""
+    handled in the main thread; elsewhere (a job run from a thread) the defaults stay.
+
+    A signal handler runs in the main thread between two bytecodes, wherever that thread was (in
+    the middle of a write, holding a lock): taking locks, logging or I/O there can deadlock or
+    re-enter. So the handler does nothing but hold the main thread still (a sleep, which takes
+    no lock) unless a step that must finish is running (the manifest's write, :meth:`critical`).
+    The signal itself reaches a thread of this class through Python's wakeup file descriptor
+    (``signal.set_wakeup_fd``, written by the interpreter's C-level handler): the first signal
+    starts the deadline and a thread that ends the job (:meth:`end`: the claim released first,
+    the worker processes stopped, one line); a second one prints the line at once and exits."""
 
     def __init__(self, what: str, progress=None, cleanup=None, grace: float = GRACE_SECONDS):
         self.what, self.progress, self.cleanup, self.grace = what, progress, cleanup, grace
         self._previous: dict = {}
         self._deferred = 0
         self._pending: int | None = None
+        self._signalled: int | None = None        # the first signal's number
+        self._published: str | None = None        # what the committed manifest made public, once written
+        self._pipe: tuple[int, int] | None = None
+        self._previous_wakeup = -1
 
     def __enter__(self):
         if not _ACTIVE:
             _OTHERS.clear()
             _OTHERS.update(c.pid for c in _descendants())
         if threading.current_thread() is threading.main_thread():
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            self._pipe = (read, write)
+            self._previous_wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
             for sig in _SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
+            threading.Thread(target=self._read_signals, args=(read,), name="paragen-signals", daemon=True).start()
         _ACTIVE.append(self)
         return self
 
@@ -109,6 +127,10 @@ class Stopping:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            os.close(self._pipe[1])              # the reader sees the end of the pipe and returns
+            self._pipe = None
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         return False
@@ -119,20 +141,65 @@ class Stopping:
 
     @contextlib.contextmanager
     def critical(self):
-        """A step that must not be cut in half (writing the manifest): a signal waits for its end."""
+        """A step that must not be cut in half (writing the manifest): a signal waits for its end
+        (its deadline runs from the signal all the same). Yields this object: the step calls
+        :meth:`published` once its result is public, so that a stop after it says so. A step
+        that starts after a signal does not start: the job is ending."""
+        if self._signalled is not None and not self._deferred:
+            _park()
         self._deferred += 1
         try:
-            yield
+            yield self
         finally:
             self._deferred -= 1
             if not self._deferred and self._pending is not None:
                 self._stop(self._pending)
 
+    def published(self, what: str) -> None:
+        """WHAT (e.g. 'run X is published') is public now: a stop from here on says so, and that
+        the same command finishes the clean-up."""
+        self._published = what
+
     def _on_signal(self, signum, _frame):
+        # The main thread's part: stay still while the job is ended from another thread, unless
+        # the manifest is being written (it finishes, then the stop runs: critical()).
         if self._deferred:
             self._pending = signum
             return
-        self._stop(signum)
+        _park()
+
+    def _read_signals(self, read: int) -> None:
+        """The signals, from the wakeup pipe: the first starts the deadline and the stop, a second
+        ends the process at once."""
+        try:
+            while True:
+                data = os.read(read, 64)
+                if not data:
+                    return
+                for signum in data:
+                    if signum in _SIGNALS:
+                        self._signal(signum)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(read)
+
+    def _signal(self, signum: int) -> None:
+        code = 128 + signum
+        if self._signalled is not None:            # a second signal: the line now, then out
+            kill_descendants()
+            _say(self._line(f"{self.what} stopped by {signal.Signals(signum).name} twice: not waiting for the "
+                            "clean-up", "", 0, None))
+            os._exit(code)
+        self._signalled = signum
+        _deadline(self.grace, code, lambda: self._line(f"{self.what} stopped by {signal.Signals(signum).name}; the "
+                                                       f"clean-up outlasted the {self.grace:.0f}-s grace period",
+                                                       "", 0, None))
+        if self._deferred:
+            self._pending = signum                 # critical() runs the stop when the step ends
+            return
+        threading.Thread(target=self._stop, args=(signum,), name="paragen-stop", daemon=True).start()
 
     def _stop(self, signum: int) -> None:
         self.end(f"{self.what} stopped by {signal.Signals(signum).name}", 128 + signum)
@@ -142,40 +209,104 @@ class Stopping:
         words in WORK/error.log."""
         return lambda why, text: self.end(why, 1, text, storage.join(work, "error.log"))
 
+    def _line(self, why: str, kept: str, workers: int, seconds: float | None) -> str:
+        if self._published:
+            tail = (f"; {self._published}, its clean-up (files it does not list, the run's _work) cut short: run "
+                    "the same command again to finish it")
+        else:
+            tail = (f"; {kept}" if kept else "") + "; run the same command again to continue"
+        return (f"error: {why}" + (f"; {workers} worker process(es) stopped" if workers else "")
+                + (f" ({seconds:.1f}s)" if seconds is not None else "") + tail)
+
     def end(self, why: str, code: int, log_text: str = "", log_path: str | None = None) -> None:
-        """End the process now, from any thread: the worker processes stopped, what is held
-        released, one line (WHY; what is kept), exit status CODE; within the grace period.
-        LOG_TEXT is written to LOG_PATH first (a traceback for a person)."""
+        """End the process now, from any thread but a signal handler: what is held released
+        first, the worker processes stopped, one line (WHY; what is kept), exit status CODE;
+        within the grace period. LOG_TEXT is written to LOG_PATH first (a traceback for a
+        person)."""
         _once()
-        deadline = threading.Timer(self.grace, os._exit, (code,))   # whatever hangs below, the process ends
-        deadline.daemon = True
-        deadline.start()
+        _deadline(self.grace, code, lambda: self._line(why + f"; the clean-up outlasted the {self.grace:.0f}-s grace "
+                                                       "period", "", 0, None))
         started = time.monotonic()
         # what the runner's threads say about the connections to the workers going away is noise now
         logging.disable(logging.CRITICAL)
         threading.excepthook = lambda _args: None
+        for active in reversed([*_ACTIVE, self] if self not in _ACTIVE else _ACTIVE):   # a refresh's job too
+            with contextlib.suppress(Exception):
+                if active.cleanup:
+                    active.cleanup()               # the claim first: the next start must not wait for it
         workers = stop_descendants()
         kept = ""
-        with contextlib.suppress(Exception):
-            kept = self.progress() if self.progress else ""
+        if not self._published:
+            # Listing what is committed may take long on a slow store: what is left of the grace
+            # period, less a second for the line, bounds it.
+            kept = _bounded(self.progress, self.grace - (time.monotonic() - started) - 1.0) or ""
         if log_path:
             with contextlib.suppress(Exception):
                 storage.write_bytes(log_path, log_text.encode("utf-8", "replace"))
                 kept += f"; traceback in {log_path}"
-        for active in reversed([*_ACTIVE, self] if self not in _ACTIVE else _ACTIVE):   # a refresh's job too
-            with contextlib.suppress(Exception):
-                if active.cleanup:
-                    active.cleanup()
-        line = (f"error: {why}" + (f"; {kept}" if kept else "")
-                + (f"; {workers} worker process(es) stopped" if workers else "")
-                + f" ({time.monotonic() - started:.1f}s); run the same command again to continue")
-        for stream in dict.fromkeys((sys.stderr, sys.__stderr__)):     # a refresh's log, and the terminal
-            with contextlib.suppress(Exception):
-                print(line, file=stream, flush=True)
+        _say(self._line(why, kept, workers, time.monotonic() - started))
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         logging.shutdown()
         os._exit(code)
+
+
+def _park() -> None:
+    """Hold this thread (the main one, in a signal handler) until another ends the process."""
+    while True:
+        time.sleep(3600)
+
+
+_DEADLINE: list = []
+
+
+def _deadline(grace: float, code: int, line) -> None:
+    """From now on the process ends within GRACE seconds, whatever hangs: LINE() printed, exit
+    status CODE (started once; later calls keep the first)."""
+    if _DEADLINE:
+        return
+
+    def fire():
+        with contextlib.suppress(Exception):
+            _say(line())
+        os._exit(code)
+    timer = threading.Timer(grace, fire)
+    timer.daemon = True
+    _DEADLINE.append(timer)
+    timer.start()
+
+
+def _bounded(fn, seconds: float) -> str | None:
+    """FN() if it returns within SECONDS, else None (it goes on in a thread the exit ends)."""
+    if fn is None or seconds <= 0:
+        return None
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return out[0] if out else None
+
+
+def _say(line: str) -> None:
+    """LINE on the terminal and on a refresh's log (sys.stderr), written without the streams'
+    locks: the thread that held one may be stopped in the middle of a write."""
+    data = (line + "\n").encode("utf-8", "replace")
+    fds = {2}
+    with contextlib.suppress(Exception):
+        fds.add(sys.stderr.fileno())
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.write(fd, data)
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process the job started, without waiting (a second signal: no time left)."""
+    import psutil
+
+    for child in _descendants():
+        if child.pid not in _OTHERS:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 class RunnerNoise(logging.Filter):

@@ -45,6 +45,8 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from common.crash_points import storage_op
+
 log = logging.getLogger("paragen.storage")
 _FS_CACHE: dict = {}
 _FS_LOCK = threading.Lock()
@@ -361,6 +363,7 @@ def _url_of(base_url: str, base_inner: str, inner: str) -> str:
 def list_files(path: str, recursive: bool = True) -> list[str]:
     """Files under the directory (or prefix) PATH, sorted, as paths of the same kind as PATH.
     Hidden names (a part starting with '.' or '_') are included; callers filter."""
+    storage_op("list", path)
     fs, inner = resolve(path)
     try:
         infos = retrying(path, fs.get_file_info, pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
@@ -372,6 +375,7 @@ def list_files(path: str, recursive: bool = True) -> list[str]:
 def listdir(path: str) -> list[str]:
     """Names directly under PATH (files and directories), sorted. On object stores from a
     recursive listing: GCS lists no 'directory' that is only a prefix of objects."""
+    storage_op("list", path)
     fs, inner = resolve(path)
     try:
         return retrying(path, _listdir, fs, inner)
@@ -484,7 +488,10 @@ def open_random_access(path: str):
 def open_output(path: str):
     """Write PATH as a whole: yields a binary stream; readers see the old file (or none) until the
     block succeeds, then the new one. Local: a hidden temporary name, then a rename. Object stores:
-    the upload completes (and the object appears) when the stream closes without an error."""
+    the upload completes (and the object appears) when the stream closes without an error.
+    Local files are on the disk (fsync of the file, then of its directory after the rename)
+    before this returns: a manifest written after them never lists a file a power loss empties."""
+    storage_op("write", path)
     fs, inner = resolve(path)
     if fs.type_name == "local":
         directory = os.path.dirname(inner)
@@ -493,7 +500,10 @@ def open_output(path: str):
         try:
             with open(tmp, "wb") as f:
                 yield f
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, inner)
+            _fsync_dir(directory)
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -504,6 +514,17 @@ def open_output(path: str):
         yield spool
         spool.flush()
         retrying(path, _upload, fs, inner, spool)
+
+
+def _fsync_dir(directory: str) -> None:
+    """The directory's entries on the disk (a rename or a new name survives a power loss)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass                      # some file systems cannot sync a directory; the file itself is synced
+    finally:
+        os.close(fd)
 
 
 def _upload(fs, inner: str, spool) -> None:
@@ -547,6 +568,7 @@ def write_json(path: str, obj, indent: int | None = 2, **dump_kw) -> str:
 
 def delete(path: str) -> None:
     """Remove the file PATH (no error if it is already gone)."""
+    storage_op("delete", path)
     fs, inner = resolve(path)
     with contextlib.suppress(FileNotFoundError):
         retrying(path, fs.delete_file, inner)
@@ -554,6 +576,7 @@ def delete(path: str) -> None:
 
 def delete_tree(path: str) -> None:
     """Remove the directory or prefix PATH and everything under it (no error if absent)."""
+    storage_op("delete_tree", path)
     fs, inner = resolve(path)
     info = _info(path)
     if info.type == pafs.FileType.File:

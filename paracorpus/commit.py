@@ -220,10 +220,13 @@ def committed_files(output: str, table: str, manifest_name: str = "_manifest.jso
 def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...],
             guard=contextlib.nullcontext) -> list[str]:
     """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME (inside
-    GUARD(): a signal waits for it), then remove what it does not list (remove_unlisted). Returns
-    the removed files."""
-    with guard():
+    GUARD(): a signal waits for it, and is told once the run is public), then remove what it does
+    not list (remove_unlisted; a stop during it leaves the rest to the next start:
+    beam_pipelines/commit.finish_cleanup). Returns the removed files."""
+    with guard() as guarded:
         storage.write_json(storage.join(output, manifest_name), manifest)
+        if guarded is not None:
+            guarded.published(f"run {manifest.get('run_id')} is published")
     return remove_unlisted(output, manifest, tables)
 
 

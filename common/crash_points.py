@@ -1,0 +1,51 @@
+"""Stopping a job at one of its storage operations, on purpose: the hook of the crash-point harness
+(tests/crash_points.py, bench/bench_crash_points.py; issue 53).
+
+ALICE (Pillai et al., OSDI 2014) and SQLite's crash tests stop a program at every I/O operation and
+check what a reader sees and what recovery does. The jobs' storage operations all go through
+common/storage.py, which calls :func:`storage_op` before each write, delete and listing. With
+neither variable set that is one dictionary lookup; with them:
+
+* ``PARAGEN_STORAGE_TRACE=FILE`` appends ``<n> <kind> <path>`` to FILE for each operation of this
+  process (how a harness learns how many there are, and which);
+* ``PARAGEN_CRASH_AT=N:SIG`` sends signal SIG (``KILL``, ``TERM``, ``INT``) to this process just
+  before its Nth operation (counted from 1); ``PARAGEN_CRASH_AT=~SUFFIX:SIG`` before the first
+  operation on a path ending in SUFFIX (``~_manifest.json:TERM``: while the manifest is written).
+
+Both are read by the process that does the operation: the DirectRunner's worker processes inherit
+them and count their own operations, so a harness wanting one sequence runs the job in one
+process (the in-memory runner).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+_LOCK = threading.Lock()
+_COUNT = [0]
+_FIRED = [False]
+
+
+def storage_op(kind: str, path: str) -> None:
+    """Called by common/storage.py before each storage operation KIND on PATH."""
+    trace, crash = os.environ.get("PARAGEN_STORAGE_TRACE"), os.environ.get("PARAGEN_CRASH_AT")
+    if not trace and not crash:
+        return
+    with _LOCK:
+        _COUNT[0] += 1
+        n = _COUNT[0]
+        if trace:
+            with open(trace, "a", encoding="utf-8") as f:
+                f.write(f"{n} {kind} {path}\n")
+        if not crash or _FIRED[0]:
+            return
+        where, _, name = crash.rpartition(":")
+        hit = path.endswith(where[1:]) if where.startswith("~") else where == str(n)
+        if not hit:
+            return
+        _FIRED[0] = True
+    os.kill(os.getpid(), getattr(signal, f"SIG{name.upper()}"))
+
+
+__all__ = ["storage_op"]
