@@ -31,17 +31,20 @@ def refuse_to_replace(output: str, manifest_name: str, what: str, allowed: bool)
 
 
 def commit(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...], work: str,
-           problem: JobFailed | None = None, guard=contextlib.nullcontext) -> list[str]:
+           problem: JobFailed | None = None, guard=contextlib.nullcontext, claim: Claim | None = None) -> list[str]:
     """Publish MANIFEST as OUTPUT/MANIFEST_NAME (the files it does not list under TABLES, and the
     run's _work, are removed after); the removed files. With a PROBLEM (counts that do not
     reconcile, nothing to publish) nothing is published: the manifest is kept as WORK/manifest.json
     for a person to read, and PROBLEM is raised. Either way the run committed before stays whole
     until this one's manifest replaces it. GUARD (stopping.Stopping.critical) keeps a signal from
-    cutting the manifest's write in half."""
+    cutting the manifest's write in half; CLAIM, this run's, is checked before the manifest and
+    before any delete (a run that lost it stops, exit 75, touching nothing)."""
+    if claim is not None:
+        claim.check()
     if problem is not None:
         storage.write_json(storage.join(work, "manifest.json"), manifest)
         raise problem
-    removed = publish(output, manifest_name, manifest, tables, guard)
+    removed = publish(output, manifest_name, manifest, tables, guard, claim.check if claim is not None else None)
     log.info("published run %s: %d files; removed %d files of earlier runs and attempts", manifest.get("run_id"),
              sum(len(v) for v in manifest.get("files", {}).values()), len(removed))
     return removed
@@ -55,7 +58,8 @@ def finish_cleanup(output: str, manifest_name: str, tables: tuple[str, ...]) -> 
     manifest = read_manifest(output, manifest_name)
     if manifest is None or not storage.exists(storage.join(output, WORK)):
         return None
-    with Claim(output, manifest["run_id"]):
+    with Claim(output, manifest["run_id"]) as claim:
+        claim.check()
         removed = remove_unlisted(output, manifest, tables)
     print(f"finished the clean-up of run {manifest['run_id']} (stopped after it was published): removed "
           f"{len(removed)} files it does not list, and its _work", flush=True)

@@ -295,7 +295,7 @@ def run(argv=None) -> dict:
 def _run(argv: list[str], stopping: Stopping) -> dict:
     job = check(argv)                                   # 1. check: refused before anything is written
     run_id, started, output = new_run_id(), time.time(), job.output
-    with Claim(output, run_id) as claim:
+    with Claim(output, run_id, on_lost=lambda why: stopping.end(why, 75)) as claim:
         stopping.watch(f"filter run {run_id}", lambda: "nothing published (a filter run starts again from the start)",
                        claim.release)
         cfg = job.cfg
@@ -315,7 +315,7 @@ def _run(argv: list[str], stopping: Stopping) -> dict:
                                                         storage.join(output, "report"), cfg, manifest)
             print(f"report: {storage.join(output, 'report', 'report.md')}", flush=True)
         commit(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES, work, problem,
-               stopping.critical)                      # 5. commit
+               stopping.critical, claim)               # 5. commit
     if manifest["kept"] == 0:
         # published (its report says why), but a scheduler must notice an empty corpus
         top = top_reasons(manifest["rejected_by_reason"])

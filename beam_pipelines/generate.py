@@ -54,14 +54,16 @@ def run(argv=None) -> dict:
         if plan.done:
             finish_cleanup(plan.output, MANIFEST, TABLES)   # a stop after the manifest left it
             return report_already_done(plan.run_id, plan.output)
-        with Claim(plan.output, plan.run_id) as claim:
+        # a run that loses its claim (another writer took OUT over) stops at once, exit 75
+        with Claim(plan.output, plan.run_id, on_lost=lambda why: stopping.end(why, 75)) as claim:
             stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)
             finished = record_plan(plan, job, request, inputs)
             # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept
             counters, elapsed, sharing = decode(job, plan, inputs, finished, stopping)
             outcome = collect(job, request, inputs, plan, counters, elapsed, sharing)
             try:                                        # 5. commit: publish only if the counts reconcile
-                commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical)
+                commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical,
+                       claim)
             finally:                                    # 6. report, published or not
                 report_generation(outcome.manifest, counters, elapsed, plan.output)
     return outcome.manifest

@@ -345,7 +345,7 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
     root = req.root
     storage.makedirs(root)
     run_id = new_run_id()
-    with Claim(root, run_id, name=LOCK) as lease:       # 2. claim: one refresh at a time
+    with Claim(root, run_id, name=LOCK, on_lost=lambda why: stopping.end(why, 75)) as lease:   # 2. one refresh at a time
         stopping.watch(f"refresh {run_id}", lambda: "latest unchanged", lease.release)
         previous = latest_run(root)
         out = storage.join(root, "runs", run_id)
@@ -358,7 +358,9 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
                 return {"run_id": run_id, "noop": True, "latest": previous}
             if req.filter_args:
                 filter_run(req, run_id, log_file, log_path)                    # 4. the filter job
+            lease.check()                       # a refresh that lost its lease moves and removes nothing
             publish_latest(root, run_id)                                        # 5. publish: latest moves
+            lease.check()
             removed = prune(root, req.keep, bool(req.filter_args), run_id)      # 6. retention
             print(f"refresh {run_id} done; latest -> runs/{run_id}; removed {len(removed)} old run(s)", flush=True)
             return {"run_id": run_id, "noop": False, "latest": out, "removed": removed}

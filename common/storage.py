@@ -540,6 +540,76 @@ def _upload(fs, inner: str, spool) -> None:
     stream.close()
 
 
+def create_new(path: str, data: bytes) -> bool | None:
+    """Write DATA as PATH only if nothing is there, in one step no other writer can split: True if
+    this call created it, False if PATH existed. A local disk links a fully written temporary file
+    to the name (``link`` fails if the name exists); S3 puts with ``If-None-Match: *``
+    (conditional writes, 2024; a retried put that had succeeded answers 412 as well, so the
+    caller reads PATH back to tell). Stores with no conditional create here (GCS through
+    pyarrow, HDFS) write when PATH is absent and return None: two writers in the same instant may
+    both write, the last one wins, and the caller must read PATH back to learn which."""
+    storage_op("write", path)
+    fs, inner = resolve(path)
+    if fs.type_name == "local":
+        directory = os.path.dirname(inner)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(inner)}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, inner)
+            except FileExistsError:
+                return False
+            _fsync_dir(directory)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+    if path.split("://", 1)[0].lower() == "s3":
+        bucket, _, key = inner.partition("/")
+        client = _cached("boto3-s3", _boto3_s3)
+        return retrying(path, _put_if_absent, client, bucket, key, data)
+    if exists(path):
+        return False
+    write_bytes(path, data)
+    return None
+
+
+def _boto3_s3():
+    import boto3
+    from botocore.config import Config
+
+    t = timeout_seconds()
+    return boto3.client("s3", endpoint_url=_s3_endpoint(), region_name=os.environ.get("AWS_REGION")
+                        or os.environ.get("AWS_DEFAULT_REGION") or None,
+                        config=Config(connect_timeout=t / 3, read_timeout=t / 3, retries={"max_attempts": 1}))
+
+
+def _put_if_absent(client, bucket: str, key: str, data: bytes) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        return True
+    except ClientError as exc:
+        err, meta = exc.response.get("Error", {}), exc.response.get("ResponseMetadata", {})
+        status = meta.get("HTTPStatusCode")
+        if err.get("Code") == "PreconditionFailed" or status == 412:
+            return False
+        if status == 501 or err.get("Code") == "NotImplemented":
+            # an S3-compatible store without conditional writes: as GCS here (the caller reads back)
+            client.put_object(Bucket=bucket, Key=key, Body=data)
+            return None
+        if status == 409:            # ConditionalRequestConflict: another conditional write in flight
+            raise OSError(f"S3 {err.get('Code')} (HTTP 409, a conditional write in flight): retry") from None
+        raise OSError(f"S3 {err.get('Code')}: {err.get('Message')} (HTTP status {status})") from None
+    except BotoCoreError as exc:
+        raise OSError(f"S3: {exc}") from None
+
+
 def read_bytes(path: str) -> bytes:
     with open_input(path) as f:
         return f.read()

@@ -13,14 +13,18 @@ Object stores cannot rename a directory, so a run is never "moved into place". I
   the run's ``_work`` are removed.
 
 A committed run stays readable until a new run commits over it, so a rerun that fails destroys
-nothing. ``OUT/_owner.json`` names the run writing in OUT (host, pid, a heartbeat renewed every
-30 s); a second writer is refused while it is alive. Object stores have no atomic create-if-
-absent here, so the claim is written and read back: of two runs that start within the same
-instant, the one whose record was overwritten steps back.
+nothing. ``OUT/_owner.json`` names the run writing in OUT (a random token, host, pid, a heartbeat
+renewed every 30 s), created only if absent (a local link, S3's ``If-None-Match: *``); a second
+writer is refused while it is alive, and the holder checks the token is still its own before
+the manifest and before any delete. On stores without a conditional create here (GCS, HDFS) the
+record is written and read back: two runs that start within the same instant may both pass, and
+the checks stop the one whose token was overwritten (exit 75) before it writes a manifest or
+removes a file.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import posixpath
 import socket
@@ -55,10 +59,31 @@ def work_dir(output: str, run_id: str) -> str:
     return storage.join(output, WORK, check_run_id(run_id))
 
 
+def _process_identity() -> dict:
+    """What tells this process apart from one with the same pid elsewhere: the host name, the
+    kernel's boot id and the pid namespace (pods with host networking share a host name, not
+    their pids)."""
+    ident = {"host": socket.gethostname(), "pid": os.getpid()}
+    with contextlib.suppress(OSError):
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            ident["boot_id"] = f.read().strip()
+    with contextlib.suppress(OSError):
+        ident["pid_ns"] = os.stat("/proc/self/ns/pid").st_ino
+    return ident
+
+
+def _same_pid_space(owner: dict) -> bool:
+    """True when OWNER's pid means a process of this machine's pid namespace."""
+    mine = _process_identity()
+    if owner.get("host") != mine["host"] or not owner.get("pid"):
+        return False
+    return all(owner.get(k) == mine.get(k) for k in ("boot_id", "pid_ns") if k in owner or k in mine)
+
+
 def _owner_alive(owner: dict) -> tuple[bool, str]:
     """(alive?, why) for the owner record OWNER."""
     age = time.time() - float(owner.get("heartbeat", 0))
-    if owner.get("host") == socket.gethostname() and owner.get("pid"):
+    if _same_pid_space(owner):
         try:
             os.kill(int(owner["pid"]), 0)
         except ProcessLookupError:
@@ -71,60 +96,84 @@ def _owner_alive(owner: dict) -> tuple[bool, str]:
 
 
 class Claim:
-    """This run's claim on OUT: the owner record (OUT/NAME), renewed by a heartbeat thread until
-    released; a lease others respect while its holder is alive and its heartbeat fresh."""
+    """This run's claim on OUT: the owner record (OUT/NAME) with a random token, created only if
+    absent (storage.create_new: a local link, S3's If-None-Match; read back on stores without a
+    conditional create) and renewed by a heartbeat thread until released; a lease others respect
+    while its holder is alive and its heartbeat fresh. The holder checks that the record still
+    carries its token before every step others would see (:meth:`check`: before the manifest,
+    before deleting); a heartbeat that finds another token calls ON_LOST(why) (the job stops,
+    exit status 75, touching nothing)."""
 
-    def __init__(self, output: str, run_id: str, name: str = OWNER):
+    def __init__(self, output: str, run_id: str, name: str = OWNER, on_lost=None):
         self.output, self.run_id = output, run_id
         self.path = storage.join(output, name)
+        self.token = uuid.uuid4().hex
+        self.on_lost = on_lost
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started = time.time()
 
     def _record(self) -> dict:
-        return {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
-                "started": self._started, "heartbeat": time.time()}
+        return {"run_id": self.run_id, "token": self.token, **_process_identity(), "started": self._started,
+                "heartbeat": time.time()}
+
+    def _busy(self, owner: dict, why: str) -> OutputBusy:
+        return OutputBusy(f"{self.output} is being written by run {owner.get('run_id')} ({why}); wait for it to "
+                          "finish (a second writer would mix their files); a holder stopped without a word "
+                          f"(SIGKILL, a lost node) is taken over once its heartbeat is {STALE_SECONDS:.0f} s old")
 
     def acquire(self) -> "Claim":
-        """Write the owner record, or OutputBusy (exit status 75: try again later) if another live
-        run holds OUT."""
-        if storage.exists(self.path):
+        """Create the owner record, or OutputBusy (exit status 75: try again later) if another live
+        run holds OUT (another process of the same run, the same command started twice, too)."""
+        for _ in range(5):
+            created = storage.create_new(self.path, json.dumps(self._record(), indent=2).encode())
             owner = _read_owner(self.path)
-            mine = owner and owner.get("run_id") == self.run_id and owner.get("pid") == os.getpid() \
-                and owner.get("host") == socket.gethostname()
-            # another process of the same run (the same command started twice) is a second writer too
-            if owner and not mine:
-                alive, why = _owner_alive(owner)
-                if alive:
-                    raise OutputBusy(f"{self.output} is being written by run {owner.get('run_id')} ({why}); "
-                                     "wait for it to finish (a second writer would mix their files); a holder "
-                                     f"stopped without a word (SIGKILL, a lost node) is taken over once its heartbeat "
-                                     f"is {STALE_SECONDS:.0f} s old")
-        self._started = time.time()
-        storage.write_json(self.path, self._record())
-        time.sleep(0.05)
-        owner = _read_owner(self.path)
-        if not owner or owner.get("run_id") != self.run_id:
-            raise OutputBusy(f"{self.output}: another run ({(owner or {}).get('run_id')}) claimed it at the same time")
+            if owner is not None and owner.get("token") == self.token:
+                break                              # ours (a retried create that had succeeded, too)
+            if created or owner is None:           # a rival replaced or removed it in between: look again
+                time.sleep(0.05)
+                continue
+            alive, why = _owner_alive(owner)
+            if alive:
+                raise self._busy(owner, why)
+            log.info("taking over %s from run %s: %s", self.output, owner.get("run_id"), why)
+            again = _read_owner(self.path)
+            if again is not None and again.get("token") == owner.get("token"):
+                storage.delete(self.path)          # the stale record; a rival taking over too: one create wins
+        else:
+            owner = _read_owner(self.path) or {}
+            raise OutputBusy(f"{self.output}: another run ({owner.get('run_id')}) claimed it at the same time")
         self._thread = threading.Thread(target=self._beat, name="paragen-heartbeat", daemon=True)
         self._thread.start()
         return self
 
+    def check(self) -> None:
+        """OutputBusy (exit 75) unless the owner record still carries this claim's token."""
+        owner = _read_owner(self.path)
+        if owner is None or owner.get("token") != self.token:
+            who = f"run {owner.get('run_id')} holds it now" if owner else "its owner record is gone"
+            raise OutputBusy(f"{self.output}: this run ({self.run_id}) lost its claim ({who}); it stops without "
+                             "writing or removing anything")
+
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             try:
-                owner = _read_owner(self.path)
-                if owner and owner.get("run_id") == self.run_id:
-                    storage.write_json(self.path, self._record())
+                self.check()
+                storage.write_json(self.path, self._record())
+            except OutputBusy as lost:
+                if self.on_lost is not None:
+                    self.on_lost(str(lost))
+                return
             except Exception:  # noqa: BLE001: a missed heartbeat is retried; the job goes on
                 pass
 
     def release(self) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         try:
             owner = _read_owner(self.path) if storage.exists(self.path) else None
-            if owner and owner.get("run_id") == self.run_id:
+            if owner and owner.get("token") == self.token:
                 storage.delete(self.path)
         except OSError as exc:      # a store that is away: the record goes stale, the next run takes over
             log.warning("could not remove the owner record %s (%s); the next run takes it over once it is stale",
@@ -218,15 +267,21 @@ def committed_files(output: str, table: str, manifest_name: str = "_manifest.jso
 
 
 def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...],
-            guard=contextlib.nullcontext) -> list[str]:
+            guard=contextlib.nullcontext, check=None) -> list[str]:
     """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME (inside
     GUARD(): a signal waits for it, and is told once the run is public), then remove what it does
     not list (remove_unlisted; a stop during it leaves the rest to the next start:
-    beam_pipelines/commit.finish_cleanup). Returns the removed files."""
+    beam_pipelines/commit.finish_cleanup). CHECK() (Claim.check) runs before the manifest and
+    before the first delete: a run that lost its claim writes and removes nothing. Returns the
+    removed files."""
     with guard() as guarded:
+        if check is not None:
+            check()
         storage.write_json(storage.join(output, manifest_name), manifest)
         if guarded is not None:
             guarded.published(f"run {manifest.get('run_id')} is published")
+    if check is not None:
+        check()
     return remove_unlisted(output, manifest, tables)
 
 

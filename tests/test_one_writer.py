@@ -1,0 +1,118 @@
+"""One writer per output, provably (issue 53): the owner record is created only if absent, with a
+random token, and checked again before the manifest and before any delete.
+
+- Processes that claim the same output (the same run id: one command started twice) behind a
+  barrier, round after round, on a local disk and in an S3 bucket (moto on loopback): exactly one
+  holds it each round, the others are told it is busy (exit 75). The owner record used to be
+  written and read back by run id, so both passed.
+- A run whose record another writer replaced stops before its manifest, exit 75, in one line,
+  writing and removing nothing.
+"""
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common.cli import OutputBusy
+from paracorpus.commit import Claim
+from tests.jobs import quick_args
+from tests.object_stores import s3_store  # noqa: F401: a fixture
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _contender(output: str, barrier, results, env: dict) -> None:
+    os.environ.update(env)
+    try:
+        barrier.wait(timeout=60)
+        claim = Claim(output, "the-same-run").acquire()
+    except OutputBusy:
+        results.put("busy")
+        return
+    results.put("held")
+    time.sleep(0.5)                    # held while the others try
+    claim.release()
+
+
+def _rounds(output_of, env: dict, rounds: int, contenders: int = 3) -> list[list[str]]:
+    ctx = multiprocessing.get_context("spawn")
+    out = []
+    for r in range(rounds):
+        barrier, results = ctx.Barrier(contenders), ctx.Queue()
+        procs = [ctx.Process(target=_contender, args=(output_of(r), barrier, results, env)) for _ in range(contenders)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        out.append(sorted(results.get(timeout=10) for _ in procs))
+    return out
+
+
+def test_claims_started_together_on_a_local_disk_leave_one_writer(tmp_path):
+    results = _rounds(lambda r: str(tmp_path / f"out{r}"), {}, rounds=20)
+    assert all(r == ["busy", "busy", "held"] for r in results), results
+    assert not any(os.path.exists(tmp_path / f"out{r}" / "_owner.json") for r in range(20))   # each released
+
+
+def test_claims_started_together_in_an_s3_bucket_leave_one_writer(s3_store):
+    bucket = s3_store.make_bucket()
+    results = _rounds(lambda r: f"s3://{bucket}/out{r}", s3_store.env, rounds=10)
+    assert all(r == ["busy", "busy", "held"] for r in results), results
+
+
+def test_a_claim_another_writer_took_fails_its_check_and_is_not_released(tmp_path):
+    out = str(tmp_path / "out")
+    mine = Claim(out, "r1").acquire()
+    record = json.load(open(os.path.join(out, "_owner.json")))
+    mine.check()
+    with open(os.path.join(out, "_owner.json"), "w") as f:            # another writer's record
+        json.dump({**record, "run_id": "r2", "token": "someone-else", "heartbeat": time.time()}, f)
+    with pytest.raises(OutputBusy, match="lost its claim .*run r2 holds it now"):
+        mine.check()
+    mine.release()
+    assert json.load(open(os.path.join(out, "_owner.json")))["token"] == "someone-else"     # not removed
+
+
+def test_a_dead_holders_claim_is_taken_over(tmp_path):
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with open(os.path.join(out, "_owner.json"), "w") as f:
+        json.dump({**Claim(out, "old")._record(), "token": "old", "pid": int(dead.stdout)}, f)
+    claim = Claim(out, "new").acquire()
+    assert json.load(open(os.path.join(out, "_owner.json")))["token"] == claim.token
+    claim.release()
+
+
+@pytest.mark.slow
+def test_a_run_that_lost_its_claim_stops_before_its_manifest_touching_nothing(tmp_path, tiny_nmt_models):
+    from tests.toydata import toy_bitext
+
+    bitext = tmp_path / "in.tsv"
+    bitext.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:48]))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate",
+                             *quick_args(str(bitext), out, tiny_nmt_models)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
+    owner = out / "_owner.json"
+    deadline = time.time() + 300
+    while not owner.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    record = json.load(open(owner))
+    # another writer takes OUT over (alive: this test's process, a fresh heartbeat)
+    owner.write_text(json.dumps({**record, "run_id": "the-other", "token": "theirs", "pid": os.getpid(),
+                                 "heartbeat": time.time() + 3600}))
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    _, err = proc.communicate(timeout=600)
+    err = err.decode(errors="replace")
+    assert proc.returncode == 75, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "lost its claim" in errors[0], err[-3000:]
+    assert not (out / "_manifest.json").exists()
+    after = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert set(before) <= after                                   # nothing removed
+    assert json.load(open(owner))["token"] == "theirs"            # their record left alone
