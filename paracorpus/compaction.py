@@ -171,17 +171,19 @@ def carry_item(table: str, location: str, input_shards: list[str], entry: dict) 
 
 
 def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: int, unit_records: list[dict],
-                  carries: list[dict], target: FileTarget) -> dict:
+                  carries: list[dict], target: FileTarget, plan_key: str = "") -> dict:
     """The record of one group, bin BIN_ in output partition PARTITION, after its unit files
     (UNIT_RECORDS: completion records of its units) and the rows it carries from an earlier run
     (CARRIES: carry_item) were rewritten as files of about TARGET: its files per table, counts
     (per input shard too), units and workers. A group compacted by an earlier attempt of the run
-    from the same units and carries is taken as it was (--resume)."""
+    from the same units and carries for the same plan (PLAN_KEY) is taken as it was (--resume);
+    one of another plan never is."""
     records = sorted(unit_records, key=lambda r: r["unit"])
     carries = sorted(carries, key=lambda c: (c["table"], c["location"]))
     units = [r["unit"] for r in records]
     carried = sorted({n for c in carries for n in c["input_shards"]})
-    signature = {"units": units, "carried_files": [[c["table"], c["location"], c["input_shards"]] for c in carries]}
+    signature = {"units": units, "carried_files": [[c["table"], c["location"], c["input_shards"]] for c in carries],
+                 "plan_key": plan_key}
     path = group_record_path(work, bin_, partition)
     if storage.isfile(path):
         earlier = storage.read_json(path)

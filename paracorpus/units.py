@@ -160,9 +160,10 @@ def _write_table(output: str, contract, rows: list, lang_pair: str, partition: i
 
 
 def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str, result: UnitResult,
-               seconds: float, input_shard: str) -> dict:
+               seconds: float, input_shard: str, plan_key: str = "") -> dict:
     """Write a unit's paraphrases and rejects (sorted, so reruns write the same bytes) and then its
-    completion record WORK/units/<unit>.json; returns that record."""
+    completion record WORK/units/<unit>.json, which names the plan it was decoded for (PLAN_KEY);
+    returns that record."""
     attempt = attempt_id()
     rows = sorted(result.rows, key=lambda r: (r["pair_id"], r["rank"]))
     rejects = sorted(result.rejects, key=lambda r: (r["input_shard"], r["input_index"]))
@@ -180,7 +181,7 @@ def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str
                          "paraphrase_rows": len(rows), "rejected": len(rejects),
                          "rejected_by_reason": dict(sorted(reasons.items()))},
               "counters": dict(result.counters), "worker": f"{socket.gethostname()}:{os.getpid()}",
-              "seconds": round(seconds, 3), "finished_at": time.time()}
+              "seconds": round(seconds, 3), "finished_at": time.time(), "plan_key": plan_key}
     check_manifest(record, UNIT_RECORD_KEYS, "unit record")
     check_manifest(record["counts"], UNIT_COUNT_KEYS, "unit counts")
     storage.write_json(unit_record_path(work, unit), record, indent=None)

@@ -166,14 +166,15 @@ class WriteUnit(beam.DoFn):
     """PredictionResult of a unit -> its files and completion record (paracorpus.units.write_unit)
     -> the record, for the run's summary."""
 
-    def __init__(self, output: str, work: str, lang_pair: str, num_output_shards: int, layout: dict):
+    def __init__(self, output: str, work: str, lang_pair: str, num_output_shards: int, layout: dict,
+                 plan_key: str = ""):
         self.output, self.work, self.lang_pair, self.num_output_shards = output, work, lang_pair, num_output_shards
-        self.layout = layout
+        self.layout, self.plan_key = layout, plan_key
 
     def write(self, prediction: PredictionResult) -> dict:
         unit, (result, seconds) = prediction.example, prediction.inference
         record = write_unit(self.output, self.work, unit, partition_of_unit(unit, self.layout, self.num_output_shards),
-                            self.lang_pair, result, seconds, input_shard_of(unit, self.layout))
+                            self.lang_pair, result, seconds, input_shard_of(unit, self.layout), self.plan_key)
         del prediction, result
         release_memory()              # the unit's buffers go back to the system: flat memory over units
         return record
@@ -186,15 +187,15 @@ class CompactGroup(beam.DoFn):
     """(group key, its units' completion records and carried files, tagged "unit" / "carry") ->
     the group's record, its files rewritten as files sized for readers (paracorpus/compaction.py)."""
 
-    def __init__(self, output: str, work: str, lang_pair: str, target):
-        self.output, self.work, self.lang_pair, self.target = output, work, lang_pair, target
+    def __init__(self, output: str, work: str, lang_pair: str, target, plan_key: str = ""):
+        self.output, self.work, self.lang_pair, self.target, self.plan_key = output, work, lang_pair, target, plan_key
 
     def process(self, keyed):
         bin_, partition = keyed[0].split("\0")
         items = list(keyed[1])
         record = compact_group(self.output, self.work, self.lang_pair, bin_, int(partition),
                                [r for tag, r in items if tag == "unit"], [c for tag, c in items if tag == "carry"],
-                               self.target)
+                               self.target, self.plan_key)
         release_memory()
         yield record
 
@@ -207,9 +208,15 @@ def _unit_batch(unit_elements):
     return [[(unit, records)]] if records else []
 
 
-def reuse_unit(unit: int, work: str) -> dict:
-    """The completion record of a unit a previous attempt of this run finished (--resume)."""
-    record = storage.read_json(unit_record_path(work, unit))
+def reuse_unit(unit: int, work: str, plan_key: str = "") -> dict:
+    """The completion record of a unit a previous attempt of this run finished (--resume). A record
+    of another plan (PLAN_KEY) is refused: its rows are not this run's (a run's _work holds one
+    plan's records: beam_pipelines/generation/plan.py refuses a --run_id of another plan)."""
+    path = unit_record_path(work, unit)
+    record = storage.read_json(path)
+    if record.get("plan_key", plan_key) != plan_key:          # records written before plan keys: the run's own
+        raise RuntimeError(f"{path} was written for plan {record.get('plan_key')}, not this run's ({plan_key}); "
+                           "its rows cannot be reused")
     record["reused"] = True
     return record
 
@@ -227,14 +234,15 @@ class DecodeUnits(beam.PTransform):
     where USE_RUN_INFERENCE is False) and written."""
 
     def __init__(self, handler: UnitTranslatorHandler, output: str, work: str, lang_pair: str,
-                 num_output_shards: int, layout: dict, use_run_inference: bool = True):
+                 num_output_shards: int, layout: dict, use_run_inference: bool = True, plan_key: str = ""):
         super().__init__()
         self.handler, self.output, self.work, self.lang_pair = handler, output, work, lang_pair
         self.num_output_shards, self.layout, self.use_run_inference = num_output_shards, layout, use_run_inference
+        self.plan_key = plan_key
 
     def expand(self, units):
         batches = units | "OneUnitPerBatch" >> beam.FlatMap(_unit_batch)
-        writer = WriteUnit(self.output, self.work, self.lang_pair, self.num_output_shards, self.layout)
+        writer = WriteUnit(self.output, self.work, self.lang_pair, self.num_output_shards, self.layout, self.plan_key)
         if not self.use_run_inference:
             return batches | "DecodeAndWrite" >> beam.ParDo(_PlainInference(self.handler, writer))
         return batches | "RunInference" >> RunInference(self.handler) | "WriteUnit" >> beam.ParDo(writer)

@@ -215,6 +215,10 @@ def job_config_hash(job: Job, forward_tokenization: dict) -> str:
     return config_hash(cfg, {"models": {k: v["fingerprint"] for k, v in job.models.items()},
                              "cleaning": job.cleaning_dict, "preset": job.preset,
                              "precision": hashed_precision(job.requested_precision, job.device, job.precision),
+                             # which Parquet columns are read, where not the languages' codes (the default)
+                             **({"columns": [job.src_column, job.tgt_column]}
+                                if (job.src_column, job.tgt_column) != (job.cleaning.src_lang, job.cleaning.tgt_lang)
+                                else {}),
                              # the bitext models' files are in "models"; their paths do not change output
                              **({"bitext_filter": {"min_similarity": bitext.min_similarity,
                                                    "min_equivalence": bitext.min_equivalence}}

@@ -22,10 +22,10 @@ class Compact(beam.PTransform):
     rows copied from the previous run."""
 
     def __init__(self, output: str, work: str, lang_pair: str, bins: dict, carries: list,
-                 file_target: FileTarget = FileTarget()):
+                 file_target: FileTarget = FileTarget(), plan_key: str = ""):
         super().__init__()
         self.output, self.work, self.lang_pair = output, work, lang_pair
-        self.bins, self.carries, self.file_target = bins, carries, file_target
+        self.bins, self.carries, self.file_target, self.plan_key = bins, carries, file_target, plan_key
 
     def expand(self, unit_records):
         bins = self.bins
@@ -35,7 +35,8 @@ class Compact(beam.PTransform):
             [(key, ("carry", item)) for key, item in self.carries])
         return ((by_group, carried) | "UnitsAndCarried" >> beam.Flatten()
                 | "GroupUnitsByFile" >> beam.GroupByKey()
-                | "CompactGroups" >> beam.ParDo(CompactGroup(self.output, self.work, self.lang_pair, self.file_target)))
+                | "CompactGroups" >> beam.ParDo(CompactGroup(self.output, self.work, self.lang_pair, self.file_target,
+                                                             self.plan_key)))
 
 
 class WriteRunSummary(beam.PTransform):

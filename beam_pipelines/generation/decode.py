@@ -86,9 +86,10 @@ class DecodeByUnit(beam.PTransform):
                  | "SkipFinishedUnits" >> beam.Filter(lambda kv: kv[0] not in finished)
                  | "GroupByUnit" >> beam.GroupByKey())
         written = units | "Units" >> DecodeUnits(self.handler, plan.output, plan.work, plan.lang_pair,
-                                                 self.num_output_shards, plan.layout, self.use_run_inference)
+                                                 self.num_output_shards, plan.layout, self.use_run_inference,
+                                                 plan.plan_key)
         reused = (p | "FinishedUnits" >> beam.Create(sorted(finished))
-                  | "ReuseUnits" >> beam.Map(reuse_unit, plan.work))
+                  | "ReuseUnits" >> beam.Map(reuse_unit, plan.work, plan.plan_key))
         return (written, reused) | "UnitRecords" >> beam.Flatten()
 
 
@@ -115,7 +116,7 @@ def build(p: beam.Pipeline, job: Job, plan: Plan, inputs: Inputs, finished: froz
     units = records | "Decode" >> DecodeByUnit(plan, handler or unit_handler(job, inputs), job.cfg.num_output_shards,
                                                finished, use_run_inference)
     groups = units | "Compact" >> Compact(plan.output, plan.work, plan.lang_pair, plan.bins, plan.carries,
-                                          job.file_target)
+                                          job.file_target, plan.plan_key)
     _ = {"groups": groups, "reads": records["reads"]} | "Summary" >> WriteRunSummary(plan.work)
 
 

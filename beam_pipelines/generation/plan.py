@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from beam_pipelines.commit import refuse_to_replace
 from beam_pipelines.generation.check import Job, Request
 from common import storage
+from common.cli import UsageError
 from common.shards import estimate_records, shard_size
 from paracorpus.bins import bin_capacity, pack
 from paracorpus.commit import WORK, file_location, new_run_id, read_manifest, resumable_run, work_dir
@@ -107,6 +108,8 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
     if committed is not None and committed.get("plan_key") == key and not request.overwrite:
         return Plan(committed["run_id"], output, {}, job.lang_pair, job.config_hash, plan_key=key, done=True)
     refuse_to_replace(output, MANIFEST, "a committed run", request.overwrite)
+    if request.run_id is not None:
+        refuse_other_plans_run(output, request.run_id, key)
     run_id = resumable_run(output, key)
     if run_id is not None and request.run_id in (None, run_id):
         plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
@@ -121,6 +124,21 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
         log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
     return Plan(request.run_id or new_run_id(), output, plan_units(inputs.per_shard, job.unit_pairs), job.lang_pair,
                 job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs)
+
+
+def refuse_other_plans_run(output: str, run_id: str, key: str) -> None:
+    """UsageError when OUTPUT/_work/RUN_ID holds an unfinished run of another plan than KEY: a
+    --run_id names one run, and continuing it with other inputs, models or settings would mix
+    the two plans' rows."""
+    path = storage.join(work_dir(output, run_id), "plan.json")
+    if not storage.isfile(path):
+        return
+    other = storage.read_json(path).get("plan_key")
+    if other != key:
+        raise UsageError(f"--run_id {run_id}: {storage.join(output, WORK, run_id)} holds an unfinished run of another "
+                         f"plan (other inputs, models or settings: plan {other}, this command's {key}); give another "
+                         "--run_id, run the command that started it to finish it, or remove that folder to start "
+                         "afresh")
 
 
 def units_committed(plan: Plan) -> str:
