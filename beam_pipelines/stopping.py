@@ -33,6 +33,7 @@ from common.cli import JobFailed
 
 log = logging.getLogger("paragen")
 GRACE_SECONDS = 20.0         # from the signal to the exit, at most (Kubernetes' default grace is 30 s)
+DEVICE_FAILURE_EXIT = 70     # a worker's device failed (models/nmt/devices.py DeviceFailure; EX_SOFTWARE)
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _ACTIVE: list = []           # the Stopping contexts entered in this process, outermost first
 _OTHERS: set = set()         # processes this one had started before the job began: not the job's
@@ -205,9 +206,16 @@ class Stopping:
         self.end(f"{self.what} stopped by {signal.Signals(signum).name}", 128 + signum)
 
     def on_worker_lost(self, work: str):
-        """What RunnerNoise calls when a worker process died: end the job (exit 1), the threads'
-        words in WORK/error.log."""
-        return lambda why, text: self.end(why, 1, text, storage.join(work, "error.log"))
+        """What RunnerNoise calls when a worker process died: end the job, the threads' words in
+        WORK/error.log; exit status 70 when the worker ended for a device failure (70, itself:
+        the scheduler runs the same command on a sound device), else 1."""
+        import re
+
+        def lost(why, text):
+            codes = {int(c) for c in re.findall(r"Worker subprocess exited with return code (-?\d+)", text)}
+            self.end(why, DEVICE_FAILURE_EXIT if DEVICE_FAILURE_EXIT in codes else 1, text,
+                     storage.join(work, "error.log"))
+        return lost
 
     def _line(self, why: str, kept: str, workers: int, seconds: float | None) -> str:
         if self._published:
@@ -249,6 +257,14 @@ class Stopping:
             sys.stdout.flush()
         logging.shutdown()
         os._exit(code)
+
+
+def end_in_this_process(why: str, code: int) -> None:
+    """End the job from inside it (a worker of the in-memory runner runs in the job's process):
+    through its Stopping (the claim released, one line, exit status CODE) when one is active
+    here; else return (a separate worker process: its caller exits on its own)."""
+    if _ACTIVE:
+        _ACTIVE[-1].end(why, code)
 
 
 def _park() -> None:
@@ -418,6 +434,8 @@ def describe_failure(exc: BaseException, noise: list[str] = (), output: str | No
 
 def _exit_status(code: int) -> str:
     """A worker's exit status in words: 137 (a shell's 128 + 9) or -9 is SIGKILL."""
+    if code == DEVICE_FAILURE_EXIT:
+        return f"exit status {code}: its device failed"
     sig = -code if code < 0 else code - 128 if code > 128 else 0
     if sig:
         with contextlib.suppress(ValueError):

@@ -228,19 +228,26 @@ F.embedding = embedding
 '''
 
 @pytest.mark.slow
-def test_a_device_error_ends_the_worker_in_one_line_not_in_rejects(bitext, tiny_nmt_models, tmp_path, uninterrupted):
+@pytest.mark.parametrize("mode", ["in_memory", "multi_processing"])
+def test_a_device_error_ends_the_worker_in_one_line_not_in_rejects(bitext, tiny_nmt_models, tmp_path, uninterrupted,
+                                                                   mode):
+    """Exit status 70 in either running mode (multi_processing, the GPU default, used to end 1),
+    and the output's claim released (the in-memory runner used to leave _owner.json)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_INJECT)
     out = tmp_path / "out"
-    args = _args(bitext, out, tiny_nmt_models)
+    args = _args(bitext, out, tiny_nmt_models, *(MULTI if mode == "multi_processing" else ()))
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "FAULT_AFTER": "400"}
     done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env=env)
     errors = _error_lines(done.stderr)
     assert done.returncode == 70 and len(errors) == 1, done.stderr[-3000:]
-    assert "failed while decoding unit" in errors[0] and "illegal memory access" in errors[0]
-    assert not (out / "_manifest.json").exists()
+    if mode == "in_memory":
+        assert "failed while decoding unit" in errors[0] and "illegal memory access" in errors[0]
+    else:
+        assert "exit status 70: its device failed" in errors[0], errors
+    assert not (out / "_manifest.json").exists() and not (out / "_owner.json").exists()
     # nothing it decoded became a decode_error reject; the next process (a healthy device) continues
     rc = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}).returncode

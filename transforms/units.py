@@ -12,6 +12,7 @@ import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 from apache_beam.utils.shared import Shared
 
+from beam_pipelines.stopping import DEVICE_FAILURE_EXIT   # 70 (EX_SOFTWARE): a worker whose device failed
 from common import storage
 from common.memory import release_memory
 from models.nmt.devices import DeviceFailure
@@ -127,8 +128,6 @@ class UnitTranslatorHandler(ModelHandler):
         self._progress.flush()
 
 
-DEVICE_FAILURE_EXIT = 70       # EX_SOFTWARE: what a worker whose device failed exits with
-
 
 def end_poisoned_worker(unit: int, exc: Exception) -> None:
     """End this worker process at once after a device error (a CUDA context is unusable after
@@ -137,9 +136,13 @@ def end_poisoned_worker(unit: int, exc: Exception) -> None:
     import os
     import sys
 
-    print(f"error: the device of worker process {os.getpid()} failed while decoding unit {unit} ({exc}); this "
-          f"process ends (exit status {DEVICE_FAILURE_EXIT}) so that its work is done again in a fresh one",
-          file=sys.stderr, flush=True)
+    from beam_pipelines.stopping import end_in_this_process
+
+    why = (f"the device of worker process {os.getpid()} failed while decoding unit {unit} ({exc}); this process "
+           f"ends (exit status {DEVICE_FAILURE_EXIT}) so that its work is done again in a fresh one")
+    end_in_this_process(why, DEVICE_FAILURE_EXIT)       # the job's own process (in-memory runner): its claim released
+    # a worker process of its own: the job's line comes from the driver, which sees this exit status
+    print(f"paragen worker: {why}", file=sys.stderr, flush=True)
     os._exit(DEVICE_FAILURE_EXIT)
 
 
