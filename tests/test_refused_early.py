@@ -254,3 +254,15 @@ def test_an_output_beside_the_input_is_fine():
         check_apart("s3://b/runs/gen/filtered", "s3://b/runs/gen/")
     with pytest.raises(UsageError, match="contains"):
         check_apart("gs://b/runs", "gs://b/runs/gen")
+
+
+def test_input_takes_what_a_shell_glob_gives(tmp_path):
+    """`--input corpus/part-*.tsv.gz` with two or more shards: the shell passes several values after
+    one --input (it used to be refused: 'a value without an option')."""
+    from beam_pipelines.generation.options import build_parser
+    from beam_pipelines.options import check_beam_args
+
+    parser = build_parser()
+    opts, rest = parser.parse_known_args(["--input", "a.tsv.gz", "b.tsv.gz", "c.tsv.gz", "--output", "o",
+                                          "--forward_model", "m", "--input", "d.tsv"])
+    assert opts.input == ["a.tsv.gz", "b.tsv.gz", "c.tsv.gz", "d.tsv"] and check_beam_args(rest, parser) == []

@@ -44,10 +44,10 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     """The job's own options, Beam style (--snake_case). Not a PipelineOptions subclass: those are
     re-parsed from the Beam arguments by every view_as(), where our required options are absent."""
     g = parser.add_argument_group("input and output")
-    g.add_argument("--input", action="append", required=True, metavar="PATH",
-                   help="input shard: .tsv (src<TAB>tgt) or .parquet file, glob, directory, or Moses prefix "
-                        "(PREFIX.<src_lang> + PREFIX.<tgt_lang>); text may be .gz/.bz2/.xz/.zst; repeat or "
-                        "comma-separate (required)")
+    g.add_argument("--input", action="extend", nargs="+", required=True, metavar="PATH",
+                   help="input shards: .tsv (src<TAB>tgt) or .parquet files, globs, directories, or Moses prefixes "
+                        "(PREFIX.<src_lang> + PREFIX.<tgt_lang>); text may be .gz/.bz2/.xz/.zst; several after one "
+                        "--input (what a shell glob gives), repeated, or comma-separated (required)")
     g.add_argument("--output", required=True, metavar="DIR",
                    help="output directory: paraphrases/, rejects/ (Hive-partitioned Parquet), _manifest.json "
                         "(required)")
