@@ -293,7 +293,8 @@ def run(argv=None) -> dict:
 
 
 def _run(argv: list[str], stopping: Stopping) -> dict:
-    job = check(argv)                                   # 1. check: refused before anything is written
+    with storage.first_contact():                      # a store never reached is a mistake, said at once
+        job = check(argv)                               # 1. check: refused before anything is written
     run_id, started, output = new_run_id(), time.time(), job.output
     with Claim(output, run_id, on_lost=lambda why: stopping.end(why, 75)) as claim:
         stopping.watch(f"filter run {run_id}", lambda: "nothing published (a filter run starts again from the start)",

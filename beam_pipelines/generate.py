@@ -32,6 +32,7 @@ from beam_pipelines.generation.outcome import collect
 from beam_pipelines.generation.plan import plan_inputs, plan_run, record_plan, units_committed
 from beam_pipelines.report import report_already_done, report_generation, report_nothing_changed
 from beam_pipelines.stopping import Stopping
+from common import storage
 from common.cli import cli_main, configure_logging
 from paracorpus.schema import MANIFEST
 
@@ -44,7 +45,8 @@ def run(argv=None) -> dict:
     """Check everything, then run the job; returns the manifest. UsageError for a mistake."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with Stopping("the generation job") as stopping:    # SIGTERM/SIGINT: stop in one line, workers too
-        request, job = check(argv)                      # 1. check: refused before anything is written
+        with storage.first_contact():                  # a store never reached is a mistake, said at once
+            request, job = check(argv)                  # 1. check: refused before anything is written
         inputs = plan_inputs(job, request.previous)     # 2. plan: what to decode, what --previous gives
         if inputs.nothing_to_do:
             return report_nothing_changed(inputs.reuse.previous_run_id, inputs.reuse.previous)

@@ -334,7 +334,8 @@ def run_log(log_path: str):
 
 
 def run(argv=None) -> dict:
-    req = check(argv)                                   # 1. check, the filter's options included
+    with storage.first_contact():                      # a store never reached is a mistake, said at once
+        req = check(argv)                               # 1. check, the filter's options included
     if req.dry_run:
         return dry_run(req)
     with Stopping("the refresh") as stopping:           # SIGTERM: the jobs stop, the lease is released

@@ -141,6 +141,27 @@ class _RetryLog:
 
 _RETRY_LOG = _RetryLog()
 _AWAY: set = set()              # stores that stayed away past the retry budget in this process
+_ANSWERED: set = set()          # stores that answered in this process
+# A connection that could not be made at all (refused, no route, no such host, a connect timeout),
+# as opposed to a store that answered with an error or dropped a connection it had accepted.
+_NO_CONNECTION = re.compile(r"[Cc]ouldn'?t connect|[Cc]ould not connect|[Cc]onnection refused|[Cc]ould not resolve"
+                            r"|resolve host|[Nn]o route to host|[Ff]ailed to connect|curlCode: (6|7|28)\b"
+                            r"|[Cc]onnect timeout|EndpointConnectionError|Connect timeout")
+_FIRST_CONTACT = [0]            # > 0 inside first_contact(): a store never answered gets no retry budget
+
+
+@contextlib.contextmanager
+def first_contact():
+    """A job's check phase: a store that has not answered in this process yet and fails with a
+    transient error (no route, refused, a timeout) is not retried for the whole budget: it is most
+    likely a mistake (an endpoint, a network, credentials), said in one line within the timeout,
+    before anything is written. A store that answered once in this run keeps the budget for when
+    it goes away later."""
+    _FIRST_CONTACT[0] += 1
+    try:
+        yield
+    finally:
+        _FIRST_CONTACT[0] -= 1
 
 
 def _first_line(exc: BaseException, limit: int = 160) -> str:
@@ -160,10 +181,14 @@ def retrying(path: str, fn, *args, **kwargs):
             with _explained(path):
                 result = fn(*args, **kwargs)
             _AWAY.discard(store)
+            _ANSWERED.add(store)
             return result
         except StorageError as exc:
             if not exc.transient:
                 raise
+            if _FIRST_CONTACT[0] and store not in _ANSWERED and _NO_CONNECTION.search(exc.detail or str(exc)):
+                raise StorageError(f"{exc}; it never answered in this run (not retried before anything is written: "
+                                   "check the endpoint, the network and the credentials)") from None
             now = time.monotonic()
             # a store that already stayed away past the budget in this process is tried once more,
             # not waited for again: the job's last steps (its claim, its error log) end in seconds
@@ -494,19 +519,8 @@ def open_output(path: str):
     storage_op("write", path)
     fs, inner = resolve(path)
     if fs.type_name == "local":
-        directory = os.path.dirname(inner)
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(inner)}.{uuid.uuid4().hex}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, inner)
-            _fsync_dir(directory)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        with _staged(inner, os.replace) as f:
+            yield f
         return
     # Spooled to a local file, then uploaded whole: an upload that fails half-way is made again
     # from the spool (idempotent: the object appears only when an upload completes).
@@ -514,6 +528,26 @@ def open_output(path: str):
         yield spool
         spool.flush()
         retrying(path, _upload, fs, inner, spool)
+
+
+@contextlib.contextmanager
+def _staged(inner: str, place):
+    """A hidden temporary file beside the local path INNER to write in the block; once written, on
+    the disk (fsync) and PLACE(tmp, INNER) puts it there (os.replace, or os.link: which fails if
+    INNER exists), then the directory is synced too. The temporary file never stays behind."""
+    directory = os.path.dirname(inner)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(inner)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        place(tmp, inner)
+        _fsync_dir(directory)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
 
 
 def _fsync_dir(directory: str) -> None:
@@ -551,23 +585,12 @@ def create_new(path: str, data: bytes) -> bool | None:
     storage_op("write", path)
     fs, inner = resolve(path)
     if fs.type_name == "local":
-        directory = os.path.dirname(inner)
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(inner)}.{uuid.uuid4().hex}.tmp")
         try:
-            with open(tmp, "wb") as f:
+            with _staged(inner, os.link) as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, inner)
-            except FileExistsError:
-                return False
-            _fsync_dir(directory)
-            return True
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
+        except FileExistsError:
+            return False
+        return True
     if path.split("://", 1)[0].lower() == "s3":
         bucket, _, key = inner.partition("/")
         client = _cached("boto3-s3", _boto3_s3)

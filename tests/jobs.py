@@ -1,6 +1,9 @@
 """What the tests that run the generation job on the tiny models share: the job's options for a
 quick run, and a committed run's rows in a stable order."""
 import os
+import subprocess
+import sys
+import time
 
 from common import storage
 from paracorpus.commit import committed_files
@@ -21,3 +24,33 @@ def committed_rows(out, table="paraphrases") -> list[dict]:
         return []
     t = storage.parquet_dataset(files).to_table()
     return sorted(t.to_pylist(), key=lambda r: (r["pair_id"], r.get("rank") or 0, r["input_index"]))
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start_job(args, env=None) -> subprocess.Popen:
+    """The generation job with ARGS as a process of its own (its own session: a signal to it is
+    for it alone)."""
+    return subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+
+
+def units_committed(out) -> int:
+    """Completion records under OUT/_work (every run's)."""
+    work = os.path.join(out, "_work")
+    if not os.path.isdir(work):
+        return 0
+    return sum(len([n for n in os.listdir(os.path.join(work, r, "units")) if n.endswith(".json")])
+               for r in os.listdir(work) if os.path.isdir(os.path.join(work, r, "units")))
+
+
+def wait_for(predicate, proc, timeout=300):
+    """Until PREDICATE() holds; AssertionError if PROC ends first or TIMEOUT passes."""
+    deadline = time.time() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended first:\n{proc.stderr.read().decode()[-3000:]}")
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from beam_pipelines.generate import run
-from tests.jobs import committed_rows, quick_args
+from tests.jobs import committed_rows, quick_args, start_job, units_committed, wait_for
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,27 +46,7 @@ def bitext(tmp_path_factory):
 _args, _rows = quick_args, committed_rows
 
 
-def _units(out) -> int:
-    work = os.path.join(out, "_work")
-    if not os.path.isdir(work):
-        return 0
-    return sum(len([n for n in os.listdir(os.path.join(work, r, "units")) if n.endswith(".json")])
-               for r in os.listdir(work) if os.path.isdir(os.path.join(work, r, "units")))
-
-
-def _job(args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
-
-
-def _wait_for(predicate, proc, timeout=300):
-    deadline = time.time() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"the job ended first:\n{proc.stderr.read().decode()[-3000:]}")
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.1)
+_units, _job, _wait_for = units_committed, start_job, wait_for
 
 
 def _workers(proc) -> list:

@@ -84,3 +84,25 @@ def test_the_timeout_must_be_a_number_of_seconds(monkeypatch):
             storage.timeout_seconds()
     monkeypatch.setenv("PARAGEN_STORAGE_TIMEOUT", "7.5")
     assert storage.timeout_seconds() == 7.5
+
+
+def test_a_store_never_reached_is_one_line_within_the_timeout_before_anything_is_written(tmp_path):
+    """--output in a bucket whose endpoint nobody listens on (no network, a wrong endpoint): exit 2
+    within the timeout, not after the whole retry budget (it used to retry for 300 s)."""
+    with socket.socket() as s:                      # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}",
+           "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "PARAGEN_STORAGE_TIMEOUT": "3", "PARAGEN_STORAGE_RETRY_SECONDS": "300",
+           "PYTHONPATH": ROOT}
+    start = time.monotonic()
+    bitext = tmp_path / "in.tsv"
+    bitext.write_text("ahoj\thello\n")
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", "--input", str(bitext),
+                           "--output", "s3://no-such-bucket/corpus", "--forward_model", str(tmp_path / "m")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env)
+    seconds = time.monotonic() - start
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "never answered" in errors[0], done.stderr[-2000:]
+    assert seconds < 60, seconds

@@ -2,7 +2,6 @@
 a signal right after the manifest, a stop whose listing of the committed units would outlast the
 grace period. Each ends in one line within the grace period, with nothing left to hold the output
 (no _owner.json), and the same command then finishes the run (its clean-up too)."""
-import json
 import os
 import signal
 import subprocess
@@ -11,7 +10,7 @@ import time
 
 import pytest
 
-from tests.jobs import committed_rows, quick_args
+from tests.jobs import committed_rows, quick_args, start_job, units_committed, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI = ("--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
@@ -27,27 +26,7 @@ def bitext(tmp_path_factory):
     return str(path)
 
 
-def _job(args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
-
-
-def _units(out) -> int:
-    work = os.path.join(out, "_work")
-    if not os.path.isdir(work):
-        return 0
-    return sum(len([n for n in os.listdir(os.path.join(work, r, "units")) if n.endswith(".json")])
-               for r in os.listdir(work) if os.path.isdir(os.path.join(work, r, "units")))
-
-
-def _wait_for(predicate, proc, timeout=300):
-    deadline = time.time() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"the job ended first:\n{proc.stderr.read().decode()[-3000:]}")
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.05)
+_job, _units, _wait_for = start_job, units_committed, wait_for
 
 
 def _errors(stderr: str) -> list[str]:
