@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 
@@ -65,6 +66,7 @@ def main(argv=None) -> int:
         finally:
             if server:
                 server.__exit__(None, None, None)
+            shutil.rmtree(work, ignore_errors=True)
     for store_name, p in failures:
         print(f"\nFAILED {store_name} SIG{p.signal} before op {p.n} ({p.kind} {p.path}): exit {p.exit_status}, reader "
               f"saw {p.seen}, rerun exit {p.rerun_status}, rows right {p.rows_right}, left {p.left[:5]}")

@@ -176,6 +176,7 @@ def chosen(ops: list[tuple[int, str, str]], count: int) -> list[tuple[int, str, 
     return sorted(marks)
 
 
-def temporary_store() -> tuple[Store, str]:
-    work = tempfile.mkdtemp(prefix="paragen-crash-")
+def temporary_store(base: str | None = None) -> tuple[Store, str]:
+    """A local Store under BASE (a fresh temporary folder when None: the caller removes it)."""
+    work = base or tempfile.mkdtemp(prefix="paragen-crash-")
     return Store(os.path.join(work, "runs")), work

@@ -31,8 +31,8 @@ def _check(points):
                       p.rows_right, p.left[:3]) for p in bad]
 
 
-def test_a_stop_at_sampled_storage_operations_on_a_local_disk(tiny_nmt_models):
-    store, work = temporary_store()
+def test_a_stop_at_sampled_storage_operations_on_a_local_disk(tiny_nmt_models, tmp_path):
+    store, work = temporary_store(str(tmp_path))
     sweep = _sweep(store, work, tiny_nmt_models)
     ops = sweep.prepare()
     kinds = {k for _, k, _ in ops}
