@@ -527,7 +527,15 @@ def open_output(path: str):
     with tempfile.TemporaryFile(prefix="paragen-upload-", dir=os.environ.get("PARAGEN_SPOOL_DIR")) as spool:
         yield spool
         spool.flush()
-        retrying(path, _upload, fs, inner, spool)
+        try:
+            retrying(path, _upload, fs, inner, spool)
+        except StorageError as exc:
+            # A completion retried after the store had completed the upload (its answer lost):
+            # MinIO and Ceph forget a completed upload and answer NoSuchUpload. The object is there.
+            if not re.search(r"NoSuchUpload|NO_SUCH_UPLOAD", str(exc)) or not _uploaded(path, spool):
+                raise
+            log.info("%s: the upload's completion was retried after it had succeeded (%s); the object is there",
+                     path, exc.detail or "NoSuchUpload")
 
 
 @contextlib.contextmanager
@@ -548,6 +556,14 @@ def _staged(inner: str, place):
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def _uploaded(path: str, spool) -> bool:
+    """True when the object PATH is there with the spool's size (what the lost answer said)."""
+    try:
+        return stat(path)[0] == os.fstat(spool.fileno()).st_size
+    except (OSError, StorageError):
+        return False
 
 
 def _fsync_dir(directory: str) -> None:

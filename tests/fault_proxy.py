@@ -1,7 +1,11 @@
 """A proxy on loopback in front of an object-storage server that fails some of its requests the
 way stores do: ``503 SlowDown``, ``500 InternalError``, or the connection dropped before an
-answer; or that is down (refuses connections) for a while. Real sockets, real HTTP: the client
-under test (pyarrow's S3 client) sees exactly what a flaky store sends.
+answer (``reset``); after the store acted, its answer lost (``lost``: the request reached the
+store and did its work, the client sees a reset) or cut in the middle (``cut``: the status line
+and part of the rest, then a reset); or that is down (refuses connections) for a while. Real
+sockets, real HTTP: the client under test (pyarrow's S3 client, boto3) sees exactly what a flaky
+store sends. ``only`` limits the faults to requests whose first line contains it (``b"uploadId="``:
+the parts and completion of multipart uploads).
 
     with FaultProxy(upstream="127.0.0.1:PORT", rate=0.05, seed=1) as proxy:
         env = {**store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url}
@@ -22,9 +26,11 @@ import time
 
 HOST = "127.0.0.1"
 KINDS = ("503", "500", "reset")
+AFTER_KINDS = ("lost", "cut")      # the store acted; its answer did not arrive whole
 _ERRORS = {"503": (b"503 Slow Down", b"SlowDown", b"Please reduce your request rate."),
            "500": (b"500 Internal Server Error", b"InternalError", b"We encountered an internal error."),
-           "403": (b"403 Forbidden", b"AccessDenied", b"Access Denied")}      # permanent: for tests that it is not retried
+           "403": (b"403 Forbidden", b"AccessDenied", b"Access Denied"),      # permanent: for tests that it is not retried
+           "NoSuchUpload": (b"404 Not Found", b"NoSuchUpload", b"The specified multipart upload does not exist.")}
 
 
 def _read_until(sock, buf: bytes, marker: bytes) -> tuple[bytes, bytes]:
@@ -84,12 +90,16 @@ def read_request(sock) -> bytes:
 class FaultProxy:
     """See the module doc. RATE: the share of requests that fail, spread evenly over KINDS."""
 
-    def __init__(self, upstream: str, rate: float = 0.0, seed: int = 0, kinds: tuple = KINDS):
+    def __init__(self, upstream: str, rate: float = 0.0, seed: int = 0, kinds: tuple = KINDS, only: bytes = b"",
+                 limit: int | None = None, like_minio: bool = False):
+        """LIKE_MINIO: a multipart upload completed once is forgotten, as MinIO and Ceph forget
+        it: completing it again answers 404 NoSuchUpload (AWS S3 and moto answer 200)."""
         self.upstream = upstream.replace("http://", "")
-        self.rate, self.kinds = rate, kinds
+        self.rate, self.kinds, self.only, self.limit = rate, kinds, only, limit
+        self.like_minio, self._completed = like_minio, set()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self.counts = {"forwarded": 0, "refused": 0, **{k: 0 for k in (*KINDS, "403")}}
+        self.counts = {"forwarded": 0, "refused": 0, **{k: 0 for k in (*KINDS, *AFTER_KINDS, "403")}}
         self._down_until = 0.0
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
@@ -122,6 +132,8 @@ class FaultProxy:
 
     def _draw(self) -> str | None:
         with self._lock:
+            if self.limit is not None and sum(self.counts[k] for k in (*KINDS, *AFTER_KINDS)) >= self.limit:
+                return None
             if self._rng.random() < self.rate:
                 return self._rng.choice(self.kinds)
             return None
@@ -151,12 +163,21 @@ class FaultProxy:
                 self._count("refused")
                 return self._reset(conn)
             request = read_request(conn)
-            kind = self._draw()
+            first = request.split(b"\r\n", 1)[0]
+            upload = first.split(b"?uploadId=", 1)[1].split(b" ")[0] if first.startswith(b"POST") \
+                and b"?uploadId=" in first else None
+            if upload is not None and self.like_minio and upload in self._completed:
+                kind = "NoSuchUpload"
+            else:
+                kind = self._draw() if self.only in first else None
+                if upload is not None:
+                    self._completed.add(upload)
             if kind == "reset":
                 self._count("reset")
                 return self._reset(conn)
             if kind in _ERRORS:
                 status, code, message = _ERRORS[kind]
+                kind = "403" if kind == "NoSuchUpload" else kind           # counted with the permanent ones
                 body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>' + code + b"</Code><Message>" + message
                         + b"</Message><RequestId>fault-proxy</RequestId></Error>")
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\nContent-Length: "
@@ -164,13 +185,25 @@ class FaultProxy:
                 self._count(kind)
                 return conn.close()
             host, port = self.upstream.split(":")
+            answer = b""
             with socket.create_connection((host, int(port)), timeout=60) as up:
                 up.sendall(request)
                 while True:
                     chunk = up.recv(65536)
                     if not chunk:
                         break
-                    conn.sendall(chunk)
+                    if kind in AFTER_KINDS:
+                        answer += chunk                     # held: the store's whole answer first
+                    else:
+                        conn.sendall(chunk)
+            if kind == "lost":
+                self._count("lost")
+                return self._reset(conn)
+            if kind == "cut":
+                head, _, _rest = answer.partition(b"\r\n")
+                conn.sendall(head + b"\r\n" + answer[len(head) + 2:len(head) + 2 + 20])
+                self._count("cut")
+                return self._reset(conn)
             self._count("forwarded")
             conn.close()
         except (ConnectionError, OSError):

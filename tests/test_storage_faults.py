@@ -105,3 +105,31 @@ def test_the_retry_budget_must_be_a_number_of_seconds(monkeypatch):
     monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "soon")
     with pytest.raises(storage.StorageError, match="PARAGEN_STORAGE_RETRY_SECONDS='soon'"):
         storage.retry_seconds()
+
+
+@pytest.mark.parametrize("kind", ["lost", "cut"])
+def test_an_answer_lost_after_the_store_acted_is_retried_to_the_same_result(s3_store, monkeypatch, kind):
+    """The store did the work and the answer did not arrive (reset after the fact, or cut in the
+    middle): a multipart upload's completion retried after it succeeded (the store then answers
+    NoSuchUpload) is a success, a put and a conditional create retried are what one would have
+    been, a delete retried deletes nothing more."""
+    from common import storage
+    from tests.fault_proxy import FaultProxy
+
+    bucket = s3_store.make_bucket()
+    data = os.urandom(7 << 20)                       # above the 5-MiB part size: a multipart upload
+    with FaultProxy(s3_store.endpoint, rate=1.0, kinds=(kind,), only=b"?uploadId=", limit=1, like_minio=True) as proxy:
+        for name, value in {**s3_store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url,
+                            "PARAGEN_STORAGE_RETRY_SECONDS": "30"}.items():
+            monkeypatch.setenv(name, value)
+        storage.write_bytes(f"s3://{bucket}/big.bin", data)
+        assert proxy.counts[kind] == 1, proxy.counts
+    with FaultProxy(s3_store.endpoint, rate=1.0, kinds=(kind,), limit=1) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+        assert storage.create_new(f"s3://{bucket}/owner.json", b"mine") is False     # 412 on the retry: read back
+        assert proxy.counts[kind] == 1
+        assert storage.read_bytes(f"s3://{bucket}/owner.json") == b"mine"
+    for name, value in s3_store.env.items():
+        monkeypatch.setenv(name, value)
+    assert storage.read_bytes(f"s3://{bucket}/big.bin") == data
