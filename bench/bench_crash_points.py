@@ -1,9 +1,11 @@
-"""Every crash point of the generation job (issue 53): the job stopped just before each of its
-storage operations, by SIGKILL and by SIGTERM, on a local disk and in an S3 bucket (moto on
-loopback), from a committed run of other settings that it replaces; at each instant what a reader
-sees, then the same command run again (tests/crash_points.py says what is checked).
+"""Every crash point of the generation job and the filter job (issue 53): the job stopped just
+before each of its storage operations, by SIGKILL and by SIGTERM, on a local disk and in an S3
+bucket (moto on loopback; the generation job), from a committed run of other settings that it
+replaces; at each instant what a reader sees, then the same command run again
+(tests/crash_points.py says what is checked).
 
     python bench/bench_crash_points.py --models M [--pairs 12] [--stores local,s3] [--signals KILL,TERM]
+        [--jobs generate,filter]
 
 M holds cs-en/ and en-cs/ (paragen-train-nmt's layout; the tests' tiny models are enough). Prints
 one row per (store, signal): operations in the run, points tried, readers that saw the previous
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import tempfile
 import sys
 import time
 
@@ -28,6 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=12, help="pairs of the run (default 12: three work units)")
     ap.add_argument("--stores", default="local,s3")
     ap.add_argument("--signals", default="KILL,TERM")
+    ap.add_argument("--jobs", default="generate,filter")
     args = ap.parse_args(argv)
 
     from tests.crash_points import Store, Sweep, temporary_store
@@ -35,12 +39,33 @@ def main(argv=None) -> int:
     from tests.object_stores import s3_server
     from tests.toydata import toy_bitext
 
-    print(f"# crash points of the generation job, {args.pairs} pairs, {time.strftime('%Y-%m-%d')}\n")
-    print("| store | signal | operations | points | previous | new | mixed | none | rerun failed | rows lost "
+    print(f"# crash points, generation job on {args.pairs} pairs, {time.strftime('%Y-%m-%d')}\n")
+    print("| job | store | signal | operations | points | previous | new | mixed | none | rerun failed | rows lost "
           "or duplicated | left over | minutes |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     failures = []
-    for store_name in args.stores.split(","):
+
+    def sweep_rows(job_name, store_name, sweep):
+        ops = sweep.prepare()
+        for sig in args.signals.split(","):
+            start = time.monotonic()
+            points = [sweep.point(n, kind, path, sig) for n, kind, path in ops]
+            seen = [p.seen for p in points]
+            print(f"| {job_name} | {store_name} | SIG{sig} | {len(ops)} | {len(points)} | {seen.count('previous')} | "
+                  f"{seen.count('new')} | {seen.count('MIXED')} | {seen.count('none')} | "
+                  f"{sum(p.rerun_status != 0 for p in points)} | {sum(not p.rows_right for p in points)} | "
+                  f"{sum(bool(p.left) for p in points)} | {(time.monotonic() - start) / 60:.1f} |", flush=True)
+            failures.extend((f"{job_name} {store_name}", p) for p in points if not p.ok)
+
+    if "filter" in args.jobs.split(","):
+        from tests.test_crash_points import filter_sweep
+
+        work = tempfile.mkdtemp(prefix="paragen-crash-")
+        try:
+            sweep_rows("filter", "local", filter_sweep(work))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    for store_name in args.stores.split(",") if "generate" in args.jobs.split(",") else ():
         local, work = temporary_store()
         bitext = os.path.join(work, "in.tsv")
         with open(bitext, "w", encoding="utf-8") as f:
@@ -52,17 +77,7 @@ def main(argv=None) -> int:
         s3 = server.__enter__() if server else None
         try:
             store = Store(f"s3://{s3.make_bucket()}/runs", s3.env) if s3 else local
-            sweep = Sweep(store, base, ["--num_samples", "2"], [], work)
-            ops = sweep.prepare()
-            for sig in args.signals.split(","):
-                start = time.monotonic()
-                points = [sweep.point(n, kind, path, sig) for n, kind, path in ops]
-                seen = [p.seen for p in points]
-                print(f"| {store_name} | SIG{sig} | {len(ops)} | {len(points)} | {seen.count('previous')} | "
-                      f"{seen.count('new')} | {seen.count('MIXED')} | {seen.count('none')} | "
-                      f"{sum(p.rerun_status != 0 for p in points)} | {sum(not p.rows_right for p in points)} | "
-                      f"{sum(bool(p.left) for p in points)} | {(time.monotonic() - start) / 60:.1f} |", flush=True)
-                failures += [(store_name, p) for p in points if not p.ok]
+            sweep_rows("generate", store_name, Sweep(store, base, ["--num_samples", "2"], [], work))
         finally:
             if server:
                 server.__exit__(None, None, None)

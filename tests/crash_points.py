@@ -1,5 +1,5 @@
-"""The crash-point harness (issue 53): stop the generation job at its Nth storage operation and
-check what a reader sees then and what the same command does after.
+"""The crash-point harness (issue 53): stop a job (the generation job, the filter job) at its Nth
+storage operation and check what a reader sees then and what the same command does after.
 
 As ALICE (Pillai et al., OSDI 2014) and SQLite's crash tests do for file systems: a run is traced
 once (common/crash_points.py, PARAGEN_STORAGE_TRACE: every write, delete and listing, in order),
@@ -30,18 +30,32 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def job(args: list[str], env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
+@dataclass(frozen=True)
+class Job:
+    """A job the harness runs: its module, the manifest it publishes and the table readers read."""
+    module: str = "beam_pipelines.generate"
+    manifest: str = "_manifest.json"
+    table: str = "paraphrases"
+
+
+GENERATE = Job()
+FILTER = Job("beam_pipelines.filter", "_filter_manifest.json", "scored")
+
+
+def job(args: list[str], env: dict | None = None, timeout: float = 600,
+        which: Job = GENERATE) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", which.module, *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 
 
-def rows(out: str, table: str = "paraphrases") -> list[tuple] | None:
-    """The committed rows of TABLE in OUT as sorted tuples, or None when nothing is committed."""
+def rows(out: str, which: Job = GENERATE) -> list[tuple] | None:
+    """The committed rows of the job's table in OUT as sorted tuples, or None when nothing is
+    committed."""
     from common import storage
     from paracorpus.commit import committed_files
 
     try:
-        files = committed_files(out, table)
+        files = committed_files(out, which.table, which.manifest)
     except FileNotFoundError:
         return None
     if not files:
@@ -50,15 +64,15 @@ def rows(out: str, table: str = "paraphrases") -> list[tuple] | None:
     return sorted(tuple((k, str(v)) for k, v in sorted(r.items())) for r in table_.to_pylist())
 
 
-def leftovers(out: str) -> list[str]:
+def leftovers(out: str, which: Job = GENERATE) -> list[str]:
     """Files under OUT that its manifest does not list (the manifest itself apart)."""
     from common import storage
     from paracorpus.commit import _canonical, file_location, read_manifest
 
-    manifest = read_manifest(out, "_manifest.json") or {}
+    manifest = read_manifest(out, which.manifest) or {}
     listed = {file_location(out, f) for files in manifest.get("files", {}).values() for f in files}
     return sorted(p for p in storage.list_files(out)
-                  if _canonical(p) not in listed and storage.basename(p) != "_manifest.json")
+                  if _canonical(p) not in listed and storage.basename(p) != which.manifest)
 
 
 @dataclass
@@ -104,10 +118,11 @@ class Sweep:
     """One job's crash points in one store: BASE_ARGS(out) are the run's options without
     --output... given OUT; PREVIOUS_EXTRA the options of the committed run it replaces."""
 
-    def __init__(self, store: Store, base_args, previous_extra: list[str], new_extra: list[str], workdir: str):
+    def __init__(self, store: Store, base_args, previous_extra: list[str], new_extra: list[str], workdir: str,
+                 which: Job = GENERATE):
         self.store, self.base_args = store, base_args
         self.previous_extra, self.new_extra = previous_extra, new_extra
-        self.workdir = workdir
+        self.workdir, self.which = workdir, which
         self.env = {**store.env, "PARAGEN_STORAGE_RETRY_SECONDS": "5"}
 
     def _args(self, out: str, extra: list[str]) -> list[str]:
@@ -117,17 +132,19 @@ class Sweep:
         """The committed state every point starts from, the rows of the run before and after, and
         the uninterrupted run's operations (n, kind, path)."""
         os.environ.update(self.store.env)
+        which = self.which
         self.start = self.store.path("start")
-        done = job(self._args(self.start, self.previous_extra), self.env)
+        done = job(self._args(self.start, self.previous_extra), self.env, which=which)
         assert done.returncode == 0, done.stderr[-3000:]
-        self.previous_rows = rows(self.start)
+        self.previous_rows = rows(self.start, which)
         whole = self.store.path("whole")
         self.store.copy(self.start, whole)
         trace = os.path.join(self.workdir, "trace.txt")
-        done = job(self._args(whole, self.new_extra + ["--overwrite"]), {**self.env, "PARAGEN_STORAGE_TRACE": trace})
+        done = job(self._args(whole, self.new_extra + ["--overwrite"]), {**self.env, "PARAGEN_STORAGE_TRACE": trace},
+                   which=which)
         assert done.returncode == 0, done.stderr[-3000:]
-        self.new_rows = rows(whole)
-        assert self.new_rows != self.previous_rows and not leftovers(whole)
+        self.new_rows = rows(whole, which)
+        assert self.new_rows != self.previous_rows and not leftovers(whole, which), leftovers(whole, which)
         ops = []
         with open(trace, encoding="utf-8") as f:
             for line in f:
@@ -141,15 +158,16 @@ class Sweep:
         out = self.store.path(f"p{n}-{signal.lower()}")
         self.store.copy(self.start, out)
         args = self._args(out, self.new_extra + ["--overwrite"])
-        stopped = job(args, {**self.env, "PARAGEN_CRASH_AT": f"{n}:{signal}"})
+        which = self.which
+        stopped = job(args, {**self.env, "PARAGEN_CRASH_AT": f"{n}:{signal}"}, which=which)
         p = Point(n, kind, path, signal, stopped.returncode)
-        seen = rows(out)
+        seen = rows(out, which)
         p.seen = ("previous" if seen == self.previous_rows else "new" if seen == self.new_rows
                   else "none" if seen is None else "MIXED")
-        again = job(args, self.env)
+        again = job(args, self.env, which=which)
         p.rerun_status = again.returncode
-        p.rows_right = rows(out) == self.new_rows
-        p.left = leftovers(out)
+        p.rows_right = rows(out, which) == self.new_rows
+        p.left = leftovers(out, which)
         p.seconds = time.monotonic() - started
         return p
 

@@ -1,14 +1,15 @@
-"""A sample of the generation job's crash points (tests/crash_points.py; the whole sweep is
+"""A sample of the jobs' crash points (tests/crash_points.py; the whole sweep is
 bench/bench_crash_points.py): stopped by SIGKILL or SIGTERM just before one of its storage
 operations (a listing, a unit file, a unit record, a compacted file, the manifest, a delete of the
 clean-up), a reader then sees the run committed before or the new one, never a mix; the same
 command finishes with the rows of an uninterrupted run; nothing is left that the manifest does not
-list. On a local disk and in an S3 bucket (moto on loopback)."""
+list. The generation job on a local disk and in an S3 bucket (moto on loopback); the filter job
+(no model: quick) at every one of its points."""
 import os
 
 import pytest
 
-from tests.crash_points import Store, Sweep, chosen, temporary_store
+from tests.crash_points import FILTER, Store, Sweep, chosen, temporary_store
 from tests.jobs import quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
@@ -37,7 +38,7 @@ def test_a_stop_at_sampled_storage_operations_on_a_local_disk(tiny_nmt_models, t
     ops = sweep.prepare()
     kinds = {k for _, k, _ in ops}
     assert {"write", "delete", "list"} <= kinds and len(ops) >= 20
-    points = [sweep.point(n, kind, path, "KILL") for n, kind, path in chosen(ops, 5)]
+    points = [sweep.point(n, kind, path, "KILL") for n, kind, path in chosen(ops, 4)]
     manifest = next(o for o in ops if o[2].endswith("_manifest.json"))
     after = next(o for o in ops if o[0] > manifest[0] and o[1] == "delete")
     points += [sweep.point(*manifest, "TERM"), sweep.point(*after, "TERM")]
@@ -56,3 +57,31 @@ def test_a_stop_at_sampled_storage_operations_in_an_s3_bucket(tiny_nmt_models, s
             if os.environ.get(name) == value:
                 del os.environ[name]
     _check(points)
+
+
+def filter_sweep(work: str) -> Sweep:
+    """The filter job over a synthetic generation run (two partitions), replacing a committed
+    filter run of another threshold."""
+    from tests.toydata import paraphrase_rows, toy_paraphrases, write_generation_run
+
+    gen = write_generation_run(os.path.join(work, "gen"), paraphrase_rows(toy_paraphrases(600, seed=2)), shards=2)
+    configs = []
+    for name, top in (("a", 0.9), ("b", 0.5)):
+        path = os.path.join(work, f"{name}.yaml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"filters:\n  - name: ngram_overlap\n    thresholds: {{trigram_overlap: {{max: {top}}}}}\n")
+        configs.append(path)
+    store, _ = temporary_store(work)
+    return Sweep(store, lambda out: ["--input", gen, "--output", out, "--no_report"], ["--config", configs[0]],
+                 ["--config", configs[1]], work, which=FILTER)
+
+
+def test_a_stop_at_every_storage_operation_of_the_filter_job(tmp_path):
+    sweep = filter_sweep(str(tmp_path))
+    ops = sweep.prepare()
+    assert any(o[2].endswith("_filter_manifest.json") for o in ops) and len(ops) >= 8
+    points = [sweep.point(n, kind, path, "KILL") for n, kind, path in ops]
+    manifest = next(o for o in ops if o[2].endswith("_filter_manifest.json"))
+    points.append(sweep.point(*manifest, "TERM"))
+    _check(points)
+    assert {p.seen for p in points} == {"previous", "new"}
