@@ -108,6 +108,9 @@ class Stopping:
         self._published: str | None = None        # what the committed manifest made public, once written
         self._pipe: tuple[int, int] | None = None
         self._previous_wakeup = -1
+        # a signal and the start of a critical step are ordered: a step never starts after a
+        # signal's stop began, and a signal during a step waits for it
+        self._order = threading.Lock()
 
     def __enter__(self):
         if not _ACTIVE:
@@ -146,15 +149,20 @@ class Stopping:
         (its deadline runs from the signal all the same). Yields this object: the step calls
         :meth:`published` once its result is public, so that a stop after it says so. A step
         that starts after a signal does not start: the job is ending."""
-        if self._signalled is not None and not self._deferred:
+        with self._order:
+            stopping = self._signalled is not None and not self._deferred
+            if not stopping:
+                self._deferred += 1
+        if stopping:
             _park()
-        self._deferred += 1
         try:
             yield self
         finally:
-            self._deferred -= 1
-            if not self._deferred and self._pending is not None:
-                self._stop(self._pending)
+            with self._order:
+                self._deferred -= 1
+                pending = self._pending if not self._deferred else None
+            if pending is not None:
+                self._stop(pending)
 
     def published(self, what: str) -> None:
         """WHAT (e.g. 'run X is published') is public now: a stop from here on says so, and that
@@ -193,13 +201,14 @@ class Stopping:
             _say(self._line(f"{self.what} stopped by {signal.Signals(signum).name} twice: not waiting for the "
                             "clean-up", "", 0, None))
             os._exit(code)
-        self._signalled = signum
         _deadline(self.grace, code, lambda: self._line(f"{self.what} stopped by {signal.Signals(signum).name}; the "
                                                        f"clean-up outlasted the {self.grace:.0f}-s grace period",
                                                        "", 0, None))
-        if self._deferred:
-            self._pending = signum                 # critical() runs the stop when the step ends
-            return
+        with self._order:
+            self._signalled = signum
+            if self._deferred:
+                self._pending = signum             # critical() runs the stop when the step ends
+                return
         threading.Thread(target=self._stop, args=(signum,), name="paragen-stop", daemon=True).start()
 
     def _stop(self, signum: int) -> None:
