@@ -453,5 +453,12 @@ def shard_size(spec: ShardSpec) -> int:
     return sum(storage.size(p) for p in spec.paths)
 
 
+def shard_identity(spec: ShardSpec) -> list[list]:
+    """What tells this shard's files from others of the same names: each file's size and
+    modification time (a local file's mtime, an object's last-modified time: a rewrite changes
+    it, even to the same size). One metadata request a file, no read."""
+    return [list(storage.stat(p)) for p in spec.paths]
+
+
 __all__ = ["ShardSpec", "ShardError", "RawRecord", "read_shard", "check_shard", "discover_shards", "estimate_records",
-           "shard_size"]
+           "shard_identity", "shard_size"]

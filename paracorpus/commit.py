@@ -195,15 +195,15 @@ def _read_owner(path: str) -> dict | None:
     return owner if isinstance(owner, dict) else None
 
 
-def resumable_run(output: str, plan_key: str) -> str | None:
-    """The newest unfinished run in OUTPUT whose plan has PLAN_KEY (same inputs, config and
-    models), or None."""
+def resumable_run(output: str, same) -> str | None:
+    """The newest unfinished run in OUTPUT whose plan SAME(plan record) accepts (same inputs,
+    config and models), or None."""
     found = []
     for run_id in storage.listdir(storage.join(output, WORK)):
         plan_path = storage.join(output, WORK, run_id, "plan.json")
         if storage.isfile(plan_path):
             plan = storage.read_json(plan_path)
-            if plan.get("plan_key") == plan_key:
+            if same(plan):
                 found.append(run_id)
     return sorted(found)[-1] if found else None
 

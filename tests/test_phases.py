@@ -74,7 +74,7 @@ def test_plan_refuses_a_committed_run_and_finds_the_unfinished_one(tsv, tmp_path
     with pytest.raises(UsageError, match="--overwrite"):      # --resume does not replace another plan's run
         plan_run(job, dataclasses.replace(request, resume=True), inputs)
     # the committed run has this plan: the same command (with --resume or not) has nothing to do
-    (out / MANIFEST).write_text(json.dumps({"run_id": "r0", "plan_key": plan.plan_key}))
+    (out / MANIFEST).write_text(json.dumps({"run_id": "r0", "plan_key": plan.plan_key, "plan_key_version": 2}))
     for same in (request, dataclasses.replace(request, resume=True)):
         done = plan_run(job, same, inputs)
         assert done.done and done.run_id == "r0"

@@ -10,6 +10,7 @@ unit and group record names its plan.
 """
 import json
 import os
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -86,3 +87,39 @@ def test_fixing_swapped_parquet_columns_decodes_again(tmp_path, tiny_nmt_models)
     fixed = run([*fixed_args, "--overwrite"])
     assert not fixed.get("noop") and fixed["config_hash"] != swapped["config_hash"]
     assert {r["reference"] for r in committed_rows(out)} <= {t for _, t in pairs}      # English references now
+
+
+@pytest.mark.slow
+def test_an_input_rewritten_to_the_same_size_is_another_plan_and_older_runs_still_match(bitext, tiny_nmt_models,
+                                                                                       tmp_path):
+    """Inputs are known by each file's size and modification time: a shard rewritten in place to
+    the same size (a fixed line) is no longer 'nothing to do'. A run committed by a version that
+    knew inputs by name and size only (no plan_key_version) still counts as done."""
+    import shutil
+
+    from beam_pipelines.generate import run
+
+    shard = tmp_path / "in.tsv"
+    shutil.copy(bitext, shard)
+    out = tmp_path / "out"
+    args = quick_args(str(shard), out, tiny_nmt_models)
+    run(args)
+    assert run(args).get("noop")                                      # the same command: nothing to do
+    manifest = json.loads((out / "_manifest.json").read_text())
+    # as an earlier version wrote it: the name-and-size key, no version
+    from beam_pipelines.generation.check import check
+    from beam_pipelines.generation.plan import _plan_key, plan_inputs
+
+    _request, job = check(args)
+    inputs = plan_inputs(job, None)
+    legacy = _plan_key(job.config_hash, inputs.decode, job.unit_pairs, None, inputs.capacity, version=1)
+    old = {**manifest, "plan_key": legacy}
+    del old["plan_key_version"]
+    (out / "_manifest.json").write_text(json.dumps(old))
+    assert run(args).get("noop")                                      # still done
+    (out / "_manifest.json").write_text(json.dumps(manifest))         # this version's again
+    text = shard.read_text()
+    shard.write_text(text.replace("a", "b", 1) if "a" in text else text[::-1])   # the same size, other content
+    os.utime(shard, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    with pytest.raises(UsageError, match="already holds a committed run"):
+        run(args)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from beam_pipelines.generation.check import Job, Request
 from beam_pipelines.generation.compact import read_summary
-from beam_pipelines.generation.plan import Inputs, Plan
+from beam_pipelines.generation.plan import PLAN_KEY_VERSION, Inputs, Plan
 from beam_pipelines.report import nothing_to_publish
 from common.cli import EXIT_EMPTY, JobFailed, versions
 from paracorpus.commit import entry_path, file_location
@@ -81,6 +81,7 @@ def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: di
         "counts": totals(shards), "files": files, "units": units, "counters": counters,
         "file_target": {"rows": job.file_target.rows, "mb": job.file_target.megabytes},
         "versions": versions(), "command": list(request.command), "resumed": plan.resumed, "plan_key": plan.plan_key,
+        "plan_key_version": PLAN_KEY_VERSION,
         "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return Outcome(manifest, output, counters, elapsed, plan.work, request.allow_empty)
 

@@ -20,7 +20,7 @@ from beam_pipelines.commit import refuse_to_replace
 from beam_pipelines.generation.check import Job, Request
 from common import storage
 from common.cli import UsageError
-from common.shards import estimate_records, shard_size
+from common.shards import estimate_records, shard_identity, shard_size
 from paracorpus.bins import bin_capacity, pack
 from paracorpus.commit import WORK, file_location, new_run_id, read_manifest, resumable_run, work_dir
 from paracorpus.compaction import TABLES as DATA_TABLES
@@ -102,15 +102,17 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
       continued, its finished units kept (with --run_id, only a run of that id);
     - otherwise a new run. A committed run with another plan is only replaced with --overwrite
       (UsageError), --resume or not."""
-    key = _plan_key(job.config_hash, inputs.decode, job.unit_pairs, inputs.reuse.previous_run_id, inputs.capacity)
+    args = (job.config_hash, inputs.decode, job.unit_pairs, inputs.reuse.previous_run_id, inputs.capacity)
+    key = _plan_key(*args)
+    same = _same_plan(key, lambda: _plan_key(*args, version=1))
     output = request.output
     committed = read_manifest(output, MANIFEST)
-    if committed is not None and committed.get("plan_key") == key and not request.overwrite:
+    if committed is not None and same(committed) and not request.overwrite:
         return Plan(committed["run_id"], output, {}, job.lang_pair, job.config_hash, plan_key=key, done=True)
     refuse_to_replace(output, MANIFEST, "a committed run", request.overwrite)
     if request.run_id is not None:
-        refuse_other_plans_run(output, request.run_id, key)
-    run_id = resumable_run(output, key)
+        refuse_other_plans_run(output, request.run_id, same)
+    run_id = resumable_run(output, same)
     if run_id is not None and request.run_id in (None, run_id):
         plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
         layout = {k: tuple(v) for k, v in plan["layout"].items()}
@@ -126,17 +128,17 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
                 job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs)
 
 
-def refuse_other_plans_run(output: str, run_id: str, key: str) -> None:
-    """UsageError when OUTPUT/_work/RUN_ID holds an unfinished run of another plan than KEY: a
-    --run_id names one run, and continuing it with other inputs, models or settings would mix
-    the two plans' rows."""
+def refuse_other_plans_run(output: str, run_id: str, same) -> None:
+    """UsageError when OUTPUT/_work/RUN_ID holds an unfinished run of another plan (SAME(record)
+    False): a --run_id names one run, and continuing it with other inputs, models or settings
+    would mix the two plans' rows."""
     path = storage.join(work_dir(output, run_id), "plan.json")
     if not storage.isfile(path):
         return
-    other = storage.read_json(path).get("plan_key")
-    if other != key:
+    plan = storage.read_json(path)
+    if not same(plan):
         raise UsageError(f"--run_id {run_id}: {storage.join(output, WORK, run_id)} holds an unfinished run of another "
-                         f"plan (other inputs, models or settings: plan {other}, this command's {key}); give another "
+                         f"plan (other inputs, models or settings: plan {plan.get('plan_key')}); give another "
                          "--run_id, run the command that started it to finish it, or remove that folder to start "
                          "afresh")
 
@@ -155,7 +157,8 @@ def record_plan(plan: Plan, job: Job, request: Request, inputs: Inputs) -> froze
     run), after writing the plan where a rerun finds it, and one log line saying what runs."""
     finished = frozenset(finished_units(plan.work)) if plan.resumed else frozenset()
     storage.write_json(storage.join(plan.work, "plan.json"),
-                       {"run_id": plan.run_id, "plan_key": plan.plan_key, "layout": plan.layout, "bins": plan.bins,
+                       {"run_id": plan.run_id, "plan_key": plan.plan_key, "plan_key_version": PLAN_KEY_VERSION,
+                        "layout": plan.layout, "bins": plan.bins,
                         "unit_pairs": plan.unit_pairs, "config_hash": plan.config_hash,
                         "command": list(request.command)})
     reuse = inputs.reuse
@@ -169,12 +172,36 @@ def record_plan(plan: Plan, job: Job, request: Request, inputs: Inputs) -> froze
     return finished
 
 
-def _plan_key(chash: str, shards, unit_pairs: int, previous_run: str | None = None, capacity: int = 0) -> str:
+PLAN_KEY_VERSION = 2      # 2: inputs known by each file's size and modification time (1: names and sizes)
+
+
+def _plan_key(chash: str, shards, unit_pairs: int, previous_run: str | None = None, capacity: int = 0,
+              version: int = PLAN_KEY_VERSION) -> str:
     """What must be the same for a rerun to continue a run (or find it done): config, inputs to
-    decode (names and sizes), how records are cut into units, the run it builds on and how shards
-    are binned."""
-    inputs = [(s.name, shard_size(s)) for s in shards]
-    return hashlib.sha256(json.dumps([chash, inputs, unit_pairs, previous_run, capacity]).encode()).hexdigest()[:16]
+    decode (by name, each file's size and modification time: a file rewritten in place, even to
+    the same size, is another input), how records are cut into units, the run it builds on and
+    how shards are binned. VERSION 1 is the key runs made before version 2 recorded (names and
+    total sizes), for the comparison with them."""
+    if version == 1:
+        inputs = [(s.name, shard_size(s)) for s in shards]
+        return hashlib.sha256(json.dumps([chash, inputs, unit_pairs, previous_run, capacity]).encode()).hexdigest()[:16]
+    inputs = [(s.name, shard_identity(s)) for s in shards]
+    return hashlib.sha256(json.dumps([chash, inputs, unit_pairs, previous_run, capacity, version])
+                          .encode()).hexdigest()[:16]
+
+
+def _same_plan(key: str, legacy):
+    """A test of a run's record (its manifest or plan.json): made for this plan? A record without
+    a key version is compared with LEGACY() (the version-1 key, computed once if needed)."""
+    memo: list = []
+
+    def same(record: dict) -> bool:
+        if record.get("plan_key_version") is not None:
+            return record.get("plan_key") == key
+        if not memo:
+            memo.append(legacy())
+        return record.get("plan_key") == memo[0]
+    return same
 
 
 def carries(reuse: Reuse, bins: dict) -> list[tuple[str, dict]]:
