@@ -116,3 +116,26 @@ def test_a_run_that_lost_its_claim_stops_before_its_manifest_touching_nothing(tm
     after = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert set(before) <= after                                   # nothing removed
     assert json.load(open(owner))["token"] == "theirs"            # their record left alone
+
+
+def test_a_heartbeat_that_finds_another_writers_token_says_so_and_stops(tmp_path, monkeypatch):
+    """The heartbeat thread reads the record before renewing it: another token means another
+    writer took OUT over, and ON_LOST is told (the jobs stop there, exit 75) instead of the
+    heartbeat writing over the other writer's record."""
+    import threading
+
+    from paracorpus import commit as commit_module
+
+    monkeypatch.setattr(commit_module, "HEARTBEAT_SECONDS", 0.1)
+    out = str(tmp_path / "out")
+    told = threading.Event()
+    why = []
+    claim = Claim(out, "r1", on_lost=lambda w: (why.append(w), told.set())).acquire()
+    record = json.load(open(os.path.join(out, "_owner.json")))
+    theirs = {**record, "run_id": "r2", "token": "theirs", "heartbeat": time.time()}
+    with open(os.path.join(out, "_owner.json"), "w") as f:
+        json.dump(theirs, f)
+    assert told.wait(10) and "lost its claim" in why[0] and "run r2 holds it now" in why[0]
+    time.sleep(0.3)
+    assert json.load(open(os.path.join(out, "_owner.json")))["token"] == "theirs"    # not written over
+    claim.release()
