@@ -32,7 +32,7 @@ import apache_beam as beam
 from beam_pipelines.commit import Claim, commit, refuse_to_replace
 from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, torch_threads_for
 from beam_pipelines.report import print_filter_summary, top_reasons
-from beam_pipelines.stopping import Stopping
+from common.stopping import Stopping
 from common import storage
 from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_apart, check_output_location, cli_main,
                         command_line, configure_logging, versions)

@@ -10,7 +10,7 @@ dry_run.py) -> under the output's claim, **decode** with one Beam pipeline (deco
 stages **compact** the unit files (compact.py) -> **commit**: publish the manifest only if the
 counts reconcile (outcome.py, beam_pipelines/commit.py) -> **report** (beam_pipelines/report.py).
 The same command run again after a stop continues the run (plan.py); a signal or a failure ends
-it in one line with the committed units kept (beam_pipelines/stopping.py).
+it in one line with the committed units kept (common/stopping.py).
 
 One pair's path: ReadShard (transforms/io.py, common/shards.py) -> Clean (paracorpus/steps.py
 CleanStep through transforms/steps.py) -> Deduplicate -> GroupByKey on the pair's work unit ->
@@ -31,7 +31,7 @@ from beam_pipelines.generation.options import build_parser
 from beam_pipelines.generation.outcome import collect
 from beam_pipelines.generation.plan import plan_inputs, plan_run, record_plan, units_committed
 from beam_pipelines.report import report_already_done, report_generation, report_nothing_changed
-from beam_pipelines.stopping import Stopping
+from common.stopping import Stopping
 from common import storage
 from common.cli import cli_main, configure_logging
 from paracorpus.schema import MANIFEST

@@ -46,7 +46,7 @@ from common import storage
 from common.cli import EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError, cli_main, configure_logging
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
-from beam_pipelines.stopping import Stopping
+from common.stopping import Stopping
 from paracorpus.commit import entry_path, file_location, is_under, new_run_id
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 

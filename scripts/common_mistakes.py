@@ -323,7 +323,7 @@ def ok(result: dict) -> bool:
 
 
 # Not mistakes: what a run prints when something outside it fails (the one-line errors of
-# beam_pipelines/stopping.py, common/storage.py and transforms/units.py; tests/test_faults.py and
+# common/stopping.py, common/storage.py and transforms/units.py; tests/test_faults.py and
 # bench/bench_faults.py cause each for real). Written here, not run: the faults need a real run.
 FAULTS = """
 ## When something outside the job fails

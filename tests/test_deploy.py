@@ -350,7 +350,7 @@ def test_kubernetes_job_reruns_the_same_command_and_ignores_disruptions():
     import yaml
 
     from beam_pipelines.generate import build_parser
-    from beam_pipelines.stopping import GRACE_SECONDS
+    from common.stopping import GRACE_SECONDS
 
     doc = yaml.safe_load(open(os.path.join(ROOT, "deploy", "k8s", "paragen-generate-job.yaml")))
     assert doc["kind"] == "Job" and doc["spec"]["backoffLimit"] >= 3

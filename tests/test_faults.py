@@ -374,7 +374,7 @@ def test_a_killed_dask_worker_is_replaced_and_the_run_finishes_with_every_row(bi
 def test_a_stop_ends_the_jobs_processes_and_leaves_the_callers_alone():
     """What the job stops are the processes it started: a caller's servers (a test's moto, a
     notebook's Dask cluster) started before the job began are left running."""
-    from beam_pipelines.stopping import Stopping, stop_descendants
+    from common.stopping import Stopping, stop_descendants
 
     callers = subprocess.Popen(["sleep", "60"])
     try:

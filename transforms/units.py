@@ -12,7 +12,7 @@ import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 from apache_beam.utils.shared import Shared
 
-from beam_pipelines.stopping import DEVICE_FAILURE_EXIT   # 70 (EX_SOFTWARE): a worker whose device failed
+from common.stopping import DEVICE_FAILURE_EXIT   # 70 (EX_SOFTWARE): a worker whose device failed
 from common import storage
 from common.memory import release_memory
 from models.nmt.devices import DeviceFailure
@@ -136,7 +136,7 @@ def end_poisoned_worker(unit: int, exc: Exception) -> None:
     import os
     import sys
 
-    from beam_pipelines.stopping import end_in_this_process
+    from common.stopping import end_in_this_process
 
     why = (f"the device of worker process {os.getpid()} failed while decoding unit {unit} ({exc}); this process "
            f"ends (exit status {DEVICE_FAILURE_EXIT}) so that its work is done again in a fresh one")

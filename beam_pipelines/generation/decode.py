@@ -25,7 +25,7 @@ from beam_pipelines.generation.compact import Compact, WriteRunSummary
 from beam_pipelines.generation.mps import MpsDaemon
 from beam_pipelines.generation.plan import Inputs, Plan, units_committed
 from beam_pipelines.options import is_local, run_pipeline
-from beam_pipelines.stopping import RunnerNoise, Stopping, pipeline_failure
+from common.stopping import RunnerNoise, Stopping, pipeline_failure
 from paracorpus.cleaning import CleaningConfig
 from paracorpus.commit import file_location
 from paracorpus.steps import CleanStep
@@ -125,7 +125,7 @@ def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset,
     """Run PLAN's pipeline to the end on JOB's runner: (its counters, seconds it took, how its GPU
     worker processes shared a GPU). A failure is one line (JobFailed) with the committed units
     kept; a worker process that dies ends the job through STOPPING at once
-    (beam_pipelines/stopping.py). GPU worker processes of this machine run under an MPS daemon
+    (common/stopping.py). GPU worker processes of this machine run under an MPS daemon
     of the run's where --mps allows (beam_pipelines/generation/mps.py)."""
     beam_args = list(job.beam_args)
     dask = "dask" in job.runner.lower()
