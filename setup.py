@@ -15,6 +15,7 @@ setup(
     packages=find_packages(include=["common*", "beam_pipelines*", "models*", "transforms*", "paracorpus*", "embeddings*", "filtering*"]),
     install_requires=[
         "apache-beam[dask]>=2.77,<2.78",   # the pipelines; [dask] for the DaskRunner
+        "dask-jobqueue>=0.9,<0.10",         # the DaskRunner's workers as SLURM jobs (--slurm_workers)
         "torch>=2.6,<2.14",                  # NMT decoding and encoders (safe weights_only loading)
         # fairseq-fixed==0.12.3.1: fairseq 0.12.2 does not import on Python 3.11; installed by hash
         # from requirements-fairseq.txt (it must compile against the installed torch).

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import apache_beam as beam
 
 from beam_pipelines.commit import Claim, commit, refuse_to_replace
-from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, torch_threads_for
+from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, runner_name, torch_threads_for
+from beam_pipelines.slurm import check_slurm
 from beam_pipelines.report import print_filter_summary, top_reasons
 from common.stopping import Stopping
 from common import storage
@@ -196,6 +197,8 @@ def check(argv: list[str]) -> FilterJob:
     parser = build_parser()
     known, beam_args = parser.parse_known_args(argv)
     beam_args = check_beam_args(beam_args, parser)
+    # the filter scores on the CPU: its SLURM workers hold no GPU unless asked for
+    beam_args = check_slurm(beam_args, runner_name(beam_args), default_gpus=0)
     threads = torch_threads_for(known.torch_threads, beam_args)
     output = check_output_location(known.output)
     check_apart(output, known.input)

@@ -5,7 +5,9 @@
   whose write met a store that stayed away past the storage layer's own retries, say) fails the
   run. Here the graph is computed with ``--dask_task_retries`` retries (default 3). A worker
   process that dies is dask's own business: the scheduler recomputes its tasks elsewhere until a
-  task has been on ``distributed.scheduler.allowed-failures`` (3) dead workers.
+  task has been on ``distributed.scheduler.allowed-failures`` (3) dead workers. With
+  ``--slurm_workers N`` the runner submits its own workers as SLURM jobs for the pipeline and
+  cancels them after it (beam_pipelines/slurm.py).
 - FlinkRunner: Beam leaves Flink's restart strategy unset, and Flink without checkpointing then
   uses "no restart": the first failed task fails a batch job. ``--number_of_execution_retries``
   and ``--execution_retry_delay`` (milliseconds) are Beam's Flink options (FlinkPipelineOptions)
@@ -21,6 +23,9 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.dask import dask_runner
+from apache_beam.runners.runner import PipelineState
+
+from beam_pipelines.slurm import SlurmOptions, close_cluster, settings_from, start_cluster  # noqa: F401: registers --slurm_*
 
 DEFAULT_TASK_RETRIES = 3
 
@@ -58,10 +63,35 @@ class DaskRunner(dask_runner.DaskRunner):
             raise ValueError(f"--dask_task_retries must be >= 0, not {retries}")
         dask_options = options.view_as(dask_runner.DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = dask_runner.DaskOptions._extract_bag_kwargs(dask_options)  # noqa: SLF001: as Beam's runner
-        client = ddist.Client(**dask_options)
+        slurm = settings_from(options)
+        cluster = keeping = None
+        if slurm is not None:
+            cluster, keeping = start_cluster(slurm)
+            dask_options.pop("address", None)
+            client = ddist.Client(cluster, **dask_options)
+        else:
+            client = ddist.Client(**dask_options)
         pipeline.replace_all(dask_runner.dask_overrides())
         visitor = self.to_dask_bag_visitor(bag_kwargs)
         pipeline.visit(visitor)
         # the last bag depends on the whole graph (the jobs end in one sink): computing it runs all
         graph = dask.optimize(list(visitor.bags.values())[-1])
-        return dask_runner.DaskRunnerResult(client, client.compute(graph, retries=retries))
+        if cluster is None:
+            return dask_runner.DaskRunnerResult(client, client.compute(graph, retries=retries))
+        return _SlurmResult(client, client.compute(graph, retries=retries), cluster, keeping)
+
+
+class _SlurmResult(dask_runner.DaskRunnerResult):
+    """The pipeline's result; its worker jobs are cancelled once it has finished or failed."""
+
+    def __init__(self, client, futures, cluster, keeping):
+        super().__init__(client, futures)
+        self._cluster, self._keeping = cluster, keeping
+
+    def wait_until_finish(self, duration=None) -> str:
+        try:
+            return super().wait_until_finish(duration)
+        finally:
+            if self._state != PipelineState.RUNNING:
+                self.client.close()
+                close_cluster(self._cluster, self._keeping)

@@ -40,6 +40,22 @@ _OTHERS: set = set()         # processes this one had started before the job beg
 
 
 _ENDING = threading.Lock()
+_AT_END: list = []           # what else a stop undoes (worker jobs a SLURM run submitted)
+
+
+def at_end(fn) -> None:
+    """FN() runs when a stop ends this process (after the claim is released, before the line),
+    once, bounded by the grace period; registering the same function twice runs it once."""
+    if fn not in _AT_END:
+        _AT_END.append(fn)
+
+
+def _run_at_end(seconds: float) -> None:
+    def quietly(fn):
+        with contextlib.suppress(Exception):
+            fn()
+    for fn in list(_AT_END):
+        _bounded(lambda fn=fn: quietly(fn), seconds)
 
 
 def _once(release: bool = False) -> None:
@@ -198,6 +214,7 @@ class Stopping:
         code = 128 + signum
         if self._signalled is not None:            # a second signal: the line now, then out
             kill_descendants()
+            _run_at_end(2.0)
             _say(self._line(f"{self.what} stopped by {signal.Signals(signum).name} twice: not waiting for the "
                             "clean-up", "", 0, None))
             os._exit(code)
@@ -252,6 +269,7 @@ class Stopping:
                 if active.cleanup:
                     active.cleanup()               # the claim first: the next start must not wait for it
         workers = stop_descendants()
+        _run_at_end(max(1.0, self.grace / 4))
         kept = ""
         if not self._published:
             # Listing what is committed may take long on a slow store: what is left of the grace

@@ -44,3 +44,8 @@ fi
 if [ "${SKIP_PARSER:-0}" != 1 ]; then
   bash scripts/install_parser.sh >/dev/null 2>&1 || echo "note: link-grammar not installed (needs apt and root); the tree_edit filter is unavailable" >&2
 fi
+# SLURM's daemons, for the tests that run the jobs under a real SLURM (tests/test_slurm.py, skipped
+# without them); the jobs themselves need only sbatch on a cluster's nodes.
+if [ "${SKIP_SLURM:-0}" != 1 ]; then
+  bash scripts/install_slurm.sh >/dev/null 2>&1 || echo "note: SLURM not installed (needs apt and root); its tests are skipped" >&2
+fi

@@ -246,7 +246,8 @@ def test_dockerfile_lints_clean():
 
 def test_shell_scripts_lint_clean():
     scripts = SCRIPTS + sorted(glob.glob(os.path.join(ROOT, "scripts", "*.sh"))) + [
-        os.path.join(ROOT, "deploy", "slurm", "generate.sbatch")]
+        *sorted(glob.glob(os.path.join(ROOT, "deploy", "slurm", "*.sbatch"))),
+        *sorted(glob.glob(os.path.join(ROOT, "deploy", "slurm", "*.sh")))]
     done = subprocess.run([_linter("shellcheck"), "-x", *scripts], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,217 @@
+"""The jobs under a real SLURM (tests/slurm_cluster.py: munged, slurmctld and slurmd started here),
+submitted as a user would, with `sbatch`:
+
+- deploy/slurm/generate.sbatch (one node), requeued mid-run by `scontrol requeue` and then given
+  the time limit's warning (SIGUSR1, what --signal=B:USR1@120 sends), continues to the rows of an
+  uninterrupted local run;
+- deploy/slurm/cluster.sbatch (the driver; the DaskRunner submits two worker jobs): a worker job
+  cancelled mid-run is replaced and costs only its units in flight; the driver requeued mid-run
+  cancels its worker jobs, and its next start submits new ones and finishes; the rows are those
+  of the local run;
+- the check phase refuses a partition SLURM does not have (`sbatch --test-only`) before anything
+  is written or submitted.
+The settings and the worker script are tested without SLURM too.
+"""
+import os
+import subprocess
+import time
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+import beam_pipelines.runners  # noqa: F401: registers --slurm_*
+from beam_pipelines.generate import run
+from beam_pipelines.slurm import settings_from, worker_script
+from common.cli import UsageError
+from tests.jobs import committed_rows, quick_args, units_committed
+from tests.slurm_cluster import missing, slurm_cluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    why = missing()
+    if why:
+        pytest.skip(f"no SLURM here: {why}")
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def bitext(tmp_path_factory):
+    from tests.toydata import toy_bitext
+
+    path = tmp_path_factory.mktemp("in") / "toy.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:64]))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def local_rows(bitext, tiny_nmt_models, tmp_path_factory):
+    """The rows of an uninterrupted run on this machine (DirectRunner, in memory)."""
+    out = tmp_path_factory.mktemp("local") / "out"
+    run(quick_args(bitext, out, tiny_nmt_models))
+    rows = committed_rows(out)
+    assert len(rows) > 100
+    return rows
+
+
+def _submit(slurm, script, log, *args) -> str:
+    done = slurm.run("sbatch", "--parsable", f"--output={log}", os.path.join(ROOT, "deploy", "slurm", script),
+                     *args)
+    return done.stdout.strip().split(";")[0]
+
+
+def _wait(what, timeout=300, slurm=None, job=None):
+    deadline = time.time() + timeout
+    while not what():
+        if slurm is not None and job is not None:
+            state = slurm.job(job).get("JobState")
+            assert state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED"), \
+                (state, open(slurm.job(job)["StdOut"]).read()[-3000:])
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.3)
+
+
+def _start_now(slurm, job):
+    """A requeued job waits two minutes (SLURM's BeginTime after a requeue): an administrator's
+    `scontrol update StartTime=now` lets it start at once."""
+    slurm.wait_state(job, {"PENDING"}, timeout=60)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+
+
+@pytest.mark.slow
+def test_single_node_job_requeued_and_warned_of_its_time_limit_continues_to_the_same_rows(
+        slurm, bitext, tiny_nmt_models, local_rows, tmp_path):
+    out, log = tmp_path / "out", tmp_path / "job.log"
+    job = _submit(slurm, "generate.sbatch", log, *quick_args(bitext, out, tiny_nmt_models))
+    _wait(lambda: units_committed(out) >= 2, slurm=slurm, job=job)
+    slurm.run("scontrol", "requeue", job)                  # what a preemption with PreemptMode=REQUEUE does
+    _start_now(slurm, job)
+    _wait(lambda: slurm.job(job).get("Restarts") == "1" and slurm.job(job).get("JobState") == "RUNNING")
+    before = units_committed(out)
+    _wait(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
+    # two minutes before the time limit: SIGUSR1 to the batch shell (--signal=B:USR1@120)
+    slurm.run("scancel", "--batch", "--signal=USR1", job)
+    _start_now(slurm, job)
+    info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    assert info["Restarts"] == "2"
+    assert text.count("stopped by SIGTERM") == 2 and "time limit near: requeued batch job" in text, text[-3000:]
+    assert "(resumed)" in text and "Traceback" not in text
+    assert committed_rows(out) == local_rows
+    assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]      # nothing left over
+
+
+@pytest.mark.slow
+def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continues(
+        slurm, bitext, tiny_nmt_models, local_rows, tmp_path):
+    out, log, logs = tmp_path / "out", tmp_path / "driver.log", tmp_path / "workers"
+    logs.mkdir()
+    job = _submit(slurm, "cluster.sbatch", log, "--slurm_workers", "2", "--slurm_cpus_per_worker", "1",
+                  "--slurm_memory", "2GB", "--slurm_time", "30", "--slurm_log_dir", str(logs),
+                  *quick_args(bitext, out, tiny_nmt_models))
+
+    def workers(state=("RUNNING", "PENDING")):
+        return [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in state]
+
+    _wait(lambda: len(workers(("RUNNING",))) == 2 and units_committed(out) >= 2, slurm=slurm, job=job)
+    first = {j["JobName"] for j in workers()}
+    assert len(first) == 1                                # one cluster: its jobs share a name
+    victim = workers(("RUNNING",))[0]["JobId"]
+    slurm.run("scancel", victim)                          # a worker preempted, or at its time limit
+    _wait(lambda: victim not in {j["JobId"] for j in workers()} and len(workers()) == 2, timeout=120,
+          slurm=slurm, job=job)                           # replaced
+    before = units_committed(out)
+    _wait(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
+    assert units_committed(out) < 16, "the run ended before the driver could be requeued: give it more pairs"
+    slurm.run("scontrol", "requeue", job)                 # the driver preempted: its worker jobs go with it
+    _start_now(slurm, job)
+    assert not [j for j in workers() if j["JobName"] in first]
+    info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    assert "stopped by SIGTERM" in text and "worker job %s ended; submitting another" % victim in text
+    assert "(resumed)" in text and "Traceback" not in text
+    names = {j["JobName"] for j in slurm.jobs("paragen-worker-")}
+    assert len(names) == 2                                # the second start submitted its own workers
+    _wait(lambda: not workers(), timeout=60)              # and cancelled them at its end
+    assert committed_rows(out) == local_rows
+    assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
+
+
+def test_a_partition_slurm_does_not_have_is_refused_before_anything_is_submitted(slurm, bitext, tiny_nmt_models,
+                                                                               tmp_path):
+    out = tmp_path / "out"
+    before = slurm.jobs()
+    done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python") if os.path.exists(
+        os.path.join(ROOT, ".venv", "bin", "python")) else "python3", "-m", "beam_pipelines.generate",
+        *quick_args(bitext, out, tiny_nmt_models), "--runner", "DaskRunner", "--slurm_workers", "2",
+        "--slurm_partition", "gpu-nosuch"], cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT},
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "SLURM refuses the worker jobs" in done.stderr and "invalid partition" in done.stderr.lower()
+    assert not out.exists() and slurm.jobs() == before
+
+
+def test_a_worker_script_sbatch_accepts(slurm, tmp_path):
+    """The script of a GPU worker job, as the check phase submits it to `sbatch --test-only`, is
+    accepted as it is; too many GPUs for any node is refused there."""
+    opts = PipelineOptions(["--slurm_workers", "3", "--slurm_gpus_per_worker", "2", "--slurm_partition", "debug"])
+    script = tmp_path / "w.sh"
+    script.write_text(worker_script(settings_from(opts, 2)))
+    done = slurm.run("sbatch", "--test-only", str(script), check=False)
+    assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
+    script.write_text(worker_script(settings_from(PipelineOptions(["--slurm_workers", "1",
+                                                                   "--slurm_gpus_per_worker", "8"]), 1)))
+    assert slurm.run("sbatch", "--test-only", str(script), check=False).returncode != 0
+
+
+def test_settings_come_from_the_file_and_the_command_line_wins(tmp_path):
+    config = tmp_path / "workers.yaml"
+    config.write_text("partition: gpu\naccount: lab\ngpus_per_worker: 4\nprocesses_per_gpu: 2\nmemory: 256GB\n"
+                      "time: '2-00:00:00'\nextra: ['--qos=long']\n")
+    s = settings_from(PipelineOptions(["--slurm_workers", "8", "--slurm_config", str(config),
+                                       "--slurm_partition", "a100"]))
+    assert (s.workers, s.partition, s.account, s.gpus_per_worker, s.processes) == (8, "a100", "lab", 4, 8)
+    assert s.cpus == 32 and s.memory_bytes == 256 * 10**9 and s.extra == ("--qos=long",)
+    script = worker_script(s)
+    for line in ("#SBATCH -p a100", "#SBATCH -A lab", "#SBATCH --cpus-per-task=32", "#SBATCH --gres=gpu:4",
+                 "#SBATCH -t 2-00:00:00", "#SBATCH --no-requeue", "#SBATCH --qos=long", "nvidia-cuda-mps-control -d",
+                 "--nworkers 8", "--nthreads 1", "--death-timeout 60", "--lifetime 2865m", "--lifetime-stagger 5m",
+                 "PARAGEN_GPU_SLOTS="):
+        assert line in script, (line, script)
+    cpu = worker_script(settings_from(PipelineOptions(["--slurm_workers", "1", "--slurm_gpus_per_worker", "0",
+                                                       "--slurm_cpus_per_worker", "4"])))
+    assert "--gres" not in cpu and "--nworkers 4" in cpu and "mps" not in cpu
+    assert settings_from(PipelineOptions([])) is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--slurm_partition", "gpu"], "without --slurm_workers"),
+    (["--slurm_workers", "0", "--slurm_time", "10"], "without --slurm_workers"),
+    (["--slurm_workers", "-2"], ">= 1"),
+    (["--slurm_workers", "2", "--slurm_partition", "gpu; rm -rf /"], "letters, digits"),
+    (["--slurm_workers", "2", "--slurm_extra", "--qos=x\n#SBATCH --uid=0"], "one sbatch option"),
+    (["--slurm_workers", "2", "--slurm_extra", "qos"], "one sbatch option"),
+    (["--slurm_workers", "2", "--slurm_time", "3"], "at least 5 minutes"),
+    (["--slurm_workers", "2", "--slurm_time", "1 day"], "HH:MM:SS"),
+    (["--slurm_workers", "2", "--slurm_memory", "lots"], "an amount"),
+    (["--slurm_workers", "2", "--slurm_python", "python3"], "absolute path"),
+    (["--slurm_workers", "2", "--slurm_gpus_per_worker", "-1"], ">= 0"),
+])
+def test_mistaken_settings_are_refused_in_one_line(args, says):
+    with pytest.raises(UsageError, match=says.replace("(", r"\(")):
+        settings_from(PipelineOptions(args))
+
+
+def test_a_config_file_with_an_unknown_key_is_refused(tmp_path):
+    config = tmp_path / "w.yaml"
+    config.write_text("partition: gpu\ngpu_per_worker: 2\n")
+    with pytest.raises(UsageError, match="unknown setting.*gpu_per_worker"):
+        settings_from(PipelineOptions(["--slurm_workers", "1", "--slurm_config", str(config)]))
+    config.write_text("- a list\n")
+    with pytest.raises(UsageError, match="a mapping"):
+        settings_from(PipelineOptions(["--slurm_workers", "1", "--slurm_config", str(config)]))
