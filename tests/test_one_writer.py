@@ -139,3 +139,28 @@ def test_a_heartbeat_that_finds_another_writers_token_says_so_and_stops(tmp_path
     time.sleep(0.3)
     assert json.load(open(os.path.join(out, "_owner.json")))["token"] == "theirs"    # not written over
     claim.release()
+
+
+@pytest.mark.slow
+def test_the_same_command_started_twice_at_once_writes_once(tmp_path, tiny_nmt_models):
+    """Two starts of one command (a scheduler's retry while the first still runs, a double click):
+    one writes the run, the other exits 75 at once having written nothing; the run is whole."""
+    from tests.crash_points import leftovers
+    from tests.toydata import toy_bitext
+
+    bitext = tmp_path / "in.tsv"
+    bitext.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:24]))
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "beam_pipelines.generate", *quick_args(str(bitext), out, tiny_nmt_models)]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+             for _ in range(2)]
+    ends = [p.communicate(timeout=600) for p in procs]
+    statuses = [p.returncode for p in procs]
+    assert sorted(statuses) == [0, 75], [e[1].decode(errors="replace")[-2000:] for e in ends]
+    busy = ends[statuses.index(75)][1].decode(errors="replace")
+    errors = [line for line in busy.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in busy, busy[-2000:]
+    manifest = json.load(open(out / "_manifest.json"))
+    assert manifest["counts"]["records_read"] == 24 and manifest["counts"]["reconciled"]
+    assert not leftovers(str(out)) and not (out / "_owner.json").exists()
