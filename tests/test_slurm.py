@@ -48,11 +48,16 @@ def bitext(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def local_rows(bitext, tiny_nmt_models, tmp_path_factory):
-    """The rows of an uninterrupted run on this machine (DirectRunner, in memory)."""
+def local_run(bitext, tiny_nmt_models, tmp_path_factory):
+    """An uninterrupted run on this machine (DirectRunner, in memory): its folder."""
     out = tmp_path_factory.mktemp("local") / "out"
     run(quick_args(bitext, out, tiny_nmt_models))
-    rows = committed_rows(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_rows(local_run):
+    rows = committed_rows(local_run)
     assert len(rows) > 100
     return rows
 
@@ -142,12 +147,55 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
 
 
+FILTER_CONFIG = """filters:
+  - name: length
+    thresholds: {paraphrase_length: {max: 8}}
+  - name: ngram_overlap
+    n: [1, 2, 3]
+    thresholds: {trigram_overlap: {max: 0.7}}
+  - name: bleu
+"""
+
+
+def _python() -> str:
+    venv = os.path.join(ROOT, ".venv", "bin", "python")
+    return venv if os.path.exists(venv) else "python3"
+
+
+@pytest.mark.slow
+def test_the_filter_job_on_slurm_workers_scores_as_a_local_run(slurm, local_run, tmp_path):
+    """paragen-filter from a login node with --slurm_workers: its worker job scores the files and
+    is cancelled at the end; the kept rows and their reasons are those of a local run."""
+    from beam_pipelines.filter import run as filter_run
+    from common import storage
+    from paracorpus.commit import committed_files
+
+    config = tmp_path / "filter.yaml"
+    config.write_text(FILTER_CONFIG)
+    args = ["--input", str(local_run), "--config", str(config), "--no_report"]
+    filter_run([*args, "--output", str(tmp_path / "local")])
+    done = subprocess.run([_python(), "-m", "beam_pipelines.filter", *args, "--output", str(tmp_path / "slurm"),
+                           "--runner", "DaskRunner", "--slurm_workers", "1", "--slurm_cpus_per_worker", "1",
+                           "--slurm_memory", "2GB", "--slurm_time", "30", "--slurm_log_dir", str(tmp_path)],
+                          cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SLURM: submitting 1 worker job(s)" in done.stderr and "--gres" not in open(
+        next(tmp_path.glob("paragen-worker-*.err"))).read()
+
+    def scored(out):
+        table = storage.parquet_dataset(committed_files(str(out), "scored", "_filter_manifest.json")).to_table()
+        return sorted((r["pair_id"], r["rank"], r["keep"], tuple(r["reasons"] or ()), round(r["trigram_overlap"], 9))
+                      for r in table.to_pylist())
+    local, on_slurm = scored(tmp_path / "local"), scored(tmp_path / "slurm")
+    assert on_slurm == local and any(r[2] for r in local) and not all(r[2] for r in local)
+    assert not [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in ("RUNNING", "PENDING")]
+
+
 def test_a_partition_slurm_does_not_have_is_refused_before_anything_is_submitted(slurm, bitext, tiny_nmt_models,
                                                                                tmp_path):
     out = tmp_path / "out"
     before = slurm.jobs()
-    done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python") if os.path.exists(
-        os.path.join(ROOT, ".venv", "bin", "python")) else "python3", "-m", "beam_pipelines.generate",
+    done = subprocess.run([_python(), "-m", "beam_pipelines.generate",
         *quick_args(bitext, out, tiny_nmt_models), "--runner", "DaskRunner", "--slurm_workers", "2",
         "--slurm_partition", "gpu-nosuch"], cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT},
         capture_output=True, text=True, timeout=300)
