@@ -192,9 +192,10 @@ def referenced_runs(run_dir: str) -> set[str]:
     return names - {storage.basename(run_dir.rstrip("/"))}
 
 
-def prune(root: str, keep: int, with_filter: bool, current: str | None) -> list[str]:
+def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: str | None = None) -> list[str]:
     """Remove from ROOT/runs every run but the newest KEEP committed ones, CURRENT (latest's
-    target) and the runs those take files from; and the logs of what was removed."""
+    target) and the runs those take files from; and the logs of what was removed (but LOG_OF's:
+    a no-op refresh keeps its own log until the next refresh)."""
     runs_dir = storage.join(root, "runs")
     names = storage.listdir(runs_dir)
     committed = [n for n in names if _committed(root, n, with_filter)]
@@ -209,7 +210,7 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None) -> list[
         if name not in kept:
             storage.delete_tree(storage.join(root, "filtered", name))
     for log_name in storage.listdir(storage.join(root, "logs")):      # logs of runs gone, of no-op refreshes
-        if log_name.removesuffix(".log") not in kept:
+        if log_name.removesuffix(".log") not in kept | {log_of}:
             storage.delete(storage.join(root, "logs", log_name))
     return removed
 
@@ -225,23 +226,52 @@ def publish_latest(root: str, run_id: str) -> None:
     """Make ROOT/latest the run RUN_ID for every reader: ROOT/latest/ is a directory holding a
     copy of the run's manifest (and of its filter run's, under filtered/) whose paths open from
     there, so ``latest`` reads like any run, on a disk or in a bucket. latest.json, written last,
-    names the run. (Earlier versions made ``latest`` a symlink: replaced here.)"""
+    names the run: it is the commit point; latest/ is a view of it that the next refresh repairs
+    if a stop fell between them (:func:`repair_latest`). (Earlier versions made ``latest`` a
+    symlink: replaced here.)"""
+    _write_view(root, run_id)
+    storage.write_json(storage.join(root, LATEST), {"run_id": run_id, "path": f"runs/{run_id}",
+                                                    "published_at": time.time()})
+
+
+def _write_view(root: str, run_id: str, only_if_changed: bool = False) -> bool:
+    """ROOT/latest/'s manifests for run RUN_ID; with ONLY_IF_CHANGED, what already says so is left
+    alone. True when something was written or removed."""
     run_dir, latest = storage.join(root, "runs", run_id), storage.join(root, "latest")
     if storage.is_local(root):
         link = storage.resolve(latest)[1]
         if os.path.islink(link):
             os.remove(link)
     filtered = filter_dir(root, run_id)
+    wanted = {storage.join(latest, MANIFEST): _manifest_copy(storage.read_json(storage.join(run_dir, MANIFEST)),
+                                                             run_dir, latest)}
+    view_filter = storage.join(latest, "filtered", FILTER_MANIFEST)
     if storage.isfile(storage.join(filtered, FILTER_MANIFEST)):
-        storage.write_json(storage.join(latest, "filtered", FILTER_MANIFEST),
-                           _manifest_copy(storage.read_json(storage.join(filtered, FILTER_MANIFEST)), filtered,
-                                          storage.join(latest, "filtered")))
-    else:
-        storage.delete(storage.join(latest, "filtered", FILTER_MANIFEST))
-    storage.write_json(storage.join(latest, MANIFEST),
-                       _manifest_copy(storage.read_json(storage.join(run_dir, MANIFEST)), run_dir, latest))
-    storage.write_json(storage.join(root, LATEST), {"run_id": run_id, "path": f"runs/{run_id}",
-                                                    "published_at": time.time()})
+        wanted[view_filter] = _manifest_copy(storage.read_json(storage.join(filtered, FILTER_MANIFEST)), filtered,
+                                             storage.join(latest, "filtered"))
+    changed = False
+    # the filter run's copy first, the run's last: a reader of latest/_manifest.json sees the
+    # switch once the whole view is there
+    for path in (view_filter, storage.join(latest, MANIFEST)):
+        if only_if_changed and (storage.read_json(path) if storage.isfile(path) else None) == wanted.get(path):
+            continue
+        if path in wanted:
+            storage.write_json(path, wanted[path])
+        else:
+            storage.delete(path)
+        changed = True
+    return changed
+
+
+def repair_latest(root: str) -> None:
+    """A refresh stopped between writing latest/ and latest.json left the view of another run (or
+    half of one): make latest/ the run latest.json names again (nothing when it already is)."""
+    if not storage.isfile(storage.join(root, LATEST)):
+        return
+    run_id = storage.read_json(storage.join(root, LATEST))["run_id"]
+    if _write_view(root, run_id, only_if_changed=True):
+        log.warning("latest/ did not match latest.json (a refresh stopped while publishing): made it run %s again",
+                    run_id)
 
 
 @dataclass(frozen=True)
@@ -348,23 +378,28 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
     run_id = new_run_id()
     with Claim(root, run_id, name=LOCK, on_lost=lambda why: stopping.end(why, 75)) as lease:   # 2. one refresh at a time
         stopping.watch(f"refresh {run_id}", lambda: "latest unchanged", lease.release)
+        repair_latest(root)                    # a refresh stopped while publishing: finish it
         previous = latest_run(root)
         out = storage.join(root, "runs", run_id)
         log_path = storage.join(root, "logs", f"{run_id}.log")
         print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)
         with run_log(log_path) as log_file:
-            if not generate_run(req, run_id, previous, log_file, log_path):     # 3. the generation job
-                print(f"refresh {run_id}: nothing changed since {previous}; nothing published, latest unchanged",
-                      flush=True)
-                return {"run_id": run_id, "noop": True, "latest": previous}
-            if req.filter_args:
-                filter_run(req, run_id, log_file, log_path)                    # 4. the filter job
-            lease.check()                       # a refresh that lost its lease moves and removes nothing
-            publish_latest(root, run_id)                                        # 5. publish: latest moves
-            lease.check()
-            removed = prune(root, req.keep, bool(req.filter_args), run_id)      # 6. retention
-            print(f"refresh {run_id} done; latest -> runs/{run_id}; removed {len(removed)} old run(s)", flush=True)
-            return {"run_id": run_id, "noop": False, "latest": out, "removed": removed}
+            changed = generate_run(req, run_id, previous, log_file, log_path)  # 3. the generation job
+            if changed:
+                if req.filter_args:
+                    filter_run(req, run_id, log_file, log_path)                # 4. the filter job
+                lease.check()                   # a refresh that lost its lease moves and removes nothing
+                publish_latest(root, run_id)                                    # 5. publish: latest moves
+        lease.check()
+        # 6. retention, also after a no-op: it finishes the clean-up of a refresh stopped after publishing
+        current = run_id if changed else (storage.basename(previous) if previous else None)
+        removed = prune(root, req.keep, bool(req.filter_args), current, log_of=run_id)
+        if not changed:
+            print(f"refresh {run_id}: nothing changed since {previous}; nothing published, latest unchanged",
+                  flush=True)
+            return {"run_id": run_id, "noop": True, "latest": previous, "removed": removed}
+        print(f"refresh {run_id} done; latest -> runs/{run_id}; removed {len(removed)} old run(s)", flush=True)
+        return {"run_id": run_id, "noop": False, "latest": out, "removed": removed}
 
 
 class RefreshFailed(JobFailed):

@@ -1,11 +1,11 @@
-"""Every crash point of the generation job and the filter job (issue 53): the job stopped just
-before each of its storage operations, by SIGKILL and by SIGTERM, on a local disk and in an S3
-bucket (moto on loopback; the generation job), from a committed run of other settings that it
-replaces; at each instant what a reader sees, then the same command run again
-(tests/crash_points.py says what is checked).
+"""Every crash point of the generation job, the filter job and a refresh (issue 53): the job
+stopped just before each of its storage operations, by SIGKILL and by SIGTERM, on a local disk and
+in an S3 bucket (moto on loopback; the generation job), from a committed run of other settings
+that it replaces (a refresh: from a committed refresh of other inputs); at each instant what a
+reader sees, then the same command run again (tests/crash_points.py says what is checked).
 
     python bench/bench_crash_points.py --models M [--pairs 12] [--stores local,s3] [--signals KILL,TERM]
-        [--jobs generate,filter]
+        [--jobs generate,filter,refresh]
 
 M holds cs-en/ and en-cs/ (paragen-train-nmt's layout; the tests' tiny models are enough). Prints
 one row per (store, signal): operations in the run, points tried, readers that saw the previous
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=12, help="pairs of the run (default 12: three work units)")
     ap.add_argument("--stores", default="local,s3")
     ap.add_argument("--signals", default="KILL,TERM")
-    ap.add_argument("--jobs", default="generate,filter")
+    ap.add_argument("--jobs", default="generate,filter,refresh")
     args = ap.parse_args(argv)
 
     from tests.crash_points import Store, Sweep, temporary_store
@@ -57,6 +57,14 @@ def main(argv=None) -> int:
                   f"{sum(bool(p.left) for p in points)} | {(time.monotonic() - start) / 60:.1f} |", flush=True)
             failures.extend((f"{job_name} {store_name}", p) for p in points if not p.ok)
 
+    if "refresh" in args.jobs.split(","):
+        from tests.test_crash_points import refresh_sweep
+
+        work = tempfile.mkdtemp(prefix="paragen-crash-")
+        try:
+            sweep_rows("refresh", "local", refresh_sweep(work, args.models))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     if "filter" in args.jobs.split(","):
         from tests.test_crash_points import filter_sweep
 

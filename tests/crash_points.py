@@ -32,14 +32,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @dataclass(frozen=True)
 class Job:
-    """A job the harness runs: its module, the manifest it publishes and the table readers read."""
+    """A job the harness runs: its module, the manifest it publishes and the table readers read;
+    REPLACES: the option that lets a run replace a committed one."""
     module: str = "beam_pipelines.generate"
     manifest: str = "_manifest.json"
     table: str = "paraphrases"
+    replaces: tuple = ("--overwrite",)
 
 
 GENERATE = Job()
 FILTER = Job("beam_pipelines.filter", "_filter_manifest.json", "scored")
+# A refresh: the generation and filter runs under ROOT/runs and ROOT/filtered, published by
+# latest.json (the commit point) and the latest/ view; each refresh is a new run, nothing to replace.
+REFRESH = Job("beam_pipelines.refresh", "latest.json", "paraphrases", replaces=())
 
 
 def job(args: list[str], env: dict | None = None, timeout: float = 600,
@@ -48,11 +53,19 @@ def job(args: list[str], env: dict | None = None, timeout: float = 600,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 
 
-def rows(out: str, which: Job = GENERATE) -> list[tuple] | None:
+def rows(out: str, which: Job = GENERATE):
     """The committed rows of the job's table in OUT as sorted tuples, or None when nothing is
-    committed."""
+    committed. A refresh root: what a reader of latest.json sees, the generation run's rows and
+    its filter run's."""
     from common import storage
     from paracorpus.commit import committed_files
+
+    if which is REFRESH:
+        named = storage.join(out, "latest.json")
+        if not storage.isfile(named):
+            return None
+        run_id = storage.read_json(named)["run_id"]
+        return rows(storage.join(out, "runs", run_id)), rows(storage.join(out, "filtered", run_id), FILTER)
 
     try:
         files = committed_files(out, which.table, which.manifest)
@@ -65,14 +78,47 @@ def rows(out: str, which: Job = GENERATE) -> list[tuple] | None:
 
 
 def leftovers(out: str, which: Job = GENERATE) -> list[str]:
-    """Files under OUT that its manifest does not list (the manifest itself apart)."""
+    """Files under OUT that its manifest does not list (the manifest itself apart). A refresh
+    root: files of no kept run, a run without its manifest, a lease left behind, and a latest/
+    view that is not the run latest.json names."""
     from common import storage
     from paracorpus.commit import _canonical, file_location, read_manifest
+
+    if which is REFRESH:
+        return _refresh_leftovers(out)
 
     manifest = read_manifest(out, which.manifest) or {}
     listed = {file_location(out, f) for files in manifest.get("files", {}).values() for f in files}
     return sorted(p for p in storage.list_files(out)
                   if _canonical(p) not in listed and storage.basename(p) != which.manifest)
+
+
+def _refresh_leftovers(root: str) -> list[str]:
+    from common import storage
+
+    left, kept = [], set()
+    for name in storage.listdir(storage.join(root, "runs")):
+        run_dir = storage.join(root, "runs", name)
+        if not storage.isfile(storage.join(run_dir, GENERATE.manifest)):
+            left.append(f"runs/{name} (no manifest)")
+            continue
+        kept.add(name)
+        left += [f"runs/{name}: {p}" for p in leftovers(run_dir)]
+    for name in storage.listdir(storage.join(root, "filtered")):
+        if name not in kept or not storage.isfile(storage.join(root, "filtered", name, FILTER.manifest)):
+            left.append(f"filtered/{name} (of no kept run)")
+        else:
+            left += [f"filtered/{name}: {p}" for p in leftovers(storage.join(root, "filtered", name), FILTER)]
+    logs = storage.listdir(storage.join(root, "logs"))
+    # the newest refresh's log stays when it was a no-op (no run of its own), until the next refresh
+    left += [f"logs/{n}" for n in logs if n.removesuffix(".log") not in kept and n != max(logs)]
+    extra = sorted(set(storage.listdir(root)) - {"runs", "filtered", "logs", "latest", "latest.json"})
+    left += extra                                   # _refresh.lock, or anything else
+    named = rows(root, REFRESH)
+    view = (rows(storage.join(root, "latest")), rows(storage.join(root, "latest", "filtered"), FILTER))
+    if named is not None and view != named:
+        left.append("latest/ (a view of another run than latest.json names)")
+    return left
 
 
 @dataclass
@@ -140,8 +186,8 @@ class Sweep:
         whole = self.store.path("whole")
         self.store.copy(self.start, whole)
         trace = os.path.join(self.workdir, "trace.txt")
-        done = job(self._args(whole, self.new_extra + ["--overwrite"]), {**self.env, "PARAGEN_STORAGE_TRACE": trace},
-                   which=which)
+        done = job(self._args(whole, self.new_extra + list(which.replaces)),
+                   {**self.env, "PARAGEN_STORAGE_TRACE": trace}, which=which)
         assert done.returncode == 0, done.stderr[-3000:]
         self.new_rows = rows(whole, which)
         assert self.new_rows != self.previous_rows and not leftovers(whole, which), leftovers(whole, which)
@@ -157,8 +203,8 @@ class Sweep:
         started = time.monotonic()
         out = self.store.path(f"p{n}-{signal.lower()}")
         self.store.copy(self.start, out)
-        args = self._args(out, self.new_extra + ["--overwrite"])
         which = self.which
+        args = self._args(out, self.new_extra + list(which.replaces))
         stopped = job(args, {**self.env, "PARAGEN_CRASH_AT": f"{n}:{signal}"}, which=which)
         p = Point(n, kind, path, signal, stopped.returncode)
         seen = rows(out, which)

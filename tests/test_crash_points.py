@@ -4,12 +4,13 @@ operations (a listing, a unit file, a unit record, a compacted file, the manifes
 clean-up), a reader then sees the run committed before or the new one, never a mix; the same
 command finishes with the rows of an uninterrupted run; nothing is left that the manifest does not
 list. The generation job on a local disk and in an S3 bucket (moto on loopback); the filter job
-(no model: quick) at every one of its points."""
+(no model: quick) at every one of its points; a refresh (generation, filter, publish, retention)
+at the operations of its own steps (its jobs' are the sweeps above)."""
 import os
 
 import pytest
 
-from tests.crash_points import FILTER, Store, Sweep, chosen, temporary_store
+from tests.crash_points import FILTER, REFRESH, Store, Sweep, chosen, temporary_store
 from tests.jobs import quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
@@ -85,3 +86,57 @@ def test_a_stop_at_every_storage_operation_of_the_filter_job(tmp_path):
     points.append(sweep.point(*manifest, "TERM"))
     _check(points)
     assert {p.seen for p in points} == {"previous", "new"}
+
+
+def refresh_sweep(work: str, models: str) -> Sweep:
+    """A refresh with the filter job, after a committed refresh of other inputs (a shard changed,
+    one added): the new one decodes both and, with --keep 1, prunes the run before (its generation
+    run, its filter run and its log)."""
+    from tests.toydata import toy_bitext
+
+    lines = [f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=51)[:12]]
+    before, after = os.path.join(work, "in-before"), os.path.join(work, "in-after")
+    for folder, shards in ((before, {"a.tsv": lines[:6]}), (after, {"a.tsv": lines[:8], "b.tsv": lines[8:]})):
+        os.makedirs(folder)
+        for name, text in shards.items():
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+                f.writelines(text)
+    config = os.path.join(work, "filter.yaml")
+    with open(config, "w", encoding="utf-8") as f:
+        f.write("filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.7}}\n")
+    job_args = ["--forward_model", os.path.join(models, "cs-en"), "--backward_model", os.path.join(models, "en-cs"),
+                "--num_sets", "1", "--num_samples", "3", "--score_threshold", "20", "--dual_xent_threshold", "20",
+                "--unit_pairs", "4", "--device", "cpu", "--num_output_shards", "2", "--file_rows", "4"]
+    store, _ = temporary_store(work)
+    return Sweep(store, lambda root: ["--root", root, "--keep", "1", f"--filter_args=--config {config} --no_report",
+                                      "--", *job_args], ["--input", before], ["--input", after], work, which=REFRESH)
+
+
+def refresh_points(ops: list) -> list:
+    """The refresh's own operations: from the filter run's manifest on (publishing latest/, latest.json,
+    retention), and the lease's first ones (its jobs' other operations are the sweeps above)."""
+    start = next(i for i, o in enumerate(ops) if o[2].endswith("_filter_manifest.json") and o[1] == "write")
+    return ops[:2] + ops[start:]
+
+
+def test_a_stop_at_the_operations_of_a_refresh(tiny_nmt_models, tmp_path):
+    sweep = refresh_sweep(str(tmp_path), tiny_nmt_models)
+    ops = sweep.prepare()
+    own = refresh_points(ops)
+    named = next(o for o in own if o[2].endswith("latest.json") and o[1] == "write")
+    view = next(o for o in own if o[2].endswith("latest/_manifest.json"))
+    prune = next(o for o in own if o[1] == "delete_tree" and o[0] > named[0] and "/whole/runs/" in o[2])
+    points = [sweep.point(*view, "KILL"), sweep.point(*named, "TERM"), sweep.point(*prune, "KILL")]
+    _check(points)
+    assert [p.seen for p in points] == ["previous", "previous", "new"]
+    # half of latest/ (a stop while the view was written; the next refresh has nothing to decode):
+    # the next refresh makes latest/ the run latest.json names again
+    from common import storage
+    from tests.crash_points import job, leftovers
+
+    root = sweep.store.path(f"p{named[0]}-term")
+    storage.delete(storage.join(root, "latest", "_manifest.json"))
+    assert leftovers(root, REFRESH) == ["latest/ (a view of another run than latest.json names)"]
+    done = job(sweep._args(root, sweep.new_extra), sweep.env, which=REFRESH)
+    assert done.returncode == 0 and "nothing changed" in done.stdout, done.stderr[-2000:]
+    assert "did not match latest.json" in done.stderr and leftovers(root, REFRESH) == []
