@@ -161,24 +161,30 @@ print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrs
 """
 
 
-def _peak(models, bound, lines):
-    done = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, models, str(bound), json.dumps(lines)],
-                          capture_output=True, text=True, env={**os.environ, "ROOT": ROOT, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def _peaks(models, *runs):
+    """The peak memory of each (bound, lines) in RUNS, each in a process of its own, all at once
+    (a process's peak is its own whatever runs beside it)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _RSS_SCRIPT, models, str(bound), json.dumps(lines)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "ROOT": ROOT, "OMP_NUM_THREADS": "1"}) for bound, lines in runs]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-2000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
 
 
 @pytest.mark.slow
 def test_piece_bound_rejects_the_hostile_line_with_bounded_memory(tiny_nmt_models):
     normal = _toy_lines(20, 5)
-    base = _peak(tiny_nmt_models, 250, normal)
-    hostile = _peak(tiny_nmt_models, 250, normal + [_hostile_line()])
+    base, hostile, unbounded = _peaks(tiny_nmt_models, (250, normal), (250, normal + [_hostile_line()]),
+                                      (0, normal + [_hostile_line()]))
     assert hostile["kept"] == 20 and len(hostile["rejects"]) == 1
     reason, detail = hostile["rejects"][0]
     assert reason == "too_many_pieces_src" and int(detail.split()[0]) > 5000
     assert hostile["maxrss_kb"] < 1.2 * base["maxrss_kb"]
     # the control: without the bound the same line costs far more memory
-    unbounded = _peak(tiny_nmt_models, 0, normal + [_hostile_line()])
     assert unbounded["kept"] == 21 and unbounded["maxrss_kb"] > 1.5 * base["maxrss_kb"]
 
 
