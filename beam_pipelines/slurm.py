@@ -120,12 +120,6 @@ class SlurmSettings:
             return parse_bytes(self.memory)
         return (32 * self.gpus_per_worker if self.gpus_per_worker else 4 * self.cpus) * 2**30
 
-    def to_dict(self) -> dict:
-        """For the manifest: what the run's workers were."""
-        return {"workers": self.workers, "partition": self.partition, "account": self.account,
-                "gpus_per_worker": self.gpus_per_worker, "processes_per_worker": self.processes,
-                "cpus_per_worker": self.cpus, "memory_bytes": self.memory_bytes, "time": self.time}
-
 
 FIELDS = {f.name for f in dataclasses.fields(SlurmSettings)}
 
