@@ -55,7 +55,6 @@ class DaskRunner(dask_runner.DaskRunner):
     """Beam's DaskRunner.run_pipeline, with ``retries=`` passed to ``client.compute``."""
 
     def run_pipeline(self, pipeline, options):
-        import dask
         import dask.distributed as ddist
 
         retries = options.view_as(TaskRetryOptions).dask_task_retries
@@ -64,21 +63,27 @@ class DaskRunner(dask_runner.DaskRunner):
         dask_options = options.view_as(dask_runner.DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = dask_runner.DaskOptions._extract_bag_kwargs(dask_options)  # noqa: SLF001: as Beam's runner
         slurm = settings_from(options)
-        cluster = keeping = None
-        if slurm is not None:
-            cluster, keeping = start_cluster(slurm)
+        if slurm is None:
+            client = ddist.Client(**dask_options)
+            return dask_runner.DaskRunnerResult(client, self._compute(client, pipeline, bag_kwargs, retries))
+        cluster, keeping = start_cluster(slurm)
+        try:
             dask_options.pop("address", None)
             client = ddist.Client(cluster, **dask_options)
-        else:
-            client = ddist.Client(**dask_options)
+            return _SlurmResult(client, self._compute(client, pipeline, bag_kwargs, retries), cluster, keeping)
+        except BaseException:
+            close_cluster(cluster, keeping)         # the worker jobs go with the failed start
+            raise
+
+    def _compute(self, client, pipeline, bag_kwargs, retries):
+        import dask
+
         pipeline.replace_all(dask_runner.dask_overrides())
         visitor = self.to_dask_bag_visitor(bag_kwargs)
         pipeline.visit(visitor)
         # the last bag depends on the whole graph (the jobs end in one sink): computing it runs all
         graph = dask.optimize(list(visitor.bags.values())[-1])
-        if cluster is None:
-            return dask_runner.DaskRunnerResult(client, client.compute(graph, retries=retries))
-        return _SlurmResult(client, client.compute(graph, retries=retries), cluster, keeping)
+        return client.compute(graph, retries=retries)
 
 
 class _SlurmResult(dask_runner.DaskRunnerResult):
