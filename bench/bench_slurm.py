@@ -1,0 +1,106 @@
+"""What SLURM costs a run of the generation job (issue 54), on a real single-node SLURM started here
+(tests/slurm_cluster.py; Debian's slurm-wlm and munge, as root):
+
+    python bench/bench_slurm.py --models M [--pairs 96] [--workers 2]
+
+Submits deploy/slurm/cluster.sbatch with --slurm_workers W (CPU workers, one core each) twice: once
+undisturbed and once with one worker job cancelled (`scancel`) after a quarter of the units, and
+prints for each: seconds from the driver's start to its first worker registered, decoding wall
+time, how long a cancelled worker took to be replaced (from the scancel to a new worker
+registered), units per worker process, and whether the rows equal a local run's (DirectRunner,
+in memory, also timed). M holds cs-en/ and en-cs/ (the tests' tiny models will do).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from datetime import datetime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _stamp(line: str) -> float:
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _first(log: str, pattern: str) -> float | None:
+    for line in log.splitlines():
+        if re.search(pattern, line) and re.match(r"\d{4}-\d\d-\d\d ", line):
+            return _stamp(line)
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--pairs", type=int, default=96)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+
+    from beam_pipelines.generate import run
+    from tests.jobs import committed_rows, quick_args, units_committed
+    from tests.slurm_cluster import missing, slurm_cluster
+    from tests.toydata import toy_bitext
+
+    why = missing()
+    if why:
+        print(f"no SLURM here: {why}", file=sys.stderr)
+        return 2
+    work = tempfile.mkdtemp(prefix="paragen-slurm-bench-")
+    bitext = os.path.join(work, "in.tsv")
+    with open(bitext, "w", encoding="utf-8") as f:
+        f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:args.pairs])
+    units = (args.pairs + 3) // 4
+    start = time.monotonic()
+    run(quick_args(bitext, os.path.join(work, "local"), args.models))
+    local_seconds = time.monotonic() - start
+    local = committed_rows(os.path.join(work, "local"))
+
+    with slurm_cluster(os.path.join(work, "slurm")) as slurm:
+        version = slurm.run("sinfo", "--version").stdout.strip()
+        print(f"# SLURM on one node, {version}, {args.pairs} pairs ({units} units), {args.workers} CPU worker jobs, "
+              f"{time.strftime('%Y-%m-%d')}\n")
+        print(f"local run (DirectRunner, in memory, 1 process): {local_seconds:.1f} s\n")
+        print("| run | to first worker (s) | decode wall (s) | replaced in (s) | units per worker | rows equal local |")
+        print("|---|---:|---:|---:|---|---|")
+        for cancel in (False, True):
+            out, log = os.path.join(work, f"out-{cancel}"), os.path.join(work, f"driver-{cancel}.log")
+            done = slurm.run("sbatch", "--parsable", f"--output={log}",
+                             os.path.join(ROOT, "deploy", "slurm", "cluster.sbatch"), "--slurm_workers",
+                             str(args.workers), "--slurm_cpus_per_worker", "1", "--slurm_memory", "2GB",
+                             "--slurm_time", "30", "--slurm_log_dir", work, *quick_args(bitext, out, args.models))
+            job = done.stdout.strip()
+            cancelled_at = None
+            if cancel:
+                while units_committed(out) < units // 4:
+                    time.sleep(0.2)
+                victim = next(j["JobId"] for j in slurm.jobs("paragen-worker-") if j["JobState"] == "RUNNING")
+                cancelled_at = time.time()
+                slurm.run("scancel", victim)
+            info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=1800)
+            text = open(log, encoding="utf-8", errors="replace").read()
+            assert info["JobState"] == "COMPLETED", text[-3000:]
+            submitted = _first(text, r"SLURM: submitting")
+            registered = _first(text, r"Register worker")
+            ended = _first(text, r"Remove client")
+            replaced = ""
+            if cancelled_at is not None:
+                later = [_stamp(line) for line in text.splitlines()
+                         if "Register worker" in line and re.match(r"\d{4}-", line) and _stamp(line) > cancelled_at]
+                replaced = f"{later[0] - cancelled_at:.1f}" if later else "never"
+            manifest = json.load(open(os.path.join(out, "_manifest.json"), encoding="utf-8"))
+            print(f"| {'one worker cancelled' if cancel else 'undisturbed'} | {registered - submitted:.1f} | "
+                  f"{ended - submitted:.1f} | {replaced or '-'} | "
+                  f"{sorted(manifest['units']['per_worker'].values(), reverse=True)} | {committed_rows(out) == local} |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
