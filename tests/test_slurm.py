@@ -81,8 +81,11 @@ def _wait(what, timeout=300, slurm=None, job=None):
 
 def _start_now(slurm, job):
     """A requeued job waits two minutes (SLURM's BeginTime after a requeue): an administrator's
-    `scontrol update StartTime=now` lets it start at once."""
+    `scontrol update StartTime=now` lets it start sooner. Not in the same second as the requeue:
+    slurmd refuses a credential made in the second its predecessor's was revoked ("Job credential
+    revoked", and the job fails)."""
     slurm.wait_state(job, {"PENDING"}, timeout=60)
+    time.sleep(2)
     slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
 
 
