@@ -263,12 +263,9 @@ def _write_view(root: str, run_id: str, only_if_changed: bool = False) -> bool:
     return changed
 
 
-def repair_latest(root: str) -> None:
+def repair_latest(root: str, run_id: str) -> None:
     """A refresh stopped between writing latest/ and latest.json left the view of another run (or
-    half of one): make latest/ the run latest.json names again (nothing when it already is)."""
-    if not storage.isfile(storage.join(root, LATEST)):
-        return
-    run_id = storage.read_json(storage.join(root, LATEST))["run_id"]
+    half of one): make latest/ RUN_ID, the run latest.json names, again (nothing when it already is)."""
     if _write_view(root, run_id, only_if_changed=True):
         log.warning("latest/ did not match latest.json (a refresh stopped while publishing): made it run %s again",
                     run_id)
@@ -378,8 +375,9 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
     run_id = new_run_id()
     with Claim(root, run_id, name=LOCK, on_lost=lambda why: stopping.end(why, 75)) as lease:   # 2. one refresh at a time
         stopping.watch(f"refresh {run_id}", lambda: "latest unchanged", lease.release)
-        repair_latest(root)                    # a refresh stopped while publishing: finish it
         previous = latest_run(root)
+        if previous:
+            repair_latest(root, storage.basename(previous))     # a refresh stopped while publishing: finish it
         out = storage.join(root, "runs", run_id)
         log_path = storage.join(root, "logs", f"{run_id}.log")
         print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)

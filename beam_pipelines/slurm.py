@@ -157,9 +157,12 @@ def _load_file(path: str) -> dict:
     return data
 
 
-def settings_from(options: PipelineOptions, processes_per_gpu: int | None = None) -> SlurmSettings | None:
+def settings_from(options: PipelineOptions, processes_per_gpu: int | None = None,
+                  gpus_per_worker: int | None = None) -> SlurmSettings | None:
     """The checked settings of OPTIONS' --slurm_* (None without --slurm_workers); UsageError for a
-    mistake. PROCESSES_PER_GPU: the job's, the default of --slurm_processes_per_gpu."""
+    mistake. PROCESSES_PER_GPU, GPUS_PER_WORKER: the defaults of --slurm_processes_per_gpu (the
+    job's --processes_per_gpu) and --slurm_gpus_per_worker where neither the options nor the file
+    set them."""
     given = options.view_as(SlurmOptions).get_all_options(drop_default=True)
     given = {k.removeprefix("slurm_"): v for k, v in given.items()
              if k.startswith("slurm_") and v is not None}
@@ -171,6 +174,8 @@ def settings_from(options: PipelineOptions, processes_per_gpu: int | None = None
         return None
     if processes_per_gpu and "processes_per_gpu" not in values:
         values["processes_per_gpu"] = processes_per_gpu
+    if gpus_per_worker is not None and "gpus_per_worker" not in values:
+        values["gpus_per_worker"] = gpus_per_worker
     for key in ("workers", "gpus_per_worker", "processes_per_gpu", "cpus_per_worker"):
         if key in values:
             try:
@@ -257,8 +262,8 @@ def cluster_kwargs(settings: SlurmSettings) -> dict:
     # cores=processes: one Dask thread per process (a process decodes one unit at a time); the
     # job's cores (job_cpu) are what the processes' torch threads and host work share
     kwargs = dict(queue=settings.partition, account=settings.account, cores=settings.processes,
-                  job_cpu=settings.cpus, processes=settings.processes, memory=f"{settings.memory_bytes}B", walltime=settings.time,
-                  job_name="paragen-worker", job_extra_directives=directives, job_script_prologue=prologue(settings),
+                  job_cpu=settings.cpus, processes=settings.processes, memory=f"{settings.memory_bytes}B",
+                  walltime=settings.time, job_name="paragen-worker", job_extra_directives=directives, job_script_prologue=prologue(settings),
                   worker_extra_args=["--lifetime", lifetime, "--lifetime-stagger", stagger,
                                      "--no-dashboard"],
                   python=shlex.quote(settings.python), death_timeout=DEATH_TIMEOUT_S,
@@ -285,15 +290,11 @@ def check_slurm(beam_args: list[str], runner: str, device: str | None = None,
     --device (None: the workers' GPU if they have one); PROCESSES_PER_GPU: the job's;
     DEFAULT_GPUS: a worker job's GPUs unless set (default 0 for --device cpu, else 1)."""
     options = PipelineOptions(beam_args)
-    settings = settings_from(options, processes_per_gpu)
+    if default_gpus is None:
+        default_gpus = 0 if device == "cpu" else 1
+    settings = settings_from(options, processes_per_gpu, default_gpus)
     if settings is None:
         return beam_args
-    given = options.view_as(SlurmOptions)
-    if given.slurm_gpus_per_worker is None and not (given.slurm_config and "gpus_per_worker" in
-                                                    _load_file(given.slurm_config)):
-        if default_gpus is None:
-            default_gpus = 0 if device == "cpu" else 1
-        settings = dataclasses.replace(settings, gpus_per_worker=default_gpus)
     if device == "cpu" and settings.gpus_per_worker:
         raise UsageError("--device cpu with --slurm_gpus_per_worker > 0: the worker jobs would hold GPUs they "
                          "do not use")

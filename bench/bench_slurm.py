@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -29,9 +30,10 @@ def _stamp(line: str) -> float:
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def _first(log: str, pattern: str) -> float | None:
+def _first(log: str, pattern: str, after: float = 0.0) -> float | None:
+    """The time of LOG's first timestamped line matching PATTERN later than AFTER."""
     for line in log.splitlines():
-        if re.search(pattern, line) and re.match(r"\d{4}-\d\d-\d\d ", line):
+        if re.search(pattern, line) and re.match(r"\d{4}-\d\d-\d\d ", line) and _stamp(line) > after:
             return _stamp(line)
     return None
 
@@ -43,16 +45,25 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
 
-    from beam_pipelines.generate import run
-    from tests.jobs import committed_rows, quick_args, units_committed
-    from tests.slurm_cluster import missing, slurm_cluster
-    from tests.toydata import toy_bitext
+    from tests.slurm_cluster import missing
 
     why = missing()
     if why:
         print(f"no SLURM here: {why}", file=sys.stderr)
         return 2
     work = tempfile.mkdtemp(prefix="paragen-slurm-bench-")
+    try:
+        return _bench(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(args, work: str) -> int:
+    from beam_pipelines.generate import run
+    from tests.jobs import committed_rows, quick_args, units_committed
+    from tests.slurm_cluster import slurm_cluster
+    from tests.toydata import toy_bitext
+
     bitext = os.path.join(work, "in.tsv")
     with open(bitext, "w", encoding="utf-8") as f:
         f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:args.pairs])
@@ -91,9 +102,8 @@ def main(argv=None) -> int:
             ended = _first(text, r"Remove client")
             replaced = ""
             if cancelled_at is not None:
-                later = [_stamp(line) for line in text.splitlines()
-                         if "Register worker" in line and re.match(r"\d{4}-", line) and _stamp(line) > cancelled_at]
-                replaced = f"{later[0] - cancelled_at:.1f}" if later else "never"
+                again = _first(text, r"Register worker", after=cancelled_at)
+                replaced = f"{again - cancelled_at:.1f}" if again else "never"
             manifest = json.load(open(os.path.join(out, "_manifest.json"), encoding="utf-8"))
             print(f"| {'one worker cancelled' if cancel else 'undisturbed'} | {registered - submitted:.1f} | "
                   f"{ended - submitted:.1f} | {replaced or '-'} | "

@@ -17,6 +17,16 @@ def quick_args(bitext, out, models, *extra) -> list[str]:
             "--unit_pairs", "4", "--batch_pairs", "4", "--device", "cpu", *extra]
 
 
+def refresh_job_args(models) -> list[str]:
+    """A refresh's generation-job options (after --, without --input) with the tiny MODELS (a
+    folder or a bucket URL): few samples, four pairs a unit, bins of 2 partitions x 4 rows."""
+    return ["--forward_model", storage.join(models, "cs-en"), "--backward_model", storage.join(models, "en-cs"),
+            "--num_sets", "1", "--num_samples", "3", "--score_threshold", "20", "--dual_xent_threshold", "20",
+            "--unit_pairs", "4", "--device", "cpu",
+            # bins of 2 partitions x 4 rows: each 10-record shard fills one, so a refresh keeps its files
+            "--num_output_shards", "2", "--file_rows", "4"]
+
+
 def committed_rows(out, table="paraphrases") -> list[dict]:
     """The rows of TABLE that the run committed in OUT lists, sorted (pair, rank, index)."""
     files = committed_files(str(out), table)

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from tests.crash_points import FILTER, REFRESH, Store, Sweep, chosen, temporary_store
-from tests.jobs import quick_args
+from tests.jobs import quick_args, refresh_job_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
 pytestmark = pytest.mark.slow          # each point is two runs of the job
@@ -105,28 +105,20 @@ def refresh_sweep(work: str, models: str) -> Sweep:
     config = os.path.join(work, "filter.yaml")
     with open(config, "w", encoding="utf-8") as f:
         f.write("filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.7}}\n")
-    job_args = ["--forward_model", os.path.join(models, "cs-en"), "--backward_model", os.path.join(models, "en-cs"),
-                "--num_sets", "1", "--num_samples", "3", "--score_threshold", "20", "--dual_xent_threshold", "20",
-                "--unit_pairs", "4", "--device", "cpu", "--num_output_shards", "2", "--file_rows", "4"]
     store, _ = temporary_store(work)
     return Sweep(store, lambda root: ["--root", root, "--keep", "1", f"--filter_args=--config {config} --no_report",
-                                      "--", *job_args], ["--input", before], ["--input", after], work, which=REFRESH)
-
-
-def refresh_points(ops: list) -> list:
-    """The refresh's own operations: from the filter run's manifest on (publishing latest/, latest.json,
-    retention), and the lease's first ones (its jobs' other operations are the sweeps above)."""
-    start = next(i for i, o in enumerate(ops) if o[2].endswith("_filter_manifest.json") and o[1] == "write")
-    return ops[:2] + ops[start:]
+                                      "--", *refresh_job_args(models)], ["--input", before], ["--input", after], work,
+                 which=REFRESH)
 
 
 def test_a_stop_at_the_operations_of_a_refresh(tiny_nmt_models, tmp_path):
+    """At the refresh's own steps (its jobs' operations are the sweeps above): the latest/ view,
+    latest.json, and retention's first delete of the run before."""
     sweep = refresh_sweep(str(tmp_path), tiny_nmt_models)
     ops = sweep.prepare()
-    own = refresh_points(ops)
-    named = next(o for o in own if o[2].endswith("latest.json") and o[1] == "write")
-    view = next(o for o in own if o[2].endswith("latest/_manifest.json"))
-    prune = next(o for o in own if o[1] == "delete_tree" and o[0] > named[0] and "/whole/runs/" in o[2])
+    named = next(o for o in ops if o[2].endswith("latest.json") and o[1] == "write")
+    view = next(o for o in ops if o[2].endswith("latest/_manifest.json"))
+    prune = next(o for o in ops if o[1] == "delete_tree" and o[0] > named[0] and "/whole/runs/" in o[2])
     points = [sweep.point(*view, "KILL"), sweep.point(*named, "TERM"), sweep.point(*prune, "KILL")]
     _check(points)
     assert [p.seen for p in points] == ["previous", "previous", "new"]

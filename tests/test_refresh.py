@@ -13,6 +13,7 @@ from beam_pipelines.refresh import LATEST, LOCK, run as refresh
 from common import storage
 from common.cli import JobFailed, OutputBusy, UsageError
 from paracorpus.commit import committed_files
+from tests.jobs import refresh_job_args
 from tests.object_stores import s3_store  # noqa: F401  (fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,11 +27,7 @@ def _lines(start, n):
 
 
 def _job(inp, models):
-    return ["--input", inp, "--forward_model", storage.join(models, "cs-en"), "--backward_model",
-            storage.join(models, "en-cs"), "--num_sets", "1", "--num_samples", "3", "--score_threshold", "20",
-            "--dual_xent_threshold", "20", "--unit_pairs", "4", "--device", "cpu",
-            # bins of 2 partitions x 4 rows: each 10-record shard fills one, so a refresh keeps its files
-            "--num_output_shards", "2", "--file_rows", "4"]
+    return ["--input", inp, *refresh_job_args(models)]
 
 
 def _latest(root):

@@ -14,6 +14,7 @@ The settings and the worker script are tested without SLURM too.
 """
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -160,11 +161,6 @@ FILTER_CONFIG = """filters:
 """
 
 
-def _python() -> str:
-    venv = os.path.join(ROOT, ".venv", "bin", "python")
-    return venv if os.path.exists(venv) else "python3"
-
-
 @pytest.mark.slow
 def test_the_filter_job_on_slurm_workers_scores_as_a_local_run(slurm, local_run, tmp_path):
     """paragen-filter from a login node with --slurm_workers: its worker job scores the files and
@@ -177,7 +173,7 @@ def test_the_filter_job_on_slurm_workers_scores_as_a_local_run(slurm, local_run,
     config.write_text(FILTER_CONFIG)
     args = ["--input", str(local_run), "--config", str(config), "--no_report"]
     filter_run([*args, "--output", str(tmp_path / "local")])
-    done = subprocess.run([_python(), "-m", "beam_pipelines.filter", *args, "--output", str(tmp_path / "slurm"),
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", *args, "--output", str(tmp_path / "slurm"),
                            "--runner", "DaskRunner", "--slurm_workers", "1", "--slurm_cpus_per_worker", "1",
                            "--slurm_memory", "2GB", "--slurm_time", "30", "--slurm_log_dir", str(tmp_path)],
                           cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600)
@@ -198,7 +194,7 @@ def test_a_partition_slurm_does_not_have_is_refused_before_anything_is_submitted
                                                                                tmp_path):
     out = tmp_path / "out"
     before = slurm.jobs()
-    done = subprocess.run([_python(), "-m", "beam_pipelines.generate",
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate",
         *quick_args(bitext, out, tiny_nmt_models), "--runner", "DaskRunner", "--slurm_workers", "2",
         "--slurm_partition", "gpu-nosuch"], cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT},
         capture_output=True, text=True, timeout=300)
