@@ -2,6 +2,7 @@
 work unit it falls in, or the batch size. fairseq's SequenceGenerator takes one length limit from
 a batch's padded source length, so a short source's hypothesis that runs to its limit used to get
 more steps beside a long source (models/nmt/beam.py gives each source its own)."""
+import json
 import os
 import subprocess
 import sys
@@ -114,6 +115,10 @@ def test_the_fixed_shape_step_eager_and_compiled_writes_the_tree_loops_rows(mixe
     for i, step in enumerate(("fixed", "compiled")):
         assert_same_rows(job_rows(mixed_input, tmp_path / step, models, *mode, *LAYOUTS[i + 1], "--decode_step", step),
                          want)
+    # the manifest counts every compilation, those a unit's new batch shape made apart
+    decode_step = json.load(open(tmp_path / "compiled" / "_manifest.json"))["decode_step"]
+    assert decode_step["workers"] == {"compiled": 1} and decode_step["compile_ms"] > 0
+    assert 0 <= decode_step["compile_in_units_ms"] <= decode_step["compile_ms"]
 
 
 def test_translate_cli_gives_a_line_the_same_output_alone_and_among_long_ones(tiny_nmt_models, fwd):
