@@ -41,7 +41,7 @@ from common.cli import UsageError
 log = logging.getLogger("paragen")
 
 DEATH_TIMEOUT_S = 60         # a worker whose scheduler is gone that long stops (its job ends)
-KEEP_WORKERS_EVERY_S = 10    # how often lost worker jobs are replaced
+KEEP_WORKERS_EVERY_S = 10    # how often lost worker jobs are replaced (PARAGEN_SLURM_CHECK_SECONDS)
 ALLOWED_FAILURES = 20        # a unit's workers may end this often (preemptions) before the run fails
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
@@ -295,6 +295,7 @@ def check_slurm(beam_args: list[str], runner: str, device: str | None = None,
     settings = settings_from(options, processes_per_gpu, default_gpus)
     if settings is None:
         return beam_args
+    check_seconds()
     if device == "cpu" and settings.gpus_per_worker:
         raise UsageError("--device cpu with --slurm_gpus_per_worker > 0: the worker jobs would hold GPUs they "
                          "do not use")
@@ -375,7 +376,7 @@ def start_cluster(settings: SlurmSettings):
 def keep_workers(cluster, jobs: int, stop: threading.Event) -> None:
     """Every few seconds: worker jobs that ended (preempted, cancelled, past their lifetime) are
     forgotten and new ones submitted, so that JOBS stay submitted while the run lasts."""
-    while not stop.wait(KEEP_WORKERS_EVERY_S):
+    while not stop.wait(check_seconds()):
         try:
             submitted = {name: str(job.job_id) for name, job in list(cluster.workers.items())
                          if getattr(job, "job_id", None)}
@@ -389,6 +390,19 @@ def keep_workers(cluster, jobs: int, stop: threading.Event) -> None:
                 cluster.scale(jobs=jobs)        # submits what is missing (a no-op when all are there)
         except Exception as exc:  # noqa: BLE001: a failed look at the queue is tried again next time
             log.warning("SLURM: could not check the worker jobs (%s); trying again", exc)
+
+
+def check_seconds() -> float:
+    """Seconds between looks at the queue: $PARAGEN_SLURM_CHECK_SECONDS (1-600), else 10 (one
+    squeue call each: a busy controller may want fewer)."""
+    value = os.environ.get("PARAGEN_SLURM_CHECK_SECONDS", "")
+    try:
+        seconds = float(value) if value else KEEP_WORKERS_EVERY_S
+    except ValueError:
+        seconds = -1
+    if not 1 <= seconds <= 600:
+        raise UsageError(f"PARAGEN_SLURM_CHECK_SECONDS={value!r}: seconds between 1 and 600")
+    return seconds
 
 
 def queued(job_ids: list[str]) -> set[str]:

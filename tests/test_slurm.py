@@ -28,6 +28,9 @@ from tests.jobs import committed_rows, quick_args, units_committed
 from tests.slurm_cluster import missing, slurm_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Units of four pairs (tests/jobs.py's quick_args): enough that a run outlasts the steps a test
+# takes in its middle (a worker job cancelled, seen gone from the queue, replaced; a requeue)
+UNITS = 32
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,7 @@ def bitext(tmp_path_factory):
     from tests.toydata import toy_bitext
 
     path = tmp_path_factory.mktemp("in") / "toy.tsv"
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:64]))
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:4 * UNITS]))
     return str(path)
 
 
@@ -63,9 +66,9 @@ def local_rows(local_run):
     return rows
 
 
-def _submit(slurm, script, log, *args) -> str:
-    done = slurm.run("sbatch", "--parsable", f"--output={log}", os.path.join(ROOT, "deploy", "slurm", script),
-                     *args)
+def _submit(slurm, script, log, *args, sbatch=()) -> str:
+    done = slurm.run("sbatch", "--parsable", f"--output={log}", *sbatch,
+                     os.path.join(ROOT, "deploy", "slurm", script), *args)
     return done.stdout.strip().split(";")[0]
 
 
@@ -101,6 +104,7 @@ def test_single_node_job_requeued_and_warned_of_its_time_limit_continues_to_the_
     _wait(lambda: slurm.job(job).get("Restarts") == "1" and slurm.job(job).get("JobState") == "RUNNING")
     before = units_committed(out)
     _wait(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
+    assert units_committed(out) < UNITS, "the run ended before its time-limit warning: give it more pairs"
     # two minutes before the time limit: SIGUSR1 to the batch shell (--signal=B:USR1@120)
     slurm.run("scancel", "--batch", "--signal=USR1", job)
     _start_now(slurm, job)
@@ -119,9 +123,10 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
         slurm, bitext, tiny_nmt_models, local_rows, tmp_path):
     out, log, logs = tmp_path / "out", tmp_path / "driver.log", tmp_path / "workers"
     logs.mkdir()
+    # the queue looked at every 2 s, not 10: the lost worker is replaced well before the run ends
     job = _submit(slurm, "cluster.sbatch", log, "--slurm_workers", "2", "--slurm_cpus_per_worker", "1",
                   "--slurm_memory", "2GB", "--slurm_time", "30", "--slurm_log_dir", str(logs),
-                  *quick_args(bitext, out, tiny_nmt_models))
+                  *quick_args(bitext, out, tiny_nmt_models), sbatch=["--export=ALL,PARAGEN_SLURM_CHECK_SECONDS=2"])
 
     def workers(state=("RUNNING", "PENDING")):
         return [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in state]
@@ -135,7 +140,7 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
           slurm=slurm, job=job)                           # replaced
     before = units_committed(out)
     _wait(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
-    assert units_committed(out) < 16, "the run ended before the driver could be requeued: give it more pairs"
+    assert units_committed(out) < UNITS, "the run ended before the driver could be requeued: give it more pairs"
     slurm.run("scontrol", "requeue", job)                 # the driver preempted: its worker jobs go with it
     _start_now(slurm, job)
     assert not [j for j in workers() if j["JobName"] in first]
@@ -262,3 +267,12 @@ def test_a_config_file_with_an_unknown_key_is_refused(tmp_path):
     config.write_text("- a list\n")
     with pytest.raises(UsageError, match="a mapping"):
         settings_from(PipelineOptions(["--slurm_workers", "1", "--slurm_config", str(config)]))
+
+
+@pytest.mark.parametrize("value", ["0", "soon", "1e9"])
+def test_a_mistaken_queue_check_interval_is_refused_before_anything_is_submitted(value, monkeypatch):
+    from beam_pipelines.slurm import check_slurm
+
+    monkeypatch.setenv("PARAGEN_SLURM_CHECK_SECONDS", value)
+    with pytest.raises(UsageError, match="PARAGEN_SLURM_CHECK_SECONDS.*between 1 and 600"):
+        check_slurm(["--slurm_workers", "1"], "DaskRunner", device="cpu")
