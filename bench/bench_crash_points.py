@@ -1,6 +1,6 @@
 """Every crash point of the generation job, the filter job and a refresh (issue 53): the job
 stopped just before each of its storage operations, by SIGKILL and by SIGTERM, on a local disk and
-in an S3 bucket (moto on loopback; the generation job), from a committed run of other settings
+in an S3 bucket (moto on loopback), from a committed run of other settings
 that it replaces (a refresh: from a committed refresh of other inputs); at each instant what a
 reader sees, then the same command run again (tests/crash_points.py says what is checked).
 
@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     from tests.crash_points import Store, Sweep, temporary_store
     from tests.jobs import quick_args
     from tests.object_stores import s3_server
+    from tests.test_crash_points import filter_sweep, refresh_sweep
     from tests.toydata import toy_bitext
 
     print(f"# crash points, generation job on {args.pairs} pairs, {time.strftime('%Y-%m-%d')}\n")
@@ -57,39 +58,30 @@ def main(argv=None) -> int:
                   f"{sum(bool(p.left) for p in points)} | {(time.monotonic() - start) / 60:.1f} |", flush=True)
             failures.extend((f"{job_name} {store_name}", p) for p in points if not p.ok)
 
-    if "refresh" in args.jobs.split(","):
-        from tests.test_crash_points import refresh_sweep
-
-        work = tempfile.mkdtemp(prefix="paragen-crash-")
-        try:
-            sweep_rows("refresh", "local", refresh_sweep(work, args.models))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    if "filter" in args.jobs.split(","):
-        from tests.test_crash_points import filter_sweep
-
-        work = tempfile.mkdtemp(prefix="paragen-crash-")
-        try:
-            sweep_rows("filter", "local", filter_sweep(work))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    for store_name in args.stores.split(",") if "generate" in args.jobs.split(",") else ():
-        local, work = temporary_store()
-        bitext = os.path.join(work, "in.tsv")
-        with open(bitext, "w", encoding="utf-8") as f:
-            f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:args.pairs])
-
-        def base(out, bitext=bitext):
-            return quick_args(bitext, out, args.models)
-        server = s3_server() if store_name == "s3" else None
-        s3 = server.__enter__() if server else None
-        try:
-            store = Store(f"s3://{s3.make_bucket()}/runs", s3.env) if s3 else local
-            sweep_rows("generate", store_name, Sweep(store, base, ["--num_samples", "2"], [], work))
-        finally:
-            if server:
-                server.__exit__(None, None, None)
-            shutil.rmtree(work, ignore_errors=True)
+    for job_name in ("refresh", "filter", "generate"):
+        if job_name not in args.jobs.split(","):
+            continue
+        for store_name in args.stores.split(","):
+            local, work = temporary_store()
+            server = s3_server() if store_name == "s3" else None
+            s3 = server.__enter__() if server else None
+            try:
+                store = Store(f"s3://{s3.make_bucket()}/runs", s3.env) if s3 else local
+                if job_name == "refresh":
+                    sweep = refresh_sweep(work, args.models, store)
+                elif job_name == "filter":
+                    sweep = filter_sweep(work, store)
+                else:
+                    bitext = os.path.join(work, "in.tsv")
+                    with open(bitext, "w", encoding="utf-8") as f:
+                        f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:args.pairs])
+                    sweep = Sweep(store, lambda out, bitext=bitext: quick_args(bitext, out, args.models),
+                                  ["--num_samples", "2"], [], work)
+                sweep_rows(job_name, store_name, sweep)
+            finally:
+                if server:
+                    server.__exit__(None, None, None)
+                shutil.rmtree(work, ignore_errors=True)
     for store_name, p in failures:
         print(f"\nFAILED {store_name} SIG{p.signal} before op {p.n} ({p.kind} {p.path}): exit {p.exit_status}, reader "
               f"saw {p.seen}, rerun exit {p.rerun_status}, rows right {p.rows_right}, left {p.left[:5]}")

@@ -61,9 +61,9 @@ def test_a_stop_at_sampled_storage_operations_in_an_s3_bucket(tiny_nmt_models, s
     _check(points)
 
 
-def filter_sweep(work: str) -> Sweep:
+def filter_sweep(work: str, store: Store | None = None) -> Sweep:
     """The filter job over a synthetic generation run (two partitions), replacing a committed
-    filter run of another threshold."""
+    filter run of another threshold, in STORE (default: a local folder under WORK)."""
     from tests.toydata import paraphrase_rows, toy_paraphrases, write_generation_run
 
     gen = write_generation_run(os.path.join(work, "gen"), paraphrase_rows(toy_paraphrases(600, seed=2)), shards=2)
@@ -73,7 +73,7 @@ def filter_sweep(work: str) -> Sweep:
         with open(path, "w", encoding="utf-8") as f:
             f.write(f"filters:\n  - name: ngram_overlap\n    thresholds: {{trigram_overlap: {{max: {top}}}}}\n")
         configs.append(path)
-    store, _ = temporary_store(work)
+    store = store or temporary_store(work)[0]
     return Sweep(store, lambda out: ["--input", gen, "--output", out, "--no_report"], ["--config", configs[0]],
                  ["--config", configs[1]], work, which=FILTER)
 
@@ -89,10 +89,10 @@ def test_a_stop_at_sampled_storage_operations_of_the_filter_job(tmp_path):
     assert {p.seen for p in points} == {"previous", "new"}
 
 
-def refresh_sweep(work: str, models: str) -> Sweep:
+def refresh_sweep(work: str, models: str, store: Store | None = None) -> Sweep:
     """A refresh with the filter job, after a committed refresh of other inputs (a shard changed,
     one added): the new one decodes both and, with --keep 1, prunes the run before (its generation
-    run, its filter run and its log)."""
+    run, its filter run and its log); in STORE (default: a local folder under WORK)."""
     from tests.toydata import toy_bitext
 
     lines = [f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=51)[:12]]
@@ -105,7 +105,7 @@ def refresh_sweep(work: str, models: str) -> Sweep:
     config = os.path.join(work, "filter.yaml")
     with open(config, "w", encoding="utf-8") as f:
         f.write("filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.7}}\n")
-    store, _ = temporary_store(work)
+    store = store or temporary_store(work)[0]
     return Sweep(store, lambda root: ["--root", root, "--keep", "1", f"--filter_args=--config {config} --no_report",
                                       "--", *refresh_job_args(models)], ["--input", before], ["--input", after], work,
                  which=REFRESH)
