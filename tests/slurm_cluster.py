@@ -1,11 +1,16 @@
-"""A real single-node SLURM cluster on this machine, for the tests: munged, slurmctld and slurmd
+"""A real SLURM cluster on this machine, for the tests: munged, slurmctld and one slurmd per node
 (Debian's slurm-wlm and munge, scripts/install_slurm.sh) in the foreground, on free loopback
 ports, with every file in a temporary folder; stopped by the test. No cgroups: processes are
-tracked by their parent ids (proctrack/linuxproc). The node claims more cores and memory than
-this machine has (SlurmdParameters=config_overrides), so that a driver job and its worker jobs
-fit side by side on two cores, as they would on a real cluster's nodes; it has four GPUs by
-count only, so that the deploy/slurm scripts' GPU requests are granted (the jobs decode on the
-CPU)."""
+tracked by their parent ids (proctrack/linuxproc). The nodes claim more cores and memory than
+this machine has (SlurmdParameters=config_overrides), as a real cluster's nodes would have:
+
+- partition `debug` (the default) and `short` (10-minute limit): node g1, 16 cores,
+  256 GB, four GPUs by count only (stand-in device files), so that the deploy/slurm scripts'
+  GPU requests are granted (the jobs decode on the CPU);
+- partition `nodes`: nodes n1..n3 (one slurmd each, on its own port: SLURM's several-slurmd-a-host
+  set-up), 4 cores and 8 GB each, so that a driver (8 GB) and each worker job asking for more
+  than 4 GB have a node of their own, as on a cluster of many nodes (memory is a consumable
+  resource, CR_Core_Memory, as on most clusters)."""
 from __future__ import annotations
 
 import contextlib
@@ -46,11 +51,11 @@ AuthInfo=socket={dir}/munge/socket
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
+SlurmdSpoolDir={dir}/spool/%n
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
 SlurmctldLogFile={dir}/log/slurmctld.log
-SlurmdLogFile={dir}/log/slurmd.log
+SlurmdLogFile={dir}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -59,7 +64,7 @@ MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
 SlurmdParameters=config_overrides
 ReturnToService=2
 JobRequeue=1
@@ -67,10 +72,14 @@ MinJobAge=3600
 KillWait=10
 SchedulerParameters=sched_interval=2
 GresTypes=gpu
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=16 RealMemory=262144 Gres=gpu:4 State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
-PartitionName=short Nodes=localhost MaxTime=10 State=UP
+NodeName=g1 NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=16 RealMemory=262144 Gres=gpu:4 State=UNKNOWN
+{small_nodes}
+PartitionName=debug Nodes=g1 Default=YES MaxTime=INFINITE State=UP
+PartitionName=short Nodes=g1 MaxTime=10 State=UP
+PartitionName=nodes Nodes={small_names} MaxTime=INFINITE State=UP
 """
+SMALL_NODES = ("n1", "n2", "n3")
+NODES = ("g1", *SMALL_NODES)
 
 
 class Slurm:
@@ -125,20 +134,23 @@ class Slurm:
 
     def start(self) -> None:
         d = self.dir
-        for sub in ("munge", "state", "spool", "log"):
+        for sub in ("munge", "state", "log", *(os.path.join("spool", n) for n in NODES)):
             os.makedirs(os.path.join(d, sub), exist_ok=True)
         os.chmod(os.path.join(d, "munge"), 0o700)
         with open(os.path.join(d, "munge", "munge.key"), "wb") as f:
             f.write(os.urandom(1024))
         os.chmod(os.path.join(d, "munge", "munge.key"), 0o600)
         with open(self.conf, "w") as f:
-            f.write(CONF.format(dir=d, ctld_port=_free_port(), d_port=_free_port()))
+            small = "\n".join(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} CPUs=4 "
+                              f"RealMemory=8192 State=UNKNOWN" for n in SMALL_NODES)
+            f.write(CONF.format(dir=d, ctld_port=_free_port(), d_port=_free_port(), small_nodes=small,
+                                small_names=",".join(SMALL_NODES)))
         # four stand-in GPU device files (character devices like /dev/null): jobs may ask for
         # --gres=gpu:N, as on a GPU cluster, and decode on the CPU here
         for i in range(4):
             os.mknod(os.path.join(d, f"gpu{i}"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
         with open(os.path.join(d, "gres.conf"), "w") as f:
-            f.write(f"NodeName=localhost Name=gpu File={d}/gpu[0-3]\n")
+            f.write(f"NodeName=g1 Name=gpu File={d}/gpu[0-3]\n")
         m = os.path.join(d, "munge")
         self._start(["munged", "--foreground", "--force", f"--socket={m}/socket", f"--key-file={m}/munge.key",
                      f"--pid-file={m}/munged.pid", f"--seed-file={m}/seed", f"--log-file={d}/log/munged.log"],
@@ -146,9 +158,10 @@ class Slurm:
         self._wait(lambda: os.path.exists(f"{m}/socket"), "munged")
         self._start(["slurmctld", "-D", "-i", "-f", self.conf], "slurmctld")
         self._wait(lambda: self.run("scontrol", "ping", check=False).returncode == 0, "slurmctld")
-        self._start(["slurmd", "-D", "-f", self.conf, "-N", "localhost"], "slurmd")
-        self._wait(lambda: "idle" in self.run("sinfo", "-h", "-o", "%T", "-p", "debug", check=False).stdout,
-                   "slurmd")
+        for node in NODES:
+            self._start(["slurmd", "-D", "-f", self.conf, "-N", node], f"slurmd-{node}")
+        self._wait(lambda: self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split() == ["idle"] * 5,
+                   "slurmd-g1")
 
     def _wait(self, ready, what: str, timeout: float = 60) -> None:
         deadline = time.time() + timeout

@@ -4,7 +4,8 @@ submitted as a user would, with `sbatch`:
 - deploy/slurm/generate.sbatch (one node), requeued mid-run by `scontrol requeue` and then given
   the time limit's warning (SIGUSR1, what --signal=B:USR1@120 sends), continues to the rows of an
   uninterrupted local run;
-- deploy/slurm/cluster.sbatch (the driver; the DaskRunner submits two worker jobs): a worker job
+- deploy/slurm/cluster.sbatch (the driver; the DaskRunner submits two worker jobs; each of the
+  three on a node of its own): a worker job
   cancelled mid-run is replaced and costs only its units in flight; the driver requeued mid-run
   cancels its worker jobs, and its next start submits new ones and finishes; the rows are those
   of the local run;
@@ -123,15 +124,21 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
         slurm, bitext, tiny_nmt_models, local_rows, tmp_path):
     out, log, logs = tmp_path / "out", tmp_path / "driver.log", tmp_path / "workers"
     logs.mkdir()
-    # the queue looked at every 2 s, not 10: the lost worker is replaced well before the run ends
+    # Partition `nodes` (tests/slurm_cluster.py): 8-GB nodes, so the driver (8 GB) and each worker
+    # (6 GB) have a node of their own. The queue looked at every 2 s, not 10: the lost worker is
+    # replaced well before the run ends.
     job = _submit(slurm, "cluster.sbatch", log, "--slurm_workers", "2", "--slurm_cpus_per_worker", "1",
-                  "--slurm_memory", "2GB", "--slurm_time", "30", "--slurm_log_dir", str(logs),
-                  *quick_args(bitext, out, tiny_nmt_models), sbatch=["--export=ALL,PARAGEN_SLURM_CHECK_SECONDS=2"])
+                  "--slurm_memory", "6GB", "--slurm_partition", "nodes", "--slurm_time", "30",
+                  "--slurm_log_dir", str(logs), *quick_args(bitext, out, tiny_nmt_models),
+                  sbatch=["--partition=nodes", "--export=ALL,PARAGEN_SLURM_CHECK_SECONDS=2"])
 
     def workers(state=("RUNNING", "PENDING")):
         return [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in state]
 
     _wait(lambda: len(workers(("RUNNING",))) == 2 and units_committed(out) >= 2, slurm=slurm, job=job)
+    hosts = {j["NodeList"] for j in workers(("RUNNING",))} | {slurm.job(job)["NodeList"]}
+    assert hosts <= {"n1", "n2", "n3"} and len(hosts) == 3, hosts      # three nodes: the driver's, two workers'
+
     first = {j["JobName"] for j in workers()}
     assert len(first) == 1                                # one cluster: its jobs share a name
     victim = workers(("RUNNING",))[0]["JobId"]
