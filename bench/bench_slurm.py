@@ -1,14 +1,17 @@
-"""What SLURM costs a run of the generation job (issue 54), on a real single-node SLURM started here
+"""What SLURM costs a run of the generation job (issue 54), on a real SLURM started here
 (tests/slurm_cluster.py; Debian's slurm-wlm and munge, as root):
 
-    python bench/bench_slurm.py --models M [--pairs 96] [--workers 2]
+    python bench/bench_slurm.py --models M [--pairs 96] [--workers 2] [--runs undisturbed,cancel]
 
-Submits deploy/slurm/cluster.sbatch with --slurm_workers W (CPU workers, one core each) twice: once
-undisturbed and once with one worker job cancelled (`scancel`) after a quarter of the units, and
-prints for each: seconds from the driver's start to its first worker registered, decoding wall
-time, how long a cancelled worker took to be replaced (from the scancel to a new worker
-registered), units per worker process, and whether the rows equal a local run's (DirectRunner,
-in memory, also timed). M holds cs-en/ and en-cs/ (the tests' tiny models will do).
+Submits deploy/slurm/cluster.sbatch with --slurm_workers W (CPU workers, one core each), once per
+--runs: `undisturbed`; `cancel`, one worker job cancelled (`scancel`) after a quarter of the
+units; `lifetime`, with --slurm_time 5, so that the workers leave at their lifetime (1 to 3
+minutes: Dask's --lifetime 2m, stagger 1m) and are replaced (give it --pairs so that decoding
+outlasts that: ~2,000 with the tiny models). It prints for each: seconds from the driver's start
+to its first worker registered, decoding wall time, how long a cancelled worker took to be
+replaced (from the scancel to a new worker registered), worker jobs replaced, units per worker
+process, and whether the rows equal a local run's (DirectRunner, in memory, also timed). M holds
+cs-en/ and en-cs/ (the tests' tiny models will do).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", required=True)
     ap.add_argument("--pairs", type=int, default=96)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--runs", default="undisturbed,cancel", help="undisturbed, cancel, lifetime (comma-separated)")
     args = ap.parse_args(argv)
 
     from tests.slurm_cluster import missing
@@ -66,7 +70,7 @@ def _bench(args, work: str) -> int:
 
     bitext = os.path.join(work, "in.tsv")
     with open(bitext, "w", encoding="utf-8") as f:
-        f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:args.pairs])
+        f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(max(400, args.pairs), seed=31)[:args.pairs])
     units = (args.pairs + 3) // 4
     start = time.monotonic()
     run(quick_args(bitext, os.path.join(work, "local"), args.models))
@@ -75,17 +79,20 @@ def _bench(args, work: str) -> int:
 
     with slurm_cluster(os.path.join(work, "slurm")) as slurm:
         version = slurm.run("sinfo", "--version").stdout.strip()
-        print(f"# SLURM on one node, {version}, {args.pairs} pairs ({units} units), {args.workers} CPU worker jobs, "
+        print(f"# SLURM (one node: g1), {version}, {args.pairs} pairs ({units} units), {args.workers} CPU worker jobs, "
               f"{time.strftime('%Y-%m-%d')}\n")
         print(f"local run (DirectRunner, in memory, 1 process): {local_seconds:.1f} s\n")
-        print("| run | to first worker (s) | decode wall (s) | replaced in (s) | units per worker | rows equal local |")
-        print("|---|---:|---:|---:|---|---|")
-        for cancel in (False, True):
-            out, log = os.path.join(work, f"out-{cancel}"), os.path.join(work, f"driver-{cancel}.log")
+        print("| run | to first worker (s) | decode wall (s) | replaced in (s) | worker jobs replaced | units per worker "
+              "| rows equal local |")
+        print("|---|---:|---:|---:|---:|---|---|")
+        for name in args.runs.split(","):
+            cancel = name == "cancel"
+            out, log = os.path.join(work, f"out-{name}"), os.path.join(work, f"driver-{name}.log")
             done = slurm.run("sbatch", "--parsable", f"--output={log}",
                              os.path.join(ROOT, "deploy", "slurm", "cluster.sbatch"), "--slurm_workers",
                              str(args.workers), "--slurm_cpus_per_worker", "1", "--slurm_memory", "2GB",
-                             "--slurm_time", "30", "--slurm_log_dir", work, *quick_args(bitext, out, args.models))
+                             "--slurm_time", "5" if name == "lifetime" else "30", "--slurm_log_dir", work,
+                             *quick_args(bitext, out, args.models))
             job = done.stdout.strip()
             cancelled_at = None
             if cancel:
@@ -105,8 +112,9 @@ def _bench(args, work: str) -> int:
                 again = _first(text, r"Register worker", after=cancelled_at)
                 replaced = f"{again - cancelled_at:.1f}" if again else "never"
             manifest = json.load(open(os.path.join(out, "_manifest.json"), encoding="utf-8"))
-            print(f"| {'one worker cancelled' if cancel else 'undisturbed'} | {registered - submitted:.1f} | "
-                  f"{ended - submitted:.1f} | {replaced or '-'} | "
+            title = {"cancel": "one worker cancelled", "lifetime": "workers at their lifetime (--slurm_time 5)"}
+            print(f"| {title.get(name, name)} | {registered - submitted:.1f} | "
+                  f"{ended - submitted:.1f} | {replaced or '-'} | {text.count('ended; submitting another')} | "
                   f"{sorted(manifest['units']['per_worker'].values(), reverse=True)} | {committed_rows(out) == local} |",
                   flush=True)
     return 0

@@ -6,6 +6,7 @@ The per-unit algorithm is paracorpus/units.py; these are thin wrappers around it
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import apache_beam as beam
@@ -33,6 +34,15 @@ class _Models:
 
     def __init__(self, forward, backward, steps: list):
         self.forward, self.backward, self.steps = forward, backward, steps
+        self._compile_ms = 0                 # the forward step's compile time counted so far
+        self._lock = threading.Lock()        # DoFn instances of one process share these models
+
+    def compile_ms_since_last_call(self) -> int:
+        """Milliseconds the forward engine spent compiling since the last call (in this process)."""
+        with self._lock:
+            total = round(1000 * getattr(self.forward, "compile_seconds", 0.0))
+            new, self._compile_ms = max(0, total - self._compile_ms), max(total, self._compile_ms)
+            return new
 
 
 class UnitTranslatorHandler(ModelHandler):
@@ -54,7 +64,6 @@ class UnitTranslatorHandler(ModelHandler):
         self.expected_pairs = expected_pairs
         self._progress = None
         self._warm_up_ms = 0                         # the engines' first calls (load_model), counted once
-        self._compile_ms = 0                         # the step's compilations counted so far
 
     def load_model(self) -> _Models:
         from models.nmt.devices import worker_device
@@ -100,7 +109,7 @@ class UnitTranslatorHandler(ModelHandler):
             step_mode = getattr(model.forward, "step_mode", None)         # the fairseq engine's
             if step_mode:
                 self._progress.inc(f"decode_step_{step_mode}")
-                self._count_compilations(model, "ms_compile")
+                self._progress.inc("ms_compile", model.compile_ms_since_last_call())
         for unit, elements in batch:
             start = time.time()
             elements = list(elements)
@@ -121,7 +130,10 @@ class UnitTranslatorHandler(ModelHandler):
                 end_poisoned_worker(unit, exc)
             self._progress.idle()
             # a batch of a shape the warm-up did not cover compiles inside the unit (its sample time)
-            self._count_compilations(model, "ms_compile", "ms_compile_in_units")
+            compiled = model.compile_ms_since_last_call()
+            if compiled:
+                self._progress.inc("ms_compile", compiled)
+                self._progress.inc("ms_compile_in_units", compiled)
             for name, n in result.counters.items():
                 self._progress.inc(name, n)
             for r in result.rejects:
@@ -129,14 +141,6 @@ class UnitTranslatorHandler(ModelHandler):
                     self._progress.inc(f"rejected_{r['reason']}")
             yield PredictionResult(unit, (result, time.time() - start))
         self._progress.flush()
-
-    def _count_compilations(self, model: _Models, *counters: str) -> None:
-        """Add the forward engine's compile time since the last call to COUNTERS."""
-        total = round(1000 * getattr(model.forward, "compile_seconds", 0.0))
-        if total > self._compile_ms:
-            for name in counters:
-                self._progress.inc(name, total - self._compile_ms)
-            self._compile_ms = total
 
 
 
