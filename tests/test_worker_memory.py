@@ -52,6 +52,20 @@ def test_dask_partitions_share_one_model_and_write_each_unit_as_it_is_decoded(ti
     assert not os.path.exists(unit_record_path(work, 1))
     assert next(records)["unit"] == 1 and os.path.isfile(unit_record_path(work, 1))
 
+    # The task run again (its worker lost before the next step read its output): the committed
+    # units are reused, not decoded again; a unit without a record is decoded.
+    decoded = []
+    real = partitions[2].handler.run_inference
+
+    def counting(batch, model, inference_args=None):
+        decoded.extend(unit for unit, _ in batch)
+        return real(batch, model, inference_args)
+    partitions[2].handler.run_inference = counting
+    again = list(partitions[2].process([(0, _elements(0)), (1, _elements(1)), (2, _elements(2))]))
+    assert [r["unit"] for r in again] == [0, 1, 2] and decoded == [2]
+    assert again[0]["reused"] and again[1]["reused"] and not again[2].get("reused")
+    assert again[0]["attempt"] == first["attempt"]                  # the same files, not a second copy
+
 
 def test_one_heartbeat_thread_serves_every_progress_of_a_process():
     def heartbeats():

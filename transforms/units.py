@@ -166,7 +166,8 @@ class _PlainInference(beam.DoFn):
     unit written as soon as it is decoded. Dask's runner makes a DoFn per partition and collects a
     partition's outputs in a list before the next step sees them, so a separate write step would
     hold every decoded unit of the partition at once, and a model loaded in setup() would be loaded
-    again for every partition; Shared keeps one loaded model per worker process."""
+    again for every partition; Shared keeps one loaded model per worker process. A unit whose
+    completion record exists is reused, not decoded (a task run again after its worker was lost)."""
 
     def __init__(self, handler: UnitTranslatorHandler, writer: "WriteUnit"):
         self.handler, self.writer = handler, writer
@@ -176,8 +177,17 @@ class _PlainInference(beam.DoFn):
         self.model = self._shared.acquire(self.handler.load_model)
 
     def process(self, batch):
-        for prediction in self.handler.run_inference(batch, self.model):
-            yield self.writer.write(prediction)
+        # Dask runs a task again when the worker holding its output is lost (preempted, at its
+        # lifetime, killed): the units it had finished are committed, and are not decoded twice.
+        todo = []
+        for unit, elements in batch:
+            if storage.exists(unit_record_path(self.writer.work, unit)):
+                yield reuse_unit(unit, self.writer.work, self.writer.plan_key)
+            else:
+                todo.append((unit, elements))
+        if todo:
+            for prediction in self.handler.run_inference(todo, self.model):
+                yield self.writer.write(prediction)
 
 
 class WriteUnit(beam.DoFn):
