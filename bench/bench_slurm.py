@@ -9,8 +9,9 @@ units; `lifetime`, with --slurm_time 5, so that the workers leave at their lifet
 minutes: Dask's --lifetime 2m, stagger 1m) and are replaced (give it --pairs so that decoding
 outlasts that: ~2,000 with the tiny models). It prints for each: seconds from the driver's start
 to its first worker registered, decoding wall time, how long a cancelled worker took to be
-replaced (from the scancel to a new worker registered), worker jobs replaced, units per worker
-process, and whether the rows equal a local run's (DirectRunner, in memory, also timed). M holds
+replaced (from the scancel to a new worker registered), worker jobs replaced, units decoded twice
+or more (their files of two attempts seen) and units reused (a task run again found them
+committed), units per worker process, and whether the rows equal a local run's (DirectRunner, in memory, also timed). M holds
 cs-en/ and en-cs/ (the tests' tiny models will do).
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 
@@ -39,6 +41,31 @@ def _first(log: str, pattern: str, after: float = 0.0) -> float | None:
         if re.search(pattern, line) and re.match(r"\d{4}-\d\d-\d\d ", line) and _stamp(line) > after:
             return _stamp(line)
     return None
+
+
+class Attempts:
+    """Which attempts wrote each unit's files (part-u<unit>-<attempt>*.parquet), seen by looking at
+    OUT every 2 s while the job decodes (compaction removes them at the end): a unit with files of
+    two attempts was decoded twice."""
+
+    def __init__(self, out: str):
+        self.out, self.seen, self._stop = out, {}, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._stop.wait(2):
+            for _folder, _dirs, names in os.walk(self.out):
+                for name in names:
+                    m = re.match(r"part-u(\d+)-([0-9a-f]+)", name)
+                    if m:
+                        self.seen.setdefault(int(m.group(1)), set()).add(m.group(2))
+
+    def stop(self) -> int:
+        """Units decoded more than once."""
+        self._stop.set()
+        self._thread.join()
+        return sum(len(a) > 1 for a in self.seen.values())
 
 
 def main(argv=None) -> int:
@@ -82,9 +109,9 @@ def _bench(args, work: str) -> int:
         print(f"# SLURM (one node: g1), {version}, {args.pairs} pairs ({units} units), {args.workers} CPU worker jobs, "
               f"{time.strftime('%Y-%m-%d')}\n")
         print(f"local run (DirectRunner, in memory, 1 process): {local_seconds:.1f} s\n")
-        print("| run | to first worker (s) | decode wall (s) | replaced in (s) | worker jobs replaced | units per worker "
-              "| rows equal local |")
-        print("|---|---:|---:|---:|---:|---|---|")
+        print("| run | to first worker (s) | decode wall (s) | replaced in (s) | worker jobs replaced | units decoded "
+              "twice or more | units reused | units per worker | rows equal local |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|---|")
         for name in args.runs.split(","):
             cancel = name == "cancel"
             out, log = os.path.join(work, f"out-{name}"), os.path.join(work, f"driver-{name}.log")
@@ -94,6 +121,7 @@ def _bench(args, work: str) -> int:
                              "--slurm_time", "5" if name == "lifetime" else "30", "--slurm_log_dir", work,
                              *quick_args(bitext, out, args.models))
             job = done.stdout.strip()
+            attempts = Attempts(out)
             cancelled_at = None
             if cancel:
                 while units_committed(out) < units // 4:
@@ -102,6 +130,7 @@ def _bench(args, work: str) -> int:
                 cancelled_at = time.time()
                 slurm.run("scancel", victim)
             info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=1800)
+            again_decoded = attempts.stop()
             text = open(log, encoding="utf-8", errors="replace").read()
             assert info["JobState"] == "COMPLETED", text[-3000:]
             submitted = _first(text, r"SLURM: submitting")
@@ -115,7 +144,7 @@ def _bench(args, work: str) -> int:
             title = {"cancel": "one worker cancelled", "lifetime": "workers at their lifetime (--slurm_time 5)"}
             print(f"| {title.get(name, name)} | {registered - submitted:.1f} | "
                   f"{ended - submitted:.1f} | {replaced or '-'} | {text.count('ended; submitting another')} | "
-                  f"{sorted(manifest['units']['per_worker'].values(), reverse=True)} | {committed_rows(out) == local} |",
+                  f"{again_decoded} | {manifest['units']['reused_from_earlier_attempt']} | {sorted(manifest['units']['per_worker'].values(), reverse=True)} | {committed_rows(out) == local} |",
                   flush=True)
     return 0
 
