@@ -90,7 +90,8 @@ KEY_DOCS = {
         "counters": "the sums of its units' Beam counters",
         "per_worker": "units per `host:pid` of the worker that decoded them",
         "decoding_seconds_per_worker": "decoding time per worker (units decoded by this attempt)",
-        "reused_units": "units an earlier attempt finished (the same command run again continues a stopped run)",
+        "reused_units": ("units an earlier attempt finished (the same command run again continues a stopped run; "
+                         "on Dask, a task run again after its worker was lost)"),
         "unit_files": "the unit files compaction read",
         "compaction_seconds": "time spent rewriting them",
     },
