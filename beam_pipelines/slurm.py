@@ -263,7 +263,8 @@ def cluster_kwargs(settings: SlurmSettings) -> dict:
     # job's cores (job_cpu) are what the processes' torch threads and host work share
     kwargs = dict(queue=settings.partition, account=settings.account, cores=settings.processes,
                   job_cpu=settings.cpus, processes=settings.processes, memory=f"{settings.memory_bytes}B",
-                  walltime=settings.time, job_name="paragen-worker", job_extra_directives=directives, job_script_prologue=prologue(settings),
+                  walltime=settings.time, job_name="paragen-worker", job_extra_directives=directives,
+                  job_script_prologue=prologue(settings),
                   worker_extra_args=["--lifetime", lifetime, "--lifetime-stagger", stagger,
                                      "--no-dashboard"],
                   python=shlex.quote(settings.python), death_timeout=DEATH_TIMEOUT_S,

@@ -11,8 +11,8 @@ outlasts that: ~2,000 with the tiny models). It prints for each: seconds from th
 to its first worker registered, decoding wall time, how long a cancelled worker took to be
 replaced (from the scancel to a new worker registered), worker jobs replaced, units decoded twice
 or more (their files of two attempts seen) and units reused (a task run again found them
-committed), units per worker process, and whether the rows equal a local run's (DirectRunner, in memory, also timed). M holds
-cs-en/ and en-cs/ (the tests' tiny models will do).
+committed), units per worker process, and whether the rows equal a local run's (DirectRunner, in
+memory, also timed). M holds cs-en/ and en-cs/ (the tests' tiny models will do).
 """
 from __future__ import annotations
 
@@ -142,9 +142,11 @@ def _bench(args, work: str) -> int:
                 replaced = f"{again - cancelled_at:.1f}" if again else "never"
             manifest = json.load(open(os.path.join(out, "_manifest.json"), encoding="utf-8"))
             title = {"cancel": "one worker cancelled", "lifetime": "workers at their lifetime (--slurm_time 5)"}
+            units_of = manifest["units"]
             print(f"| {title.get(name, name)} | {registered - submitted:.1f} | "
                   f"{ended - submitted:.1f} | {replaced or '-'} | {text.count('ended; submitting another')} | "
-                  f"{again_decoded} | {manifest['units']['reused_from_earlier_attempt']} | {sorted(manifest['units']['per_worker'].values(), reverse=True)} | {committed_rows(out) == local} |",
+                  f"{again_decoded} | {units_of['reused_from_earlier_attempt']} | "
+                  f"{sorted(units_of['per_worker'].values(), reverse=True)} | {committed_rows(out) == local} |",
                   flush=True)
     return 0
 

@@ -40,8 +40,8 @@ class _Models:
     def compile_ms_since_last_call(self) -> int:
         """Milliseconds the forward engine spent compiling since the last call (in this process)."""
         with self._lock:
-            total = round(1000 * getattr(self.forward, "compile_seconds", 0.0))
-            new, self._compile_ms = max(0, total - self._compile_ms), max(total, self._compile_ms)
+            total = round(1000 * getattr(self.forward, "compile_seconds", 0.0))     # only grows
+            new, self._compile_ms = total - self._compile_ms, total
             return new
 
 
