@@ -26,6 +26,8 @@ setup(
         "ctranslate2>=4.8.5,<4.9",           # the CTranslate2 engine (int8/float kernels; OPUS-MT, NLLB, M2M-100)
         "transformers>=5.24,<5.25",          # converting Marian/M2M-100/NLLB directories for CTranslate2 (import only)
         "pyarrow>=20,<26",                   # Parquet, and the storage layer: local, S3, GCS (pyarrow.fs)
+        "boto3>=1.44,<2",                    # S3 conditional writes (If-None-Match / If-Match) for manifests and claims
+        "google-cloud-storage>=3.17,<4",     # GCS conditional writes (generation preconditions)
         "rapidfuzz>=3.14,<4",                # Levenshtein distance for candidate clustering
         "sacrebleu>=2.6,<3",                 # BLEU of the NMT models; sentence BLEU in the filter job
         "kenlm>=0.3,<0.4",                   # language-model perplexity filter (query only)

@@ -1,11 +1,13 @@
-"""The phases the jobs share around their pipelines: claim the output, commit (or hold back) and
-publish. The protocol itself (owner record, manifests written last, no renames) is
-paracorpus/commit.py; this is how a job uses it.
+"""The phases the jobs share around their pipelines: claim the output, decide under the claim,
+commit (or hold back) and publish. The protocol itself (owner record, manifests written last and
+conditionally, no renames) is paracorpus/commit.py; this is how a job uses it.
 
-    refuse_to_replace(...)       before anything is written: a committed run stays unless asked
     with Claim(output, run_id):  one writer at a time (a heartbeat; a dead holder is taken over)
+        finish_cleanup(...)      a run stopped during its clean-up: finished first
+        manifest, version = read_manifest_versioned(...)   what the run plans on, read under the claim
+        refuse_to_replace(...)   a committed run stays unless asked (--overwrite)
         ... the job's pipeline ...
-        commit(...)              publish the manifest, or hold it back in _work/ and say why
+        commit(..., expected=version)   publish only over that version, or hold it back and say why
 """
 from __future__ import annotations
 
@@ -13,55 +15,74 @@ import contextlib
 import logging
 
 from common import storage
-from common.cli import JobFailed, UsageError
-from paracorpus.commit import WORK, Claim, publish, read_manifest, remove_unlisted
+from common.cli import JobFailed, OutputBusy, UsageError
+from paracorpus.commit import (Claim, Fence, cleanup_pending, publish, read_manifest, read_manifest_versioned,
+                               remove_unlisted)
 
 log = logging.getLogger("paragen")
 
-__all__ = ["Claim", "refuse_to_replace", "commit", "finish_cleanup"]
+__all__ = ["Claim", "refuse_to_replace", "commit", "finish_cleanup", "unchanged"]
 
 
-def refuse_to_replace(output: str, manifest_name: str, what: str, allowed: bool) -> None:
-    """UsageError when OUTPUT already holds a committed run (its MANIFEST_NAME) and replacing it
-    is not ALLOWED (--overwrite); WHAT names it in the message."""
-    committed = read_manifest(output, manifest_name)
+def refuse_to_replace(output: str, manifest_name: str, what: str, allowed: bool,
+                      committed: dict | None = None) -> None:
+    """UsageError when OUTPUT already holds a committed run (its MANIFEST_NAME, or COMMITTED when
+    the caller read it under its claim) and replacing it is not ALLOWED (--overwrite); WHAT
+    names it in the message."""
+    committed = committed if committed is not None else read_manifest(output, manifest_name)
     if committed is not None and not allowed:
         raise UsageError(f"{output} already holds {what} ({committed.get('run_id')}); pass --overwrite "
                          "to replace it (it stays readable until the new run commits)")
 
 
+def unchanged(path: str, version: storage.Version, what: str):
+    """A check that PATH (a manifest this run read, e.g. the run --previous names) is still at
+    VERSION: OutputBusy (exit 75) naming WHAT otherwise, so that a run never publishes references
+    into files another run's clean-up may have removed."""
+    def check() -> None:
+        if storage.read_versioned(path)[1].tag != version.tag:
+            raise OutputBusy(f"{what} ({path}) was replaced while this run ran; this run publishes nothing: run "
+                             "the same command again to build on the new one")
+    return check
+
+
 def commit(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...], work: str,
-           problem: JobFailed | None = None, guard=contextlib.nullcontext, claim: Claim | None = None) -> list[str]:
-    """Publish MANIFEST as OUTPUT/MANIFEST_NAME (the files it does not list under TABLES, and the
-    run's _work, are removed after); the removed files. With a PROBLEM (counts that do not
-    reconcile, nothing to publish) nothing is published: the manifest is kept as WORK/manifest.json
-    for a person to read, and PROBLEM is raised. Either way the run committed before stays whole
-    until this one's manifest replaces it. GUARD (stopping.Stopping.critical) keeps a signal from
-    cutting the manifest's write in half; CLAIM, this run's, is checked before the manifest and
-    before any delete (a run that lost it stops, exit 75, touching nothing)."""
-    if claim is not None:
-        claim.check()
+           problem: JobFailed | None = None, guard=contextlib.nullcontext, claim: Claim | None = None,
+           expected: storage.Version | None = None, also=()) -> list[str]:
+    """Publish MANIFEST as OUTPUT/MANIFEST_NAME, only over version EXPECTED (the manifest the run
+    planned on, read under its claim; a run that another published over meanwhile fails, exit
+    75); the files it does not list under TABLES, and the runs' _work, are removed after. With a
+    PROBLEM (counts that do not reconcile, nothing to publish) nothing is published: the manifest
+    is kept as WORK/manifest.json for a person to read, and PROBLEM is raised. Either way the run
+    committed before stays whole until this one's manifest replaces it. GUARD
+    (stopping.Stopping.critical) keeps a signal from cutting the manifest's write in half; CLAIM,
+    this run's, and the checks ALSO (:func:`unchanged`) run before the manifest; the claim, and
+    the manifest, before each delete (a run that lost either stops, exit 75, touching nothing)."""
+    def check() -> None:
+        if claim is not None:
+            claim.check()
+        for more in also:
+            more()
+    check()
     if problem is not None:
         storage.write_json(storage.join(work, "manifest.json"), manifest)
         raise problem
-    removed = publish(output, manifest_name, manifest, tables, guard, claim.check if claim is not None else None)
+    removed = publish(output, manifest_name, manifest, tables, expected, guard,
+                      claim.check if claim is not None else None)
     log.info("published run %s: %d files; removed %d files of earlier runs and attempts", manifest.get("run_id"),
              sum(len(v) for v in manifest.get("files", {}).values()), len(removed))
     return removed
 
 
-def finish_cleanup(output: str, manifest_name: str, tables: tuple[str, ...]) -> list[str] | None:
-    """The clean-up of OUTPUT's committed run, finished: a run stopped after its manifest was
-    written (its unit files, the files of the run it replaced, its _work are still there) is
-    cleaned up by the next start of the same command, under the claim. The removed files, or None
-    when there was nothing to finish (no _work)."""
-    manifest = read_manifest(output, manifest_name)
-    if manifest is None or not storage.exists(storage.join(output, WORK)):
+def finish_cleanup(output: str, manifest_name: str, tables: tuple[str, ...], claim: Claim) -> list[str] | None:
+    """Under CLAIM: the clean-up of OUTPUT's committed run, finished when a stop cut it short
+    (its ``_work/<run id>`` is still there: removed last): its unit files, the files of the run it
+    replaced, the hidden files of killed writes and the runs' _work go, as its own clean-up would
+    have done. The removed files, or None when there was nothing to finish."""
+    manifest, version = read_manifest_versioned(output, manifest_name)
+    if not cleanup_pending(output, manifest):
         return None
-    with Claim(output, manifest["run_id"]) as claim:
-        claim.check()
-        removed = remove_unlisted(output, manifest, tables)
+    removed = remove_unlisted(output, manifest, tables, Fence(claim.check, storage.join(output, manifest_name), version))
     print(f"finished the clean-up of run {manifest['run_id']} (stopped after it was published): removed "
           f"{len(removed)} files it does not list, and its _work", flush=True)
     return removed
-

@@ -9,8 +9,11 @@ paragen-train-embeddings --input runs/example-output --output runs/example-encod
 Reads the paraphrase files a generation run's manifest lists (a local directory or a bucket URL;
 or any Parquet), writes ``<output>/scored/<same partition>/<file>-<attempt>.parquet`` with every
 input row and column, one column per score, ``keep`` and ``reasons``, the statistics report
-(``report/report.md``, ``report.json``, PNG plots) and, last, ``_filter_manifest.json``, which
+(``report/<run id>/report.md``, ``report.json``, PNG plots: a run's own names, so a stopped run
+never mixes its report with the published one's) and, last, ``_filter_manifest.json``, which
 lists the run's files (the same commit protocol as the generation job: paracorpus/commit.py).
+The same command run again finds its run committed (the same input run, config and options) and
+only finishes a clean-up a stop cut short.
 Models that must be fitted on the data (KenLM, classifiers) are trained first, on the driver, on
 a hash-selected sample of the input (rows flagged ``fit_sample``), and saved under
 ``<output>/_fitted/<run id>``.
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 
-from beam_pipelines.commit import Claim, commit, refuse_to_replace
+from beam_pipelines.commit import Claim, commit, finish_cleanup, refuse_to_replace
 from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, runner_name, torch_threads_for
 from beam_pipelines.slurm import check_slurm
 from beam_pipelines.report import print_filter_summary, top_reasons
@@ -37,7 +40,7 @@ from common.stopping import Stopping
 from common import storage
 from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_apart, check_output_location, cli_main,
                         command_line, configure_logging, versions)
-from paracorpus.commit import new_run_id, work_dir
+from paracorpus.commit import new_run_id, read_manifest, read_manifest_versioned, work_dir
 from paracorpus.runs import ParquetInput, open_input
 from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled
 from transforms.filtering import ScoreFile, merge_stats
@@ -177,6 +180,8 @@ class FilterJob:
     beam_args: tuple
     report: bool
     command: tuple
+    plan_key: str = ""               # what a rerun of the same command compares (filter_plan_key)
+    overwrite: bool = False
 
     @property
     def generation_manifest(self) -> dict | None:
@@ -211,10 +216,31 @@ def check(argv: list[str]) -> FilterJob:
         raise UsageError(f"{known.input}: the generation run's counts do not reconcile (a failed or partial run, "
                          "see its _manifest.json); pass --allow_unreconciled to filter it anyway")
     cfg, overrides = filter_config(known, gen_manifest)
-    refuse_to_replace(output, FILTER_MANIFEST, "a filter run", known.overwrite)
+    key = filter_plan_key(inp, cfg, overrides, not known.no_report)
+    # refused before anything is written; decided again under the claim (_run)
+    refuse_other_filter_run(read_manifest(output, FILTER_MANIFEST), key, output, known.overwrite)
     rows_expected = sum(storage.parquet_file(f).metadata.num_rows for f in inp.files)
     return FilterJob(inp, storage.absolute(known.input), output, cfg, overrides, rows_expected, threads,
-                     tuple(beam_args), not known.no_report, tuple(command_line(argv)))
+                     tuple(beam_args), not known.no_report, tuple(command_line(argv)), key, known.overwrite)
+
+
+def filter_plan_key(inp: ParquetInput, cfg, overrides: dict, report: bool) -> str:
+    """What must be the same for a rerun to find its filter run done: the input (a run by its run
+    id and files; plain Parquet by each file's name, size and time), the config and the options
+    that change the output."""
+    if inp.manifest is not None:
+        source = [inp.manifest.get("run_id"), list(inp.relatives)]
+    else:
+        source = [[f, *storage.stat(f)] for f in inp.files]
+    blob = json.dumps([source, cfg.raw, overrides, report], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def refuse_other_filter_run(committed: dict | None, key: str, output: str, overwrite: bool) -> None:
+    """UsageError when OUTPUT holds a filter run of another plan and --overwrite is not given (a
+    committed run of this plan is the same command's: done, not refused)."""
+    if committed is not None and committed.get("plan_key") != key:
+        refuse_to_replace(output, FILTER_MANIFEST, "a filter run of another input or config", overwrite, committed)
 
 
 def fit(job: FilterJob, run_id: str) -> Fitted:
@@ -285,7 +311,7 @@ def collect(job: FilterJob, fitted: Fitted, run_id: str, stats: dict, counters: 
             "fit_sample_pairs": len(fitted.fit_ids), "seconds": round(elapsed, 2),
             "rows_per_s": round(rows_expected / max(elapsed, 1e-9), 1),
             "files": {"scored": scored, "fitted": fitted.files, "report": []},
-            "counters": counters, "versions": versions(), "command": list(job.command)}
+            "counters": counters, "versions": versions(), "command": list(job.command), "plan_key": job.plan_key}
 
 
 def run(argv=None) -> dict:
@@ -298,28 +324,19 @@ def run(argv=None) -> dict:
 def _run(argv: list[str], stopping: Stopping) -> dict:
     with storage.first_contact():                      # a store never reached is a mistake, said at once
         job = check(argv)                               # 1. check: refused before anything is written
-    run_id, started, output = new_run_id(), time.time(), job.output
-    with Claim(output, run_id, on_lost=lambda why: stopping.end(why, 75)) as claim:
-        stopping.watch(f"filter run {run_id}", lambda: "nothing published (a filter run starts again from the start)",
-                       claim.release)
-        cfg = job.cfg
-        print(f"filter run {run_id}: {len(job.input.files)} file(s), {job.rows_expected:,} rows under "
-              f"{job.input.root}; config {cfg.source}; rules: {'; '.join(r.describe() for r in cfg.rules) or 'none'}",
-              flush=True)
-        fitted = fit(job, run_id)                       # 2. plan: the models fitted on a sample
-        work = work_dir(output, run_id)
-        stats, counters = score(job, fitted, work)      # 3. score: the pipeline
-        manifest = collect(job, fitted, run_id, stats, counters, time.time() - started)
-        print_filter_summary(manifest, job.rows_expected, manifest["seconds"])   # 4. report
-        problem = None if manifest["reconciled"] else JobFailed(f"rows in != rows out; not published; see "
-                                                                f"{work}/manifest.json")
-        if problem is None and job.report and manifest["files"]["scored"]:
-            manifest["files"]["report"] = _write_report([storage.join(output, e["path"])
-                                                         for e in manifest["files"]["scored"]],
-                                                        storage.join(output, "report"), cfg, manifest)
-            print(f"report: {storage.join(output, 'report', 'report.md')}", flush=True)
-        commit(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES, work, problem,
-               stopping.critical, claim)               # 5. commit
+    output = job.output
+    with Claim(output, "planning", on_lost=lambda why: stopping.end(why, 75)) as claim:
+        stopping.watch("the filter job", None, claim.release)
+        # decided under the claim: no other run publishes between here and this run's publish
+        finish_cleanup(output, FILTER_MANIFEST, TABLES, claim)    # a run stopped during its clean-up
+        committed, version = read_manifest_versioned(output, FILTER_MANIFEST)
+        if committed is not None and committed.get("plan_key") == job.plan_key and not job.overwrite:
+            print(f"nothing to do: filter run {committed['run_id']} in {output} is committed with this plan (same "
+                  "input run, config and options); --overwrite makes it again", flush=True)
+            manifest = committed
+        else:
+            refuse_other_filter_run(committed, job.plan_key, output, job.overwrite)
+            manifest = _filter_run(job, claim, version, stopping)
     if manifest["kept"] == 0:
         # published (its report says why), but a scheduler must notice an empty corpus
         top = top_reasons(manifest["rejected_by_reason"])
@@ -328,9 +345,38 @@ def _run(argv: list[str], stopping: Stopping) -> dict:
     return manifest
 
 
-def _write_report(files: list[str], out_dir: str, cfg, manifest: dict) -> list[dict]:
+def _filter_run(job: FilterJob, claim: Claim, version, stopping: Stopping) -> dict:
+    """A new filter run into JOB.output under CLAIM, published only over manifest VERSION."""
+    run_id, started, output = new_run_id(), time.time(), job.output
+    claim.run_id = run_id
+    stopping.watch(f"filter run {run_id}", lambda: "nothing published (a filter run starts again from the start)",
+                   claim.release)
+    cfg = job.cfg
+    print(f"filter run {run_id}: {len(job.input.files)} file(s), {job.rows_expected:,} rows under "
+          f"{job.input.root}; config {cfg.source}; rules: {'; '.join(r.describe() for r in cfg.rules) or 'none'}",
+          flush=True)
+    fitted = fit(job, run_id)                           # 2. plan: the models fitted on a sample
+    work = work_dir(output, run_id)
+    stats, counters = score(job, fitted, work)          # 3. score: the pipeline
+    manifest = collect(job, fitted, run_id, stats, counters, time.time() - started)
+    print_filter_summary(manifest, job.rows_expected, manifest["seconds"])   # 4. report
+    problem = None if manifest["reconciled"] else JobFailed(f"rows in != rows out; not published; see "
+                                                            f"{work}/manifest.json")
+    if problem is None and job.report and manifest["files"]["scored"]:
+        # under the run's own name: published with its manifest, the old one's removed after
+        report_dir = storage.join(output, "report", run_id)
+        manifest["files"]["report"] = _write_report([storage.join(output, e["path"])
+                                                     for e in manifest["files"]["scored"]],
+                                                    report_dir, f"report/{run_id}", cfg, manifest)
+        print(f"report: {storage.join(report_dir, 'report.md')}", flush=True)
+    commit(output, FILTER_MANIFEST, check_manifest(manifest, FILTER_MANIFEST_KEYS), TABLES, work, problem,
+           stopping.critical, claim, version)           # 5. commit
+    return manifest
+
+
+def _write_report(files: list[str], out_dir: str, listed_as: str, cfg, manifest: dict) -> list[dict]:
     """The statistics report, made in a local directory and copied to OUT_DIR (local or a
-    bucket); its manifest entries."""
+    bucket); its manifest entries (paths LISTED_AS/<name>)."""
     from filtering.report import write_report
 
     with tempfile.TemporaryDirectory(prefix="paragen-report-") as tmp:
@@ -338,7 +384,7 @@ def _write_report(files: list[str], out_dir: str, cfg, manifest: dict) -> list[d
         entries = []
         for name in sorted(os.listdir(tmp)):
             storage.copy_file(os.path.join(tmp, name), storage.join(out_dir, name))
-            entries.append({"path": f"report/{name}", "bytes": os.path.getsize(os.path.join(tmp, name))})
+            entries.append({"path": f"{listed_as}/{name}", "bytes": os.path.getsize(os.path.join(tmp, name))})
     return entries
 
 

@@ -4,11 +4,12 @@
         --forward_model runs/example-models/cs-en --backward_model runs/example-models/en-cs
 
 A run is six phases, each in its own module of beam_pipelines/generation/ (run() below is their
-order): **check** everything before anything is written (check.py) -> **plan** the inputs, bins
-and the run to start or continue (plan.py; ``--dry_run`` stops here with an estimate,
-dry_run.py) -> under the output's claim, **decode** with one Beam pipeline (decode.py) whose last
+order): **check** everything before anything is written (check.py) -> under the output's claim,
+**plan** the inputs, bins and the run to start or continue (plan.py; ``--dry_run`` stops before the
+claim with an estimate, dry_run.py) -> **decode** with one Beam pipeline (decode.py) whose last
 stages **compact** the unit files (compact.py) -> **commit**: publish the manifest only if the
-counts reconcile (outcome.py, beam_pipelines/commit.py) -> **report** (beam_pipelines/report.py).
+counts reconcile, and only over the manifest the plan read (outcome.py, beam_pipelines/commit.py)
+-> **report** (beam_pipelines/report.py).
 The same command run again after a stop continues the run (plan.py); a signal or a failure ends
 it in one line with the committed units kept (common/stopping.py).
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import sys
 
-from beam_pipelines.commit import Claim, commit, finish_cleanup
+from beam_pipelines.commit import Claim, commit, finish_cleanup, unchanged
 from beam_pipelines.generation.check import check
 from beam_pipelines.generation.decode import decode
 from beam_pipelines.generation.dry_run import dry_run
@@ -47,17 +48,24 @@ def run(argv=None) -> dict:
     with Stopping("the generation job") as stopping:    # SIGTERM/SIGINT: stop in one line, workers too
         with storage.first_contact():                  # a store never reached is a mistake, said at once
             request, job = check(argv)                  # 1. check: refused before anything is written
-        inputs = plan_inputs(job, request.previous)     # 2. plan: what to decode, what --previous gives
-        if inputs.nothing_to_do:
-            return report_nothing_changed(inputs.reuse.previous_run_id, inputs.reuse.previous)
-        if request.dry_run:
-            return dry_run(job, request, inputs)        #    the plan and its estimate; nothing written
-        plan = plan_run(job, request, inputs)           #    new, the stopped one continued, or done
-        if plan.done:
-            finish_cleanup(plan.output, MANIFEST, TABLES)   # a stop after the manifest left it
-            return report_already_done(plan.run_id, plan.output)
-        # a run that loses its claim (another writer took OUT over) stops at once, exit 75
-        with Claim(plan.output, plan.run_id, on_lost=lambda why: stopping.end(why, 75)) as claim:
+        if request.dry_run:                             #    the plan and its estimate; nothing written
+            inputs = plan_inputs(job, request.previous)
+            if inputs.nothing_to_do:
+                return report_nothing_changed(inputs.reuse.previous_run_id, inputs.reuse.previous)
+            return dry_run(job, request, inputs)
+        # 2. plan, under the output's claim: what is decided here (replace, done, resume, what
+        # --previous gives) stays true until the publish, which requires the manifest read here
+        with Claim(request.output, request.run_id or "planning", on_lost=lambda why: stopping.end(why, 75)) as claim:
+            stopping.watch("the generation job", None, claim.release)
+            finish_cleanup(request.output, MANIFEST, TABLES, claim)    # a run stopped during its clean-up
+            previous = previous_manifest_check(request.previous)
+            inputs = plan_inputs(job, request.previous)  # what to decode, what --previous gives
+            if inputs.nothing_to_do:
+                return report_nothing_changed(inputs.reuse.previous_run_id, inputs.reuse.previous)
+            plan = plan_run(job, request, inputs)       # new, the stopped one continued, or done
+            if plan.done:
+                return report_already_done(plan.run_id, plan.output)
+            claim.run_id = plan.run_id
             stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)
             finished = record_plan(plan, job, request, inputs)
             # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept
@@ -65,10 +73,19 @@ def run(argv=None) -> dict:
             outcome = collect(job, request, inputs, plan, counters, elapsed, sharing)
             try:                                        # 5. commit: publish only if the counts reconcile
                 commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical,
-                       claim)
+                       claim, plan.committed_version, also=previous)
             finally:                                    # 6. report, published or not
                 report_generation(outcome.manifest, counters, elapsed, plan.output)
     return outcome.manifest
+
+
+def previous_manifest_check(previous: str | None) -> tuple:
+    """The check that the run --previous names (when it is not the output itself, whose manifest
+    the publish requires anyway) is still the one this run builds on when it publishes."""
+    if not previous:
+        return ()
+    version = storage.read_versioned(storage.join(previous, MANIFEST))[1]
+    return (unchanged(storage.join(previous, MANIFEST), version, "the run --previous names"),)
 
 
 def main(argv=None) -> int:

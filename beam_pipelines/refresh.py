@@ -22,9 +22,12 @@ content and config did not change keep that run's output (paracorpus/incremental
 changed it publishes nothing and says so. ``latest`` moves only after the generation run (and the
 filter run, when configured) committed; a failure leaves it where it was and exits non-zero.
 Retention keeps the newest KEEP committed runs, the run ``latest`` names and every run a kept run
-still takes files from; everything else in runs/ (old runs, failed runs) goes, with its log. Two
-refreshes never overlap: the lease (paracorpus/commit.Claim on ``_refresh.lock``, renewed every
-30 s, taken over only when its holder is dead or silent for 5 minutes) refuses the second.
+(or the latest/ view) takes files from, transitively; everything else in runs/ (old runs, failed
+runs) goes, with its log (paracorpus/latest.py). Two refreshes never overlap: the lease
+(paracorpus/commit.Claim on ``_refresh.lock``, renewed every 30 s, taken over only when its holder
+is dead or its record 5 minutes old by the store's clock) refuses the second, and every write of
+``latest`` is conditional on what this refresh read under it, so a refresh paused past its lease
+cannot move ``latest`` when it resumes (exit 75).
 
 The jobs run in this process (DirectRunner, DaskRunner), or, with ``--job_cmd`` / ``--filter_cmd``,
 as a command (e.g. ``deploy/run_dataflow.sh``) given the job's arguments.
@@ -39,7 +42,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 from common import storage
@@ -47,11 +49,11 @@ from common.cli import EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError,
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping
-from paracorpus.commit import entry_path, file_location, is_under, new_run_id
-from paracorpus.schema import FILTER_MANIFEST, MANIFEST
+from paracorpus.commit import new_run_id
+from paracorpus.latest import Latest, filter_dir, latest_run, prune
+from paracorpus.schema import MANIFEST
 
 log = logging.getLogger("paragen.refresh")
-LATEST = "latest.json"
 LOCK = "_refresh.lock"
 
 
@@ -93,14 +95,6 @@ def _option_value(args: list[str], name: str) -> str | None:
         if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     return None
-
-
-def latest_run(root: str) -> str | None:
-    """The run directory ROOT/latest.json names, or None."""
-    path = storage.join(root, LATEST)
-    if not storage.isfile(path):
-        return None
-    return storage.join(root, "runs", storage.read_json(path)["run_id"])
 
 
 def _run_job(module: str, cmd: list[str], args: list[str], log_file, env: dict | None = None) -> tuple[int, object]:
@@ -162,113 +156,6 @@ def _failed(job: str, rc: int, log_file, since: int, log_path: str) -> "RefreshF
     usage mistake (2) and a run with nothing to publish (3) apart from other failures (1)."""
     return RefreshFailed(f"{job} job failed (exit {rc}): {_cause(_log_text(log_file, since))}; latest unchanged "
                          f"(log: {log_path})", rc if rc in (EXIT_USAGE, EXIT_EMPTY, EXIT_BUSY) else 1)
-
-
-def filter_dir(root: str, run_id: str) -> str:
-    """Where run RUN_ID's filter run is: ROOT/filtered/<run id>, or inside the run in roots that
-    earlier versions wrote (the filter job now refuses an output inside the run it reads)."""
-    legacy = storage.join(root, "runs", run_id, "filtered")
-    if storage.isfile(storage.join(legacy, FILTER_MANIFEST)):
-        return legacy
-    return storage.join(root, "filtered", run_id)
-
-
-def _committed(root: str, name: str, with_filter: bool) -> bool:
-    if not storage.isfile(storage.join(root, "runs", name, MANIFEST)):
-        return False
-    return not with_filter or storage.isfile(storage.join(filter_dir(root, name), FILTER_MANIFEST))
-
-
-def referenced_runs(run_dir: str) -> set[str]:
-    """Names of the runs (siblings in runs/) whose files RUN_DIR's manifest takes."""
-    manifest = storage.read_json(storage.join(run_dir, MANIFEST))
-    runs_dir = storage.parent(storage.absolute(run_dir.rstrip("/")))
-    names = set()
-    for files in manifest.get("files", {}).values():
-        for f in files:
-            location = file_location(run_dir, f)
-            if is_under(location, runs_dir):
-                names.add(entry_path(runs_dir, location).split("/", 1)[0])
-    return names - {storage.basename(run_dir.rstrip("/"))}
-
-
-def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: str | None = None) -> list[str]:
-    """Remove from ROOT/runs every run but the newest KEEP committed ones, CURRENT (latest's
-    target) and the runs those take files from; and the logs of what was removed (but LOG_OF's:
-    a no-op refresh keeps its own log until the next refresh)."""
-    runs_dir = storage.join(root, "runs")
-    names = storage.listdir(runs_dir)
-    committed = [n for n in names if _committed(root, n, with_filter)]
-    kept = set(sorted(committed)[-keep:]) | ({current} if current else set())
-    for name in list(kept):
-        if name in committed:
-            kept |= referenced_runs(storage.join(runs_dir, name))
-    removed = [n for n in names if n not in kept]
-    for name in removed:
-        storage.delete_tree(storage.join(runs_dir, name))
-    for name in storage.listdir(storage.join(root, "filtered")):       # filter runs of runs gone
-        if name not in kept:
-            storage.delete_tree(storage.join(root, "filtered", name))
-    for log_name in storage.listdir(storage.join(root, "logs")):      # logs of runs gone, of no-op refreshes
-        if log_name.removesuffix(".log") not in kept | {log_of}:
-            storage.delete(storage.join(root, "logs", log_name))
-    return removed
-
-
-def _manifest_copy(manifest: dict, run_dir: str, copy_dir: str) -> dict:
-    """MANIFEST (of the run in RUN_DIR) with every file path rewritten to open from COPY_DIR."""
-    files = {table: [{**f, "path": entry_path(copy_dir, file_location(run_dir, f))} for f in entries]
-             for table, entries in manifest.get("files", {}).items()}
-    return {**manifest, "files": files, "copy_of": entry_path(copy_dir, run_dir)}
-
-
-def publish_latest(root: str, run_id: str) -> None:
-    """Make ROOT/latest the run RUN_ID for every reader: ROOT/latest/ is a directory holding a
-    copy of the run's manifest (and of its filter run's, under filtered/) whose paths open from
-    there, so ``latest`` reads like any run, on a disk or in a bucket. latest.json, written last,
-    names the run: it is the commit point; latest/ is a view of it that the next refresh repairs
-    if a stop fell between them (:func:`repair_latest`). (Earlier versions made ``latest`` a
-    symlink: replaced here.)"""
-    _write_view(root, run_id)
-    storage.write_json(storage.join(root, LATEST), {"run_id": run_id, "path": f"runs/{run_id}",
-                                                    "published_at": time.time()})
-
-
-def _write_view(root: str, run_id: str, only_if_changed: bool = False) -> bool:
-    """ROOT/latest/'s manifests for run RUN_ID; with ONLY_IF_CHANGED, what already says so is left
-    alone. True when something was written or removed."""
-    run_dir, latest = storage.join(root, "runs", run_id), storage.join(root, "latest")
-    if storage.is_local(root):
-        link = storage.resolve(latest)[1]
-        if os.path.islink(link):
-            os.remove(link)
-    filtered = filter_dir(root, run_id)
-    wanted = {storage.join(latest, MANIFEST): _manifest_copy(storage.read_json(storage.join(run_dir, MANIFEST)),
-                                                             run_dir, latest)}
-    view_filter = storage.join(latest, "filtered", FILTER_MANIFEST)
-    if storage.isfile(storage.join(filtered, FILTER_MANIFEST)):
-        wanted[view_filter] = _manifest_copy(storage.read_json(storage.join(filtered, FILTER_MANIFEST)), filtered,
-                                             storage.join(latest, "filtered"))
-    changed = False
-    # the filter run's copy first, the run's last: a reader of latest/_manifest.json sees the
-    # switch once the whole view is there
-    for path in (view_filter, storage.join(latest, MANIFEST)):
-        if only_if_changed and (storage.read_json(path) if storage.isfile(path) else None) == wanted.get(path):
-            continue
-        if path in wanted:
-            storage.write_json(path, wanted[path])
-        else:
-            storage.delete(path)
-        changed = True
-    return changed
-
-
-def repair_latest(root: str, run_id: str) -> None:
-    """A refresh stopped between writing latest/ and latest.json left the view of another run (or
-    half of one): make latest/ RUN_ID, the run latest.json names, again (nothing when it already is)."""
-    if _write_view(root, run_id, only_if_changed=True):
-        log.warning("latest/ did not match latest.json (a refresh stopped while publishing): made it run %s again",
-                    run_id)
 
 
 @dataclass(frozen=True)
@@ -375,9 +262,9 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
     run_id = new_run_id()
     with Claim(root, run_id, name=LOCK, on_lost=lambda why: stopping.end(why, 75)) as lease:   # 2. one refresh at a time
         stopping.watch(f"refresh {run_id}", lambda: "latest unchanged", lease.release)
-        previous = latest_run(root)
-        if previous:
-            repair_latest(root, storage.basename(previous))     # a refresh stopped while publishing: finish it
+        latest = Latest(root)           # read under the lease: every write of latest is conditional on it
+        previous = latest.run_dir
+        latest.repair()                 # a refresh stopped while publishing: its view finished first
         out = storage.join(root, "runs", run_id)
         log_path = storage.join(root, "logs", f"{run_id}.log")
         print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)
@@ -387,11 +274,12 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
                 if req.filter_args:
                     filter_run(req, run_id, log_file, log_path)                # 4. the filter job
                 lease.check()                   # a refresh that lost its lease moves and removes nothing
-                publish_latest(root, run_id)                                    # 5. publish: latest moves
+                latest.publish(run_id)                                          # 5. publish: latest moves
         lease.check()
         # 6. retention, also after a no-op: it finishes the clean-up of a refresh stopped after publishing
-        current = run_id if changed else (storage.basename(previous) if previous else None)
-        removed = prune(root, req.keep, bool(req.filter_args), current, log_of=run_id)
+        current = run_id if changed else latest.run_id
+        removed = prune(root, req.keep, bool(req.filter_args), current, log_of=run_id,
+                        fence=latest.fence(lease.check))
         if not changed:
             print(f"refresh {run_id}: nothing changed since {previous}; nothing published, latest unchanged",
                   flush=True)

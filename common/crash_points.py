@@ -8,9 +8,13 @@ neither variable set that is one dictionary lookup; with them:
 
 * ``PARAGEN_STORAGE_TRACE=FILE`` appends ``<n> <kind> <path>`` to FILE for each operation of this
   process (how a harness learns how many there are, and which);
-* ``PARAGEN_CRASH_AT=N:SIG`` sends signal SIG (``KILL``, ``TERM``, ``INT``) to this process just
-  before its Nth operation (counted from 1); ``PARAGEN_CRASH_AT=~SUFFIX:SIG`` before the first
-  operation on a path ending in SUFFIX (``~_manifest.json:TERM``: while the manifest is written).
+* ``PARAGEN_CRASH_AT=N:SIG`` sends signal SIG (``KILL``, ``TERM``, ``INT``; ``STOP`` pauses the
+  process, as a suspended job or a VM pause would, until the harness sends SIGCONT) to this
+  process just before its Nth operation (counted from 1); ``PARAGEN_CRASH_AT=~SUFFIX:SIG`` before
+  the first operation on a path ending in SUFFIX (``~_manifest.json:TERM``: while the manifest is
+  written), ``~SUFFIX@K:SIG`` before the Kth such operation, ``~SUFFIX@K+M:SIG`` before the Mth
+  operation after it (``~_manifest.json@2+1:TERM``: the first step after a local manifest's
+  rename, i.e. the first of its clean-up).
 
 Both are read by the process that does the operation: the DirectRunner's worker processes inherit
 them and count their own operations, so a harness wanting one sequence runs the job in one
@@ -25,6 +29,8 @@ import threading
 _LOCK = threading.Lock()
 _COUNT = [0]
 _FIRED = [False]
+_MATCHED = [0]                 # operations so far on paths ending in the ~SUFFIX
+_AT = [None]                   # ~SUFFIX@K+M: the operation number to stop before, once the Kth is seen
 
 
 def storage_op(kind: str, path: str) -> None:
@@ -41,7 +47,23 @@ def storage_op(kind: str, path: str) -> None:
         if not crash or _FIRED[0]:
             return
         where, _, name = crash.rpartition(":")
-        hit = path.endswith(where[1:]) if where.startswith("~") else where == str(n)
+        if where.startswith("~"):
+            suffix, _, k = where[1:].partition("@")
+            k, _, after = k.partition("+")
+            if _AT[0] is not None:
+                hit = n == _AT[0]
+            elif not path.endswith(suffix):
+                return
+            else:
+                _MATCHED[0] += 1
+                if _MATCHED[0] != int(k or 1):
+                    return
+                if after:
+                    _AT[0] = n + int(after)
+                    return
+                hit = True
+        else:
+            hit = where == str(n)
         if not hit:
             return
         _FIRED[0] = True

@@ -6,43 +6,65 @@ Object stores cannot rename a directory, so a run is never "moved into place". I
   unit and attempt), written whole (common/storage.open_output);
 * a run in progress keeps its bookkeeping under ``OUT/_work/<run id>/`` (its plan and one
   completion record per finished work unit, for --resume);
-* the run is published by writing ``OUT/<manifest>`` last: it lists every committed file, and
-  readers (the filter and embedding jobs, :func:`committed_files`) read only what it lists, so they
-  never see a partial file or one an abandoned attempt left;
+* the run is published by writing ``OUT/<manifest>`` last, and only if it is still the manifest
+  the run planned on (a conditional write: a flock'd rename, S3 ``If-Match``, a GCS generation;
+  common/storage/conditional.py): readers (the filter and embedding jobs, :func:`committed_files`)
+  read only what it lists, so they never see a partial file or one an abandoned attempt left, and
+  a run that another published over in the meantime publishes nothing (exit 75);
 * after the manifest is written, files it does not list (the previous run's, dead attempts') and
-  the run's ``_work`` are removed.
+  the run's ``_work`` are removed, each delete fenced (:class:`Fence`); ``_work/<run id>`` goes
+  last, so while it is there the clean-up is unfinished and the next start finishes it.
 
 A committed run stays readable until a new run commits over it, so a rerun that fails destroys
-nothing. ``OUT/_owner.json`` names the run writing in OUT (a random token, host, pid, a heartbeat
-renewed every 30 s), created only if absent (a local link, S3's ``If-None-Match: *``); a second
-writer is refused while it is alive, and the holder checks the token is still its own before
-the manifest and before any delete. On stores without a conditional create here (GCS, HDFS) the
-record is written and read back: two runs that start within the same instant may both pass, and
-the checks stop the one whose token was overwritten (exit 75) before it writes a manifest or
-removes a file.
+nothing. ``OUT/_owner.json`` names the run writing in OUT (a random token, host, pid), created
+only if absent and renewed by a heartbeat that is itself a conditional replace of the version
+the holder last wrote: a holder paused past its lease (SIGSTOP, a suspended SLURM job, a VM
+pause) finds on its next heartbeat or check that another run holds OUT and stops (exit 75), and
+its publish is refused by the store whatever it believes. A lease is taken over when its holder's
+process is gone from this host, or when the record is older than the lease by the store's own
+clock (its modification time; the holder's clock is never trusted); two takers of one stale
+record race on one conditional replace, and one wins.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import posixpath
+import re
 import socket
 import threading
 import time
 import uuid
 
-import logging
-
 from common import storage
-from common.cli import OutputBusy
+from common.cli import OutputBusy, UsageError
 from common.names import check_run_id
 
 log = logging.getLogger("paragen")
 OWNER = "_owner.json"
 WORK = "_work"
-HEARTBEAT_SECONDS = 30.0
-STALE_SECONDS = 300.0          # an owner silent this long is taken for dead
+LEASE_ENV = "PARAGEN_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 300.0     # an owner record not renewed this long (by the store's clock) is taken for dead
+FENCE_SECONDS = 2.0               # a clean-up looks again at its claim and manifest after this long (or a pause)
+
+
+def lease_seconds() -> float:
+    """How long an owner record may go unrenewed before its holder is taken for dead:
+    $PARAGEN_LEASE_SECONDS (default 300; 2-86400); the heartbeat renews it ten times as often."""
+    value = os.environ.get(LEASE_ENV, "")
+    try:
+        seconds = float(value) if value else DEFAULT_LEASE_SECONDS
+    except ValueError:
+        raise UsageError(f"{LEASE_ENV}={value!r} is not a number of seconds") from None
+    if not 2 <= seconds <= 86400:
+        raise UsageError(f"{LEASE_ENV}={value!r} must be between 2 and 86400 seconds")
+    return seconds
+
+
+def heartbeat_seconds() -> float:
+    return lease_seconds() / 10
 
 
 def new_run_id() -> str:
@@ -80,9 +102,10 @@ def _same_pid_space(owner: dict) -> bool:
     return all(owner.get(k) == mine.get(k) for k in ("boot_id", "pid_ns") if k in owner or k in mine)
 
 
-def _owner_alive(owner: dict) -> tuple[bool, str]:
-    """(alive?, why) for the owner record OWNER."""
-    age = time.time() - float(owner.get("heartbeat", 0))
+def _owner_alive(owner: dict, version: storage.Version) -> tuple[bool, str]:
+    """(alive?, why) for the owner record OWNER at VERSION. Its age is the store's: now less the
+    record's modification time as the store stamped it (a holder whose clock runs ahead or behind
+    cannot make its record look fresh or stale)."""
     if _same_pid_space(owner):
         try:
             os.kill(int(owner["pid"]), 0)
@@ -90,91 +113,118 @@ def _owner_alive(owner: dict) -> tuple[bool, str]:
             return False, f"its process {owner['pid']} on this host has ended"
         except PermissionError:
             pass                   # alive, another user's
-    if age > STALE_SECONDS:
-        return False, f"its heartbeat is {age:.0f} s old"
-    return True, f"host {owner.get('host')}, pid {owner.get('pid')}, heartbeat {age:.0f} s ago"
+    stamped = version.mtime if version.mtime is not None else float(owner.get("heartbeat", 0))
+    age = time.time() - stamped
+    if age > lease_seconds():
+        return False, f"its record was last renewed {age:.0f} s ago (lease {lease_seconds():.0f} s)"
+    return True, f"host {owner.get('host')}, pid {owner.get('pid')}, renewed {max(age, 0):.0f} s ago"
+
+
+def _parse_owner(raw: bytes | None) -> dict | None:
+    try:
+        owner = json.loads(raw.decode("utf-8")) if raw is not None else None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return {}                   # not a record this code wrote: judged by its age alone
+    return owner if isinstance(owner, dict) else ({} if raw is not None else None)
 
 
 class Claim:
     """This run's claim on OUT: the owner record (OUT/NAME) with a random token, created only if
-    absent (storage.create_new: a local link, S3's If-None-Match; read back on stores without a
-    conditional create) and renewed by a heartbeat thread until released; a lease others respect
-    while its holder is alive and its heartbeat fresh. The holder checks that the record still
-    carries its token before every step others would see (:meth:`check`: before the manifest,
-    before deleting); a heartbeat that finds another token calls ON_LOST(why) (the job stops,
-    exit status 75, touching nothing)."""
+    absent and renewed by a heartbeat thread, each renewal a conditional replace of the version
+    this claim last wrote (common/storage/conditional.py), until released. A renewal the store
+    refuses means another run took OUT over: ON_LOST(why) is called (the job stops, exit 75,
+    touching nothing). :meth:`check` (before the manifest, before deletes) reads the record and
+    raises OutputBusy unless it carries this claim's token."""
 
     def __init__(self, output: str, run_id: str, name: str = OWNER, on_lost=None):
         self.output, self.run_id = output, run_id
         self.path = storage.join(output, name)
         self.token = uuid.uuid4().hex
         self.on_lost = on_lost
+        self.version: storage.Version | None = None     # what this claim last wrote
+        self._lock = threading.Lock()                    # a renewal and a release take turns
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.time()
 
-    def _record(self) -> dict:
-        return {"run_id": self.run_id, "token": self.token, **_process_identity(), "started": self._started,
-                "heartbeat": time.time()}
+    def _record(self) -> bytes:
+        return json.dumps({"run_id": self.run_id, "token": self.token, **_process_identity(),
+                           "started": self._started, "heartbeat": time.time()}, indent=2).encode()
 
     def _busy(self, owner: dict, why: str) -> OutputBusy:
         return OutputBusy(f"{self.output} is being written by run {owner.get('run_id')} ({why}); wait for it to "
                           "finish (a second writer would mix their files); a holder stopped without a word "
-                          f"(SIGKILL, a lost node) is taken over once its heartbeat is {STALE_SECONDS:.0f} s old")
+                          f"(SIGKILL, a lost node) is taken over once its record is {lease_seconds():.0f} s old "
+                          f"({LEASE_ENV})")
 
     def acquire(self) -> "Claim":
-        """Create the owner record, or OutputBusy (exit status 75: try again later) if another live
-        run holds OUT (another process of the same run, the same command started twice, too)."""
+        """Create the owner record, or take over a dead holder's with one conditional replace;
+        OutputBusy (exit status 75: try again later) if another live run holds OUT (another
+        process of the same run, the same command started twice, too)."""
         for _ in range(5):
-            created = storage.create_new(self.path, json.dumps(self._record(), indent=2).encode())
-            owner = _read_owner(self.path)
-            if owner is not None and owner.get("token") == self.token:
-                break                              # ours (a retried create that had succeeded, too)
-            if created or owner is None:           # a rival replaced or removed it in between: look again
-                time.sleep(0.05)
+            try:
+                self.version = storage.create_new(self.path, self._record())
+                break
+            except storage.Conflict:
+                pass
+            raw, version = storage.read_versioned(self.path)
+            owner = _parse_owner(raw)
+            if owner is None:                      # released in between: try the create again
                 continue
-            alive, why = _owner_alive(owner)
+            alive, why = _owner_alive(owner, version)
             if alive:
                 raise self._busy(owner, why)
             log.info("taking over %s from run %s: %s", self.output, owner.get("run_id"), why)
-            again = _read_owner(self.path)
-            if again is not None and again.get("token") == owner.get("token"):
-                storage.delete(self.path)          # the stale record; a rival taking over too: one create wins
+            try:                                   # one taker wins; the others see its fresh record next
+                self.version = storage.write_if(self.path, self._record(), version)
+                break
+            except storage.Conflict:
+                continue
         else:
-            owner = _read_owner(self.path) or {}
+            owner = _parse_owner(storage.read_versioned(self.path)[0]) or {}
             raise OutputBusy(f"{self.output}: another run ({owner.get('run_id')}) claimed it at the same time")
+        self._stop.clear()
         self._thread = threading.Thread(target=self._beat, name="paragen-heartbeat", daemon=True)
         self._thread.start()
         return self
 
+    def _lost(self, owner: dict | None) -> OutputBusy:
+        who = f"run {owner.get('run_id')} holds it now" if owner else "its owner record is gone"
+        return OutputBusy(f"{self.output}: this run ({self.run_id}) lost its claim ({who}); it stops without "
+                          "writing or removing anything")
+
     def check(self) -> None:
         """OutputBusy (exit 75) unless the owner record still carries this claim's token."""
-        owner = _read_owner(self.path)
-        if owner is None or owner.get("token") != self.token:
-            who = f"run {owner.get('run_id')} holds it now" if owner else "its owner record is gone"
-            raise OutputBusy(f"{self.output}: this run ({self.run_id}) lost its claim ({who}); it stops without "
-                             "writing or removing anything")
+        owner = _parse_owner(storage.read_versioned(self.path)[0])
+        if not owner or owner.get("token") != self.token:
+            raise self._lost(owner)
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
+        while not self._stop.wait(heartbeat_seconds()):
             try:
-                self.check()
-                storage.write_json(self.path, self._record())
-            except OutputBusy as lost:
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    self.version = storage.write_if(self.path, self._record(), self.version)
+            except storage.Conflict:
+                lost = self._lost(_parse_owner(_read_quietly(self.path)))
                 if self.on_lost is not None:
                     self.on_lost(str(lost))
                 return
-            except Exception:  # noqa: BLE001: a missed heartbeat is retried; the job goes on
+            except Exception:  # noqa: BLE001: a missed renewal is retried; the job goes on
                 pass
 
     def release(self) -> None:
+        """Stop renewing and remove the record if it is still the version this claim wrote."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        with self._lock:
+            version, self.version = self.version, None
+        if version is None:
+            return
         try:
-            owner = _read_owner(self.path) if storage.exists(self.path) else None
-            if owner and owner.get("token") == self.token:
-                storage.delete(self.path)
+            storage.delete_if(self.path, version)
         except OSError as exc:      # a store that is away: the record goes stale, the next run takes over
             log.warning("could not remove the owner record %s (%s); the next run takes it over once it is stale",
                         self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -187,12 +237,10 @@ class Claim:
         return False
 
 
-def _read_owner(path: str) -> dict | None:
-    try:
-        owner = storage.read_json(path)
-    except (FileNotFoundError, ValueError):
-        return None
-    return owner if isinstance(owner, dict) else None
+def _read_quietly(path: str) -> bytes | None:
+    with contextlib.suppress(Exception):
+        return storage.read_versioned(path)[0]
+    return None
 
 
 def resumable_run(output: str, same) -> str | None:
@@ -209,8 +257,49 @@ def resumable_run(output: str, same) -> str | None:
 
 
 def read_manifest(output: str, name: str) -> dict | None:
+    return read_manifest_versioned(output, name)[0]
+
+
+def read_manifest_versioned(output: str, name: str) -> tuple[dict | None, storage.Version]:
+    """(OUTPUT/NAME's manifest or None, the version read): what a run plans on, and what its
+    publish then requires to be still there."""
     path = storage.join(output, name)
-    return storage.read_json(path) if storage.isfile(path) else None
+    raw, version = storage.read_versioned(path)
+    if raw is None:
+        return None, version
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ValueError(f"{path}: not a JSON manifest") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: not a JSON manifest")
+    return manifest, version
+
+
+class Fence:
+    """What a run checks before each step others would see: its claim (CHECK(): the owner record
+    still carries its token) and the manifest it wrote or planned on (still at VERSION). A
+    clean-up calls it before every delete; it looks at the store again when FENCE_SECONDS have
+    passed since its last look by the monotonic clock, which counts a pause (SIGSTOP, a suspended
+    job) too, so a holder resumed after a pause looks again before its next delete."""
+
+    def __init__(self, check=None, manifest_path: str | None = None, version: storage.Version | None = None):
+        self._check, self.manifest_path, self.version = check, manifest_path, version
+        self._last = None
+
+    def __call__(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and self._last is not None and now - self._last < FENCE_SECONDS:
+            return
+        if self._check is not None:
+            self._check()
+        if self.manifest_path is not None:
+            _data, current = storage.read_versioned(self.manifest_path)
+            if current.tag != self.version.tag:
+                raise OutputBusy(f"{self.manifest_path}: another run published since this one "
+                                 f"{'planned' if self.version.absent else 'published'}; it stops without writing or "
+                                 "removing anything more")
+        self._last = time.monotonic()
 
 
 def _canonical(path: str) -> str:
@@ -267,30 +356,48 @@ def committed_files(output: str, table: str, manifest_name: str = "_manifest.jso
 
 
 def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...],
-            guard=contextlib.nullcontext, check=None) -> list[str]:
-    """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME (inside
-    GUARD(): a signal waits for it, and is told once the run is public), then remove what it does
-    not list (remove_unlisted; a stop during it leaves the rest to the next start:
-    beam_pipelines/commit.finish_cleanup). CHECK() (Claim.check) runs before the manifest and
-    before the first delete: a run that lost its claim writes and removes nothing. Returns the
-    removed files."""
+            expected: storage.Version | None = None, guard=contextlib.nullcontext, check=None) -> list[str]:
+    """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME, only if
+    that file is still at version EXPECTED, the one the run planned on (a conditional write:
+    another run that published in the meantime makes this one fail, OutputBusy, exit 75, having
+    written nothing); then remove what it does not list (remove_unlisted, each delete fenced; a
+    stop during it leaves the rest to the next start: beam_pipelines/commit.finish_cleanup). The
+    write happens inside GUARD() (a signal waits for it, and is told once the run is public).
+    CHECK() (Claim.check) runs before the manifest and with the fence. EXPECTED None: over
+    whatever is there now (tools that publish by hand). Returns the removed files."""
+    path = storage.join(output, manifest_name)
+    if expected is None:
+        expected = storage.read_versioned(path)[1]
     with guard() as guarded:
         if check is not None:
             check()
-        storage.write_json(storage.join(output, manifest_name), manifest)
+        try:
+            written = storage.write_if(path, json.dumps(manifest, indent=2).encode("utf-8"), expected)
+        except storage.Conflict:
+            other = _read_quietly(path)
+            other_id = (_parse_owner(other) or {}).get("run_id") if other else None
+            raise OutputBusy(f"{output}: another run ({other_id or 'its manifest removed'}) published here after this run "
+                             f"({manifest.get('run_id')}) planned on {'an empty output' if expected.absent else 'the run before'}; "
+                             "this run publishes nothing (its finished units are kept)") from None
         if guarded is not None:
             guarded.published(f"run {manifest.get('run_id')} is published")
-    if check is not None:
-        check()
-    return remove_unlisted(output, manifest, tables)
+    return remove_unlisted(output, manifest, tables, Fence(check, path, written))
 
 
-def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...]) -> list[str]:
+STAGED_LEFTOVER = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")     # common/storage/writing._staged's names
+
+
+def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...], fence=None) -> list[str]:
     """Remove what MANIFEST does not list under OUTPUT/<table> (an earlier run's files, a dead
-    attempt's) and all of OUTPUT/_work; the removed files. Safe to cut short and to run again.
+    attempt's), the hidden temporary files a killed write left in OUTPUT, and OUTPUT/_work: the
+    other runs' first, this run's own last, so that while ``_work/<its run id>`` is there the
+    clean-up is known to be unfinished. FENCE() runs before each delete (Fence: this run still
+    holds OUTPUT and its manifest is still there). The removed files; safe to cut short and to
+    run again.
 
     What is kept is decided by where each listed file really is, so a file the manifest reuses
     from the run it replaces (``--previous OUT --output OUT``) stays, however it is named."""
+    fence = fence or (lambda force=False: None)
     for table in manifest.get("files", {}):
         storage.makedirs(storage.join(output, table))       # a table with no rows is still there, empty
     keep = {file_location(output, f) for files in manifest.get("files", {}).values() for f in files}
@@ -299,10 +406,30 @@ def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...]) -> lis
         root = storage.join(output, table)
         for path in storage.list_files(root):
             if _canonical(path) not in keep:
+                fence()
                 storage.delete(path)
                 removed.append(table + "/" + _relative(root, path))
-    storage.delete_tree(storage.join(output, WORK))
+    if storage.is_local(output):
+        for name in storage.listdir(output):
+            if STAGED_LEFTOVER.match(name) and storage.isfile(storage.join(output, name)):
+                fence()
+                storage.delete(storage.join(output, name))
+    work = storage.join(output, WORK)
+    mine = manifest.get("run_id")
+    for name in sorted(storage.listdir(work), key=lambda n: n == mine):
+        fence()
+        storage.delete_tree(storage.join(work, name))
+    storage.delete_tree(work)
     return removed
+
+
+def cleanup_pending(output: str, manifest: dict | None) -> bool:
+    """True when OUTPUT's committed run (MANIFEST) was stopped during its clean-up: its
+    ``_work/<run id>``, removed last, is still there."""
+    try:
+        return bool(manifest) and storage.exists(work_dir(output, manifest.get("run_id")))
+    except UsageError:             # not a run id this code wrote: no _work of it
+        return False
 
 
 def _relative(root: str, path: str) -> str:

@@ -30,6 +30,9 @@ AFTER_KINDS = ("lost", "cut")      # the store acted; its answer did not arrive 
 _ERRORS = {"503": (b"503 Slow Down", b"SlowDown", b"Please reduce your request rate."),
            "500": (b"500 Internal Server Error", b"InternalError", b"We encountered an internal error."),
            "403": (b"403 Forbidden", b"AccessDenied", b"Access Denied"),      # permanent: for tests that it is not retried
+           # an S3-compatible store without conditional writes (If-None-Match / If-Match)
+           "501": (b"501 Not Implemented", b"NotImplemented",
+                   b"A header you provided implies functionality that is not implemented."),
            "NoSuchUpload": (b"404 Not Found", b"NoSuchUpload", b"The specified multipart upload does not exist.")}
 
 
@@ -91,15 +94,18 @@ class FaultProxy:
     """See the module doc. RATE: the share of requests that fail, spread evenly over KINDS."""
 
     def __init__(self, upstream: str, rate: float = 0.0, seed: int = 0, kinds: tuple = KINDS, only: bytes = b"",
-                 limit: int | None = None, like_minio: bool = False):
+                 limit: int | None = None, like_minio: bool = False, no_conditional: bool = False):
         """LIKE_MINIO: a multipart upload completed once is forgotten, as MinIO and Ceph forget
-        it: completing it again answers 404 NoSuchUpload (AWS S3 and moto answer 200)."""
+        it: completing it again answers 404 NoSuchUpload (AWS S3 and moto answer 200).
+        NO_CONDITIONAL: a request with If-Match or If-None-Match answers 501 NotImplemented, as
+        S3-compatible stores without conditional writes do."""
         self.upstream = upstream.replace("http://", "")
         self.rate, self.kinds, self.only, self.limit = rate, kinds, only, limit
         self.like_minio, self._completed = like_minio, set()
+        self.no_conditional = no_conditional
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self.counts = {"forwarded": 0, "refused": 0, **{k: 0 for k in (*KINDS, *AFTER_KINDS, "403")}}
+        self.counts = {"forwarded": 0, "refused": 0, **{k: 0 for k in (*KINDS, *AFTER_KINDS, "403", "501")}}
         self._down_until = 0.0
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
@@ -166,7 +172,10 @@ class FaultProxy:
             first = request.split(b"\r\n", 1)[0]
             upload = first.split(b"?uploadId=", 1)[1].split(b" ")[0] if first.startswith(b"POST") \
                 and b"?uploadId=" in first else None
-            if upload is not None and self.like_minio and upload in self._completed:
+            head = request.split(b"\r\n\r\n", 1)[0].lower()
+            if self.no_conditional and (b"\r\nif-match:" in head or b"\r\nif-none-match:" in head):
+                kind = "501"
+            elif upload is not None and self.like_minio and upload in self._completed:
                 kind = "NoSuchUpload"
             else:
                 kind = self._draw() if self.only in first else None

@@ -94,7 +94,7 @@ def test_generation_filter_and_embeddings_on_a_bucket(bucket, local_runs, tmp_pa
 
     filtered = f"{bucket}/runs/filtered"
     fm = filter_job.run(["--input", gen, "--output", filtered, "--config", f"{bucket}/cfg.yaml"])
-    assert fm["reconciled"] and fm["files"]["fitted"] and storage.isfile(f"{filtered}/report/report.md")
+    assert fm["reconciled"] and fm["files"]["fitted"] and storage.isfile(f"{filtered}/report/{fm['run_id']}/report.md")
     cols = ("pair_id", "rank", "keep", "reasons", "trigram_overlap")
     assert [{k: r[k] for k in cols} for r in _rows(filtered, "scored", "_filter_manifest.json")] == \
            [{k: r[k] for k in cols} for r in _rows(str(local_runs / "filtered"), "scored", "_filter_manifest.json")]

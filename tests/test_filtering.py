@@ -369,7 +369,11 @@ def test_every_row_once_with_its_reasons(generation_output, direct_filter_run):
 @pytest.mark.slow
 def test_report_is_written(direct_filter_run):
     out, manifest = direct_filter_run
-    report = json.load(open(os.path.join(out, "report", "report.json")))
+    listed = {e["path"] for e in manifest["files"]["report"]}        # under the run's own name
+    report_dir = os.path.join(out, "report", manifest["run_id"])
+    assert {f"report/{manifest['run_id']}/{n}" for n in os.listdir(report_dir)} == listed
+    assert sorted(os.listdir(os.path.join(out, "report"))) == [manifest["run_id"]]
+    report = json.load(open(os.path.join(report_dir, "report.json")))
     assert report["rows"] == manifest["rows_in"] and report["kept"] == manifest["kept"]
     assert set(report["diversity_by_rank"]) == {"1", "2", "3"}
     for side in ("references", "paraphrases"):
@@ -378,8 +382,8 @@ def test_report_is_written(direct_filter_run):
     assert set(report["plots"]) == {f"hist_{c}.png" for c in report["scores"]} | {"lengths.png"}
     assert "translation_cost" in report["scores"] and "lm_perplexity" in report["scores"]
     for plot in report["plots"]:
-        assert open(os.path.join(out, "report", plot), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    md = open(os.path.join(out, "report", "report.md")).read()
+        assert open(os.path.join(report_dir, plot), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    md = open(os.path.join(report_dir, "report.md")).read()
     assert "Rejections by reason" in md and "translation_cost>max" in md and "Diversity by rank" in md
 
 

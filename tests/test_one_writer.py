@@ -82,7 +82,7 @@ def test_a_dead_holders_claim_is_taken_over(tmp_path):
     os.makedirs(out)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     with open(os.path.join(out, "_owner.json"), "w") as f:
-        json.dump({**Claim(out, "old")._record(), "token": "old", "pid": int(dead.stdout)}, f)
+        json.dump({**json.loads(Claim(out, "old")._record()), "token": "old", "pid": int(dead.stdout)}, f)
     claim = Claim(out, "new").acquire()
     assert json.load(open(os.path.join(out, "_owner.json")))["token"] == claim.token
     claim.release()
@@ -119,14 +119,12 @@ def test_a_run_that_lost_its_claim_stops_before_its_manifest_touching_nothing(tm
 
 
 def test_a_heartbeat_that_finds_another_writers_token_says_so_and_stops(tmp_path, monkeypatch):
-    """The heartbeat thread reads the record before renewing it: another token means another
-    writer took OUT over, and ON_LOST is told (the jobs stop there, exit 75) instead of the
-    heartbeat writing over the other writer's record."""
+    """The heartbeat renews only the record it wrote (a conditional replace): another writer's
+    record means another writer took OUT over, and ON_LOST is told (the jobs stop there, exit 75)
+    instead of the heartbeat writing over the other writer's record."""
     import threading
 
-    from paracorpus import commit as commit_module
-
-    monkeypatch.setattr(commit_module, "HEARTBEAT_SECONDS", 0.1)
+    monkeypatch.setenv("PARAGEN_LEASE_SECONDS", "2")                 # a renewal every 0.2 s
     out = str(tmp_path / "out")
     told = threading.Event()
     why = []

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from beam_pipelines.refresh import LATEST, LOCK, run as refresh
+from beam_pipelines.refresh import LOCK, run as refresh
+from paracorpus.latest import LATEST
 from common import storage
 from common.cli import JobFailed, OutputBusy, UsageError
 from paracorpus.commit import committed_files
@@ -171,7 +172,7 @@ def test_filter_args_are_words_not_shell_code(tmp_path):
 def test_a_root_of_an_earlier_version_keeps_its_filter_runs_inside_the_runs(tmp_path):
     """Earlier refreshes wrote a run's filter run inside it (runs/<id>/filtered); they are still
     found, published and pruned with their run, and new filter runs go beside: filtered/<id>."""
-    from beam_pipelines.refresh import filter_dir, prune, publish_latest
+    from paracorpus.latest import filter_dir, prune, publish_latest
     from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
     root = tmp_path / "root"

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from beam_pipelines.refresh import LATEST, run as refresh
+from beam_pipelines.refresh import run as refresh
+from paracorpus.latest import LATEST
 from common.cli import JobFailed, UsageError, cli_main
 
 
@@ -60,7 +61,7 @@ def test_a_filter_mistake_is_found_before_the_generation_run(tmp_path):
 
 
 def test_referenced_runs_follow_relative_paths(tmp_path):
-    from beam_pipelines.refresh import referenced_runs
+    from paracorpus.latest import referenced_runs
 
     run_dir = tmp_path / "runs" / "r3"
     run_dir.mkdir(parents=True)

@@ -22,7 +22,7 @@ from common import storage
 from common.cli import UsageError
 from common.shards import estimate_records, shard_identity, shard_size
 from paracorpus.bins import bin_capacity, pack
-from paracorpus.commit import WORK, file_location, new_run_id, read_manifest, resumable_run, work_dir
+from paracorpus.commit import WORK, file_location, new_run_id, read_manifest_versioned, resumable_run, work_dir
 from paracorpus.compaction import TABLES as DATA_TABLES
 from paracorpus.compaction import carry_item, group_key
 from paracorpus.incremental import Reuse, plan_reuse
@@ -69,6 +69,7 @@ class Plan:
     resumed: bool = False        # continues an unfinished run
     unit_pairs: int = 0
     done: bool = False           # the committed run in OUTPUT has this plan: nothing to do
+    committed_version: storage.Version = storage.ABSENT   # OUTPUT's manifest as planned on: published only over it
 
     @property
     def work(self) -> str:
@@ -94,7 +95,9 @@ def plan_inputs(job: Job, previous: str | None) -> Inputs:
 
 
 def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
-    """The run into REQUEST.output, chosen so that the same command run again continues:
+    """The run into REQUEST.output, chosen under the output's claim (so that no other run publishes
+    between this choice and this run's publish, which requires the manifest read here to be still
+    there) so that the same command run again continues:
 
     - the committed run there has this plan (same config, inputs, units, previous run, bins):
       nothing to do (``Plan.done``), unless --overwrite asks for it again;
@@ -106,10 +109,11 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
     key = _plan_key(*args)
     same = _same_plan(key, lambda: _plan_key(*args, version=1))
     output = request.output
-    committed = read_manifest(output, MANIFEST)
+    committed, version = read_manifest_versioned(output, MANIFEST)     # under the claim: no one publishes now
     if committed is not None and same(committed) and not request.overwrite:
-        return Plan(committed["run_id"], output, {}, job.lang_pair, job.config_hash, plan_key=key, done=True)
-    refuse_to_replace(output, MANIFEST, "a committed run", request.overwrite)
+        return Plan(committed["run_id"], output, {}, job.lang_pair, job.config_hash, plan_key=key, done=True,
+                    committed_version=version)
+    refuse_to_replace(output, MANIFEST, "a committed run", request.overwrite, committed)
     if request.run_id is not None:
         refuse_other_plans_run(output, request.run_id, same)
     run_id = resumable_run(output, same)
@@ -117,7 +121,7 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
         plan = storage.read_json(storage.join(work_dir(output, run_id), "plan.json"))
         layout = {k: tuple(v) for k, v in plan["layout"].items()}
         return Plan(run_id, output, layout, job.lang_pair, job.config_hash, inputs.bins,
-                    carries(inputs.reuse, inputs.bins), key, True, job.unit_pairs)
+                    carries(inputs.reuse, inputs.bins), key, True, job.unit_pairs, committed_version=version)
     others = [r for r in storage.listdir(storage.join(output, WORK)) if r != run_id]
     if others:              # stopped runs of other inputs, models or settings: theirs is not this run's work
         log.warning("%s holds %d unfinished run(s) of another plan (%s); starting a new run, their files are removed "
@@ -125,7 +129,8 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
     elif request.resume:
         log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
     return Plan(request.run_id or new_run_id(), output, plan_units(inputs.per_shard, job.unit_pairs), job.lang_pair,
-                job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs)
+                job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs,
+                committed_version=version)
 
 
 def refuse_other_plans_run(output: str, run_id: str, same) -> None:

@@ -1,0 +1,175 @@
+"""How long a store may take and stay away: timeouts, the retry budget of one operation, which
+errors are transient, and one StorageError line naming the store when it gives up."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+import threading
+import time
+
+from common.storage.paths import endpoint_of, is_local, is_url
+
+log = logging.getLogger("paragen.storage")
+
+DEFAULT_TIMEOUT = 60.0
+
+
+class StorageError(OSError):
+    """A remote store that did not answer (in time) or refused: one line naming the endpoint.
+    TRANSIENT: whether asking again may help; DETAIL: the store's own words, shortened."""
+
+    def __init__(self, message: str, transient: bool = False, detail: str = ""):
+        super().__init__(message)
+        self.transient, self.detail = transient, detail or message
+
+
+def timeout_seconds() -> float:
+    """How long a remote store may take to answer before a command gives up: $PARAGEN_STORAGE_TIMEOUT
+    seconds (default 60). pyarrow's own defaults retry for about 15 minutes without a word."""
+    value = os.environ.get("PARAGEN_STORAGE_TIMEOUT", "")
+    try:
+        seconds = float(value) if value else DEFAULT_TIMEOUT
+    except ValueError:
+        raise StorageError(f"PARAGEN_STORAGE_TIMEOUT={value!r} is not a number of seconds") from None
+    if not 0 < seconds < 86400:
+        raise StorageError(f"PARAGEN_STORAGE_TIMEOUT={value!r} must be between 0 and 86400 seconds")
+    return seconds
+
+
+DEFAULT_RETRY_SECONDS = 300.0
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 30.0       # backoff: doubled each try, jittered, capped
+# what a store answers when asking again cannot help: refusals, missing things, bad requests
+_PERMANENT = re.compile(
+    r"ACCESS_DENIED|AccessDenied|Forbidden|NO_SUCH_|NoSuch|INVALID_ACCESS_KEY|InvalidAccessKey"
+    r"|SIGNATURE_DOES_NOT_MATCH|SignatureDoesNotMatch|PERMISSION_DENIED|UNAUTHENTICATED|NOT_FOUND|INVALID_ARGUMENT"
+    r"|HTTP status (40[0-7]|409|41[0-9])\b"                      # 408 (request timeout) and 429 are retried
+    r"|[Ii]nvalid bucket name|BUCKET_ALREADY|[Ee]xpected a (file|directory)|[Nn]ot a directory|[Ii]s a directory")
+
+
+def retry_seconds() -> float:
+    """How long one operation on a remote store is retried through transient errors before the
+    command gives up: $PARAGEN_STORAGE_RETRY_SECONDS (default 300; 0: no retry)."""
+    value = os.environ.get("PARAGEN_STORAGE_RETRY_SECONDS", "")
+    try:
+        seconds = float(value) if value else DEFAULT_RETRY_SECONDS
+    except ValueError:
+        raise StorageError(f"PARAGEN_STORAGE_RETRY_SECONDS={value!r} is not a number of seconds") from None
+    if not 0 <= seconds < 86400 * 7:
+        raise StorageError(f"PARAGEN_STORAGE_RETRY_SECONDS={value!r} must be between 0 and 604800 seconds")
+    return seconds
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a remote store's error that asking again may cure (throttling, a server error, a
+    dropped or refused connection, a timeout); False for refusals and what does not exist."""
+    if isinstance(exc, StorageError):
+        return exc.transient
+    if not isinstance(exc, OSError) or isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                                                        NotADirectoryError, FileExistsError)):
+        return False
+    return not _PERMANENT.search(str(exc))
+
+
+class _RetryLog:
+    """At most one warning line per 30 s per process about transient store errors being retried."""
+
+    def __init__(self):
+        self.lock, self.last, self.count = threading.Lock(), 0.0, 0
+
+    def note(self, path: str, detail: str) -> None:
+        with self.lock:
+            self.count += 1
+            now = time.monotonic()
+            if now - self.last < 30:
+                return
+            self.last, count = now, self.count
+        log.warning("%s: the store at %s did not answer (%s); retrying for up to %gs (PARAGEN_STORAGE_RETRY_SECONDS); "
+                    "%d transient error(s) so far in this process", path, endpoint_of(path), detail, retry_seconds(),
+                    count)
+
+
+_RETRY_LOG = _RetryLog()
+_AWAY: set = set()              # stores that stayed away past the retry budget in this process
+_ANSWERED: set = set()          # stores that answered in this process
+# A connection that could not be made at all (refused, no route, no such host, a connect timeout),
+# as opposed to a store that answered with an error or dropped a connection it had accepted.
+_NO_CONNECTION = re.compile(r"[Cc]ouldn'?t connect|[Cc]ould not connect|[Cc]onnection refused|[Cc]ould not resolve"
+                            r"|resolve host|[Nn]o route to host|[Ff]ailed to connect|curlCode: (6|7|28)\b"
+                            r"|[Cc]onnect timeout|EndpointConnectionError|Connect timeout")
+_FIRST_CONTACT = [0]            # > 0 inside first_contact(): a store never answered gets no retry budget
+
+
+@contextlib.contextmanager
+def first_contact():
+    """A job's check phase: a store that has not answered in this process yet and fails with a
+    transient error (no route, refused, a timeout) is not retried for the whole budget: it is most
+    likely a mistake (an endpoint, a network, credentials), said in one line within the timeout,
+    before anything is written. A store that answered once in this run keeps the budget for when
+    it goes away later."""
+    _FIRST_CONTACT[0] += 1
+    try:
+        yield
+    finally:
+        _FIRST_CONTACT[0] -= 1
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return first if len(first) <= limit else first[:limit - 3] + "..."
+
+
+def retrying(path: str, fn, *args, **kwargs):
+    """FN(*ARGS, **KWARGS), its transient remote errors retried with backoff for up to
+    retry_seconds(); past that, or for a permanent error, one StorageError line naming PATH's
+    store. Local paths are not retried (a full disk does not empty itself)."""
+    if not is_url(path) or is_local(path):
+        return fn(*args, **kwargs)
+    deadline, delay, store = None, _RETRY_FIRST_S, endpoint_of(path)
+    while True:
+        try:
+            with _explained(path):
+                result = fn(*args, **kwargs)
+            _AWAY.discard(store)
+            _ANSWERED.add(store)
+            return result
+        except StorageError as exc:
+            if not exc.transient:
+                raise
+            if _FIRST_CONTACT[0] and store not in _ANSWERED and _NO_CONNECTION.search(exc.detail or str(exc)):
+                raise StorageError(f"{exc}; it never answered in this run (not retried before anything is written: "
+                                   "check the endpoint, the network and the credentials)") from None
+            now = time.monotonic()
+            # a store that already stayed away past the budget in this process is tried once more,
+            # not waited for again: the job's last steps (its claim, its error log) end in seconds
+            budget = 0.0 if store in _AWAY else retry_seconds()
+            deadline = deadline if deadline is not None else now + budget
+            if now >= deadline:          # the whole budget waited: the line's "retried for" is true
+                _AWAY.add(store)
+                raise StorageError(f"{exc}; retried for {retry_seconds():g}s (PARAGEN_STORAGE_RETRY_SECONDS)",
+                                   transient=True) from None
+            _RETRY_LOG.note(path, exc.detail)
+            time.sleep(min(delay * random.uniform(0.5, 1.0), deadline - now))     # never past the deadline
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+
+@contextlib.contextmanager
+def _explained(path: str):
+    """Turn what a remote store raises for PATH (a network error, a timeout) into one
+    StorageError line naming the endpoint. FileNotFoundError, PermissionError and local paths
+    pass as they are."""
+    try:
+        yield
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError, StorageError):
+        raise                       # FileExistsError: a conditional write refused (conditional.Conflict)
+    except OSError as exc:
+        if not is_url(path) or is_local(path):
+            raise
+        detail = _first_line(exc)
+        if not is_transient(exc):
+            raise StorageError(f"{path}: the store at {endpoint_of(path)} refused ({detail})", detail=detail) from None
+        raise StorageError(f"{path}: the store at {endpoint_of(path)} did not answer or refused "
+                           f"({detail}); timeout {timeout_seconds():g}s (PARAGEN_STORAGE_TIMEOUT)",
+                           transient=True, detail=detail) from None

@@ -1,0 +1,158 @@
+"""Writing a file whole or not at all: a local file is staged under a hidden name, synced and
+renamed; a remote one is spooled locally and uploaded whole (an object appears only when its
+upload completes), again from the spool after a failure. Deletes and copies."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import uuid
+
+import pyarrow.fs as pafs
+
+from common.crash_points import storage_op
+from common.storage.paths import is_local, join
+from common.storage.reading import _info, open_input, stat
+from common.storage.retries import StorageError, retrying
+from common.storage.stores import resolve
+
+log = logging.getLogger("paragen.storage")
+
+@contextlib.contextmanager
+def open_output(path: str):
+    """Write PATH as a whole: yields a binary stream; readers see the old file (or none) until the
+    block succeeds, then the new one. Local: a hidden temporary name, then a rename. Object stores:
+    the upload completes (and the object appears) when the stream closes without an error.
+    Local files are on the disk (fsync of the file, then of its directory after the rename)
+    before this returns: a manifest written after them never lists a file a power loss empties."""
+    storage_op("write", path)
+    fs, inner = resolve(path)
+    if fs.type_name == "local":
+        with _staged(inner, os.replace) as f:
+            yield f
+        return
+    # Spooled to a local file, then uploaded whole: an upload that fails half-way is made again
+    # from the spool (idempotent: the object appears only when an upload completes).
+    with tempfile.TemporaryFile(prefix="paragen-upload-", dir=os.environ.get("PARAGEN_SPOOL_DIR")) as spool:
+        yield spool
+        spool.flush()
+        try:
+            retrying(path, _upload, fs, inner, spool)
+        except StorageError as exc:
+            # A completion retried after the store had completed the upload (its answer lost):
+            # MinIO and Ceph forget a completed upload and answer NoSuchUpload. The object is there.
+            if not re.search(r"NoSuchUpload|NO_SUCH_UPLOAD", str(exc)) or not _uploaded(path, spool):
+                raise
+            log.info("%s: the upload's completion was retried after it had succeeded (%s); the object is there",
+                     path, exc.detail or "NoSuchUpload")
+
+
+@contextlib.contextmanager
+def _staged(inner: str, place):
+    """A hidden temporary file beside the local path INNER to write in the block; once written, on
+    the disk (fsync) and PLACE(tmp, INNER) puts it there (os.replace, or os.link: which fails if
+    INNER exists), then the directory is synced too. The temporary file never stays behind."""
+    directory = os.path.dirname(inner)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(inner)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        storage_op("rename", inner)             # a crash point of its own: written and synced, not yet in place
+        place(tmp, inner)
+        _fsync_dir(directory)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+def _uploaded(path: str, spool) -> bool:
+    """True when the object PATH is there with the spool's size (what the lost answer said)."""
+    try:
+        return stat(path)[0] == os.fstat(spool.fileno()).st_size
+    except (OSError, StorageError):
+        return False
+
+
+def _fsync_dir(directory: str) -> None:
+    """The directory's entries on the disk (a rename or a new name survives a power loss)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass                      # some file systems cannot sync a directory; the file itself is synced
+    finally:
+        os.close(fd)
+
+
+def _upload(fs, inner: str, spool) -> None:
+    spool.seek(0)
+    stream = fs.open_output_stream(inner, compression=None)
+    try:
+        shutil.copyfileobj(spool, stream, 1 << 20)
+    except BaseException:
+        # pyarrow's S3/GCS streams upload on close(); abort() drops the upload instead
+        with contextlib.suppress(Exception):
+            stream.abort() if hasattr(stream, "abort") else None
+        raise
+    stream.close()
+
+
+def write_bytes(path: str, data: bytes) -> str:
+    with open_output(path) as f:
+        f.write(data)
+    return path
+
+
+def write_json(path: str, obj, indent: int | None = 2, **dump_kw) -> str:
+    return write_bytes(path, json.dumps(obj, indent=indent, **dump_kw).encode("utf-8"))
+
+
+def delete(path: str) -> None:
+    """Remove the file PATH (no error if it is already gone)."""
+    storage_op("delete", path)
+    fs, inner = resolve(path)
+    with contextlib.suppress(FileNotFoundError):
+        retrying(path, fs.delete_file, inner)
+
+
+def delete_tree(path: str) -> None:
+    """Remove the directory or prefix PATH and everything under it (no error if absent)."""
+    storage_op("delete_tree", path)
+    fs, inner = resolve(path)
+    info = _info(path)
+    if info.type == pafs.FileType.File:
+        delete(path)
+    elif info.type == pafs.FileType.Directory:
+        try:
+            retrying(path, fs.delete_dir, inner)
+        except FileNotFoundError:
+            pass        # GCS: the objects went, then the never-created "dir/" marker was not found
+
+
+def makedirs(path: str) -> None:
+    """Create the directory PATH (on object stores there is nothing to create)."""
+    if is_local(path):
+        os.makedirs(resolve(path)[1], exist_ok=True)
+
+
+def copy_file(src: str, dst: str) -> str:
+    """Copy SRC to DST (either may be a URL), DST written as a whole."""
+    with open_input(src) as fin, open_output(dst) as fout:
+        for block in iter(lambda: fin.read(1 << 20), b""):
+            fout.write(block)
+    return dst
+
+
+def upload_dir(local: str, remote: str, last: str | None = None) -> None:
+    """Copy every file under LOCAL to REMOTE (a URL), the file named LAST at the end (readers
+    take it as the mark of a whole directory)."""
+    files = sorted(os.path.relpath(os.path.join(d, n), local) for d, _, ns in os.walk(local) for n in ns)
+    for rel in sorted(files, key=lambda r: r == last):
+        copy_file(os.path.join(local, rel), join(remote, rel.replace(os.sep, "/")))

@@ -1,0 +1,125 @@
+"""Conditional writes, store by store (common/storage/conditional.py): created only if absent,
+replaced or removed only if still the version read, on a local disk, in an S3 bucket (moto) and a
+GCS bucket (fake-gcs-server), both on loopback; HDFS's rename protocol on a local stand-in that
+renames the way HDFS does (never over an existing name)."""
+import os
+import threading
+
+import pyarrow.fs as pafs
+import pytest
+
+from common import storage
+from common.storage import conditional
+from tests.object_stores import gcs_store, s3_store  # noqa: F401: fixtures
+
+
+@pytest.fixture(params=["local", "s3", "gcs"])
+def where(request, tmp_path, monkeypatch):
+    """A folder (path or URL) in each store, with the store's variables set in this process."""
+    if request.param == "local":
+        return str(tmp_path)
+    store = request.getfixturevalue("s3_store" if request.param == "s3" else "gcs_store")
+    for name, value in store.env.items():
+        if name != "CLOUD_STORAGE_EMULATOR_ENDPOINT":      # pyarrow's: never in the test process (object_stores.py)
+            monkeypatch.setenv(name, value)
+    return f"{store.scheme}://{store.make_bucket()}/dir"
+
+
+def test_create_replace_and_remove_only_over_the_version_read(where):
+    path = storage.join(where, "_manifest.json")
+    assert storage.read_versioned(path) == (None, storage.ABSENT)
+    first = storage.create_new(path, b'{"run_id": "a"}')
+    assert not first.absent and first.mtime is not None
+    with pytest.raises(storage.Conflict):
+        storage.create_new(path, b'{"run_id": "b"}')                 # it exists
+    second = storage.write_if(path, b'{"run_id": "b"}', first)
+    assert second.tag != first.tag and storage.read_versioned(path) == (b'{"run_id": "b"}', second)
+    with pytest.raises(storage.Conflict):
+        storage.write_if(path, b'{"run_id": "c"}', first)            # a stale writer: refused
+    assert storage.read_bytes(path) == b'{"run_id": "b"}'
+    with pytest.raises(storage.Conflict):
+        storage.write_if(storage.join(where, "absent.json"), b"x", second)     # expected a file: there is none
+    assert not storage.delete_if(path, first) and storage.read_bytes(path) == b'{"run_id": "b"}'
+    assert storage.delete_if(path, second) and not storage.exists(path)
+    assert not storage.delete_if(path, second)                        # gone already
+
+
+def test_writers_racing_from_one_version_leave_one_winner(tmp_path):
+    """Eight threads replace the same version at once (the local flock'd compare and rename):
+    exactly one wins, the file holds its bytes."""
+    path = str(tmp_path / "latest.json")
+    base = storage.create_new(path, b"base")
+    won, barrier = [], threading.Barrier(8)
+
+    def contend(i):
+        barrier.wait()
+        try:
+            storage.write_if(path, f"writer {i}".encode(), base)
+            won.append(i)
+        except storage.Conflict:
+            pass
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and storage.read_bytes(path) == f"writer {won[0]}".encode()
+    assert [n for n in os.listdir(tmp_path) if n != "latest.json"] == []       # no staged file left
+
+
+def test_a_conditional_replace_whose_answer_was_lost_is_this_writers(s3_store, monkeypatch):
+    """The store replaced the object and the answer did not arrive: the retry answers 412, the
+    bytes there are this writer's, so the replace succeeded (not a Conflict)."""
+    from tests.fault_proxy import FaultProxy
+
+    bucket = s3_store.make_bucket()
+    for name, value in s3_store.env.items():
+        monkeypatch.setenv(name, value)
+    path = f"s3://{bucket}/latest.json"
+    base = storage.create_new(path, b"base")
+    with FaultProxy(s3_store.endpoint, rate=1.0, kinds=("lost",), limit=1) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+        monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "20")
+        version = storage.write_if(path, b"mine", base)
+        assert proxy.counts["lost"] == 1
+    for name, value in s3_store.env.items():
+        monkeypatch.setenv(name, value)
+    assert storage.read_versioned(path) == (b"mine", version)
+
+
+class HdfsLike:
+    """A local folder that renames the way HDFS does: ``move`` fails when the target exists (a
+    local rename would replace it). Everything else is pyarrow's LocalFileSystem."""
+
+    def __init__(self):
+        self.local = pafs.LocalFileSystem()
+
+    def __getattr__(self, name):
+        return getattr(self.local, name)
+
+    def move(self, src, dst):
+        os.link(src, dst)                 # FileExistsError if DST exists: HDFS's rename returns false
+        os.unlink(src)
+
+
+def test_hdfs_renames_create_and_replace_only_over_the_version_read(tmp_path):
+    fs, inner = HdfsLike(), str(tmp_path / "_manifest.json")
+    path = f"hdfs://namenode{inner}"
+    assert conditional._hdfs_read(path, (fs, inner)) == (None, storage.ABSENT)
+    first = conditional._hdfs_write(path, b"a", storage.ABSENT, (fs, inner))
+    with pytest.raises(storage.Conflict):
+        conditional._hdfs_write(path, b"b", storage.ABSENT, (fs, inner))
+    second = conditional._hdfs_write(path, b"b", first, (fs, inner))
+    with pytest.raises(storage.Conflict):
+        conditional._hdfs_write(path, b"c", first, (fs, inner))      # stale: put back, refused
+    assert conditional._hdfs_read(path, (fs, inner)) == (b"b", second)
+    assert sorted(os.listdir(tmp_path)) == ["_manifest.json"]
+    # a replace stopped between its two renames: the file is aside; the next read puts it back
+    os.rename(inner, str(tmp_path / "._manifest.json.0123.replaced"))
+    assert conditional._hdfs_read(path, (fs, inner))[0] == b"b"
+    assert sorted(os.listdir(tmp_path)) == ["_manifest.json"]
+    with pytest.raises(storage.Conflict):
+        conditional._hdfs_delete(path, first, (fs, inner))
+    conditional._hdfs_delete(path, second, (fs, inner))
+    assert os.listdir(tmp_path) == []
