@@ -40,7 +40,7 @@ from common.stopping import Stopping
 from common import storage
 from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_apart, check_output_location, cli_main,
                         command_line, configure_logging, versions)
-from paracorpus.commit import new_run_id, read_manifest, read_manifest_versioned, work_dir
+from paracorpus.commit import WriterFence, new_run_id, read_manifest, read_manifest_versioned, work_dir
 from paracorpus.runs import ParquetInput, open_input
 from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled
 from transforms.filtering import ScoreFile, merge_stats
@@ -269,27 +269,35 @@ class ScoreFiles(beam.PTransform):
     """(input file, its path inside the table) -> the merged stats of every file scored, written
     to WORK/stats.json: each file scored and decided by one worker (transforms/filtering.py)."""
 
-    def __init__(self, job: FilterJob, fitted: Fitted, work: str):
+    def __init__(self, job: FilterJob, fitted: Fitted, work: str, fence=None):
         super().__init__()
-        self.job, self.fitted, self.work = job, fitted, work
+        self.job, self.fitted, self.work, self.fence = job, fitted, work, fence
 
     def expand(self, files):
-        job, work, workers = self.job, self.work, direct_workers(list(self.job.beam_args))
+        job, work, workers, fence = self.job, self.work, direct_workers(list(self.job.beam_args)), self.fence
         return (files
                 | "Reshuffle" >> beam.Reshuffle()
                 | "Score" >> beam.ParDo(ScoreFile(job.output, self.fitted.raw, job.overrides, self.fitted.fit_ids,
-                                                  job.threads, job.rows_expected // workers if workers else None))
+                                                  job.threads, job.rows_expected // workers if workers else None,
+                                                  fence))
                 | "Key" >> beam.Map(lambda s: (None, s))
                 | "Group" >> beam.GroupByKey()
                 | "Merge" >> beam.Map(lambda kv: merge_stats(kv[1]))
-                | "WriteStats" >> beam.Map(lambda stats: storage.write_json(storage.join(work, "stats.json"), stats)))
+                | "WriteStats" >> beam.Map(write_stats, work, fence))
 
 
-def score(job: FilterJob, fitted: Fitted, work: str) -> tuple[dict, dict]:
-    """Run the scoring pipeline: (the merged stats, its counters)."""
+def write_stats(stats: dict, work: str, fence=None) -> str:
+    if fence is not None:
+        fence()
+    return storage.write_json(storage.join(work, "stats.json"), stats)
+
+
+def score(job: FilterJob, fitted: Fitted, work: str, fence=None) -> tuple[dict, dict]:
+    """Run the scoring pipeline: (the merged stats, its counters). FENCE: what its workers check
+    before each write (paracorpus.commit.WriterFence)."""
     todo = list(zip(job.input.files, job.input.relatives))        # (file to read, its path inside the table)
-    counters = run_pipeline(lambda p: p | "Files" >> beam.Create(todo) | "ScoreFiles" >> ScoreFiles(job, fitted, work),
-                            list(job.beam_args))
+    counters = run_pipeline(lambda p: p | "Files" >> beam.Create(todo)
+                            | "ScoreFiles" >> ScoreFiles(job, fitted, work, fence), list(job.beam_args))
     return storage.read_json(storage.join(work, "stats.json")), counters
 
 
@@ -357,7 +365,7 @@ def _filter_run(job: FilterJob, claim: Claim, version, stopping: Stopping) -> di
           flush=True)
     fitted = fit(job, run_id)                           # 2. plan: the models fitted on a sample
     work = work_dir(output, run_id)
-    stats, counters = score(job, fitted, work)          # 3. score: the pipeline
+    stats, counters = score(job, fitted, work, WriterFence(output, claim.token))   # 3. score: the pipeline
     manifest = collect(job, fitted, run_id, stats, counters, time.time() - started)
     print_filter_summary(manifest, job.rows_expected, manifest["seconds"])   # 4. report
     problem = None if manifest["reconciled"] else JobFailed(f"rows in != rows out; not published; see "

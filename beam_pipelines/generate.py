@@ -22,6 +22,7 @@ paracorpus/paraphrasing.py -> models/nmt/translator.py, paracorpus/clustering.py
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from beam_pipelines.commit import Claim, commit, finish_cleanup, unchanged
@@ -66,6 +67,7 @@ def run(argv=None) -> dict:
             if plan.done:
                 return report_already_done(plan.run_id, plan.output)
             claim.run_id = plan.run_id
+            plan = dataclasses.replace(plan, claim_token=claim.token)      # its workers write under this claim
             stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)
             finished = record_plan(plan, job, request, inputs)
             # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept

@@ -45,7 +45,8 @@ import sys
 from dataclasses import dataclass
 
 from common import storage
-from common.cli import EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError, cli_main, configure_logging
+from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError, check_output_location, cli_main,
+                        configure_logging)
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping
@@ -186,7 +187,8 @@ def check(argv) -> RefreshRequest:
         from beam_pipelines.filter import check_args
 
         check_args(filter_args, _option_value(job_args, "--forward_model"))
-    return RefreshRequest(storage.absolute(a.root.rstrip("/")), a.keep, tuple(job_args), tuple(filter_args),
+    root = check_output_location(a.root.rstrip("/"), "--root")      # a store never reached: said now
+    return RefreshRequest(root, a.keep, tuple(job_args), tuple(filter_args),
                           tuple(job_cmd), tuple(filter_cmd), a.dry_run)
 
 

@@ -1,90 +1,220 @@
-"""Every crash point of the generation job, the filter job and a refresh (issue 53): the job
-stopped just before each of its storage operations, by SIGKILL and by SIGTERM, on a local disk and
-in an S3 bucket (moto on loopback), from a committed run of other settings
-that it replaces (a refresh: from a committed refresh of other inputs); at each instant what a
-reader sees, then the same command run again (tests/crash_points.py says what is checked).
+"""Crash points of the generation job, the filter job and a refresh on the paths users take
+(issues 53, 57): the job stopped just before each of its storage operations (SIGKILL, SIGTERM, or
+paused past its lease while the same command takes over: STOP), in each store (a local disk, S3 on
+moto, GCS on fake-gcs-server, all on loopback) and mode (replacing a run with --overwrite, the same
+command rerun as it was, --previous on itself, worker processes' operations, a refresh with
+--keep 2 or gaining / losing --filter_args); at each instant what a reader sees, then the same
+command again (tests/crash_points.py says what is checked).
 
-    python bench/bench_crash_points.py --models M [--pairs 12] [--stores local,s3] [--signals KILL,TERM]
-        [--jobs generate,filter,refresh]
+    python bench/bench_crash_points.py --models M [--cases generate:local:same:KILL,...] [--every N]
+    python bench/bench_crash_points.py --models M --list      # the cases this script knows
 
-M holds cs-en/ and en-cs/ (paragen-train-nmt's layout; the tests' tiny models are enough). Prints
-one row per (store, signal): operations in the run, points tried, readers that saw the previous
-run, the new one, a mix or none, reruns that failed, runs whose rows were lost or duplicated, and
-runs that left files the manifest does not list; then each point that failed.
+A case is JOB:STORE:MODE:SIGNAL[:PATH]: JOB generate, filter or refresh; MODE as in
+tests/crash_points.py (generation: overwrite, same, previous, workers, dask; filter: overwrite,
+same; refresh: filtered, keep2, filter_on, filter_off); PATH driver (default: the driver's
+operations, N:SIG) or workers (the worker processes' writes, by path). --every N tries every Nth
+operation (plus the first unit file and record, the manifest and the first delete after it).
+M holds cs-en/ and en-cs/ (the tests' tiny models are enough). Prints one row per case: the
+operations, points tried, what the reader of the commit point saw (the state before, the new
+run, none yet, a mix), the latest/ view's partial states, failed reruns, runs whose rows were lost
+or duplicated, runs that left files behind, and the paused holders that did not stop (exit 75) or
+find the work done; then each point that failed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
-import tempfile
+import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+DEFAULT = ("generate:local:same:KILL,generate:local:same:TERM,generate:local:overwrite:KILL,"
+           "generate:local:previous:TERM,generate:local:same:STOP,generate:local:workers:KILL:workers,"
+           "generate:s3:same:TERM,generate:gcs:same:KILL,generate:local:dask:KILL:workers,"
+           "filter:local:same:KILL,filter:local:overwrite:TERM,filter:s3:overwrite:KILL,filter:gcs:same:TERM,"
+           "refresh:local:keep2:KILL,refresh:local:filter_on:KILL,refresh:local:filter_off:TERM,"
+           "refresh:local:keep2:STOP,refresh:s3:filtered:TERM")
+
+
+@contextlib.contextmanager
+def store_for(name: str, work: str):
+    from tests.crash_points import Store
+    from tests.object_stores import gcs_server, s3_server
+
+    if name == "local":
+        yield Store(os.path.join(work, "runs"))
+        return
+    server = s3_server() if name == "s3" else gcs_server()
+    with server as s:
+        env = dict(s.env)
+        yield Store(f"{s.scheme}://{s.make_bucket()}/runs", env, name)
+        for key, value in env.items():
+            if os.environ.get(key) == value:
+                del os.environ[key]
+
+
+@contextlib.contextmanager
+def dask_cluster(work: str, env: dict):
+    """A scheduler and two worker processes on loopback with ENV (a crash point of the workers'),
+    stopped at the end."""
+    import json
+
+    sched = os.path.join(work, f"scheduler-{time.monotonic_ns()}.json")
+    penv = {**os.environ, "PYTHONPATH": ROOT, **env}
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                               "--port", "0", "--dashboard-address", ":0", "--scheduler-file", sched], env=penv,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        while not os.path.exists(sched):
+            time.sleep(0.2)
+        address = json.load(open(sched))["address"]
+        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                                       "--nworkers", "2", "--no-dashboard", "--host", "127.0.0.1",
+                                       "--local-directory", os.path.join(work, "dask")], env=penv, cwd=ROOT,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=20)
+
+
+def make_sweep(job: str, mode: str, store, work: str, models: str, pairs: int, extra=()):
+    from tests.crash_points import filter_sweep, generation_sweep, refresh_sweep
+
+    if job == "generate":
+        workers = ("--direct_running_mode", "multi_processing", "--direct_num_workers", "2") if mode == "workers" else ()
+        return generation_sweep(store, work, models, "same" if mode in ("workers", "dask") else mode, pairs,
+                                workers + tuple(extra))
+    if job == "filter":
+        return filter_sweep(work, store, mode)
+    return refresh_sweep(work, models, store, mode)
+
+
+def picked(ops, every: int, sweep, path: str):
+    """The operations to stop at: with PATH workers, the worker processes' writes (each by a path
+    pattern unique in the run); else every EVERY-th driver operation plus the marked ones."""
+    from tests.crash_points import chosen, worker_crash
+
+    if path == "workers":
+        found = []
+        for o in ops:
+            if o[3] != sweep.driver and o[1] in ("write", "delete"):
+                crash = worker_crash(o[2], ops)
+                if crash and crash not in [c for _, c in found]:
+                    found.append((o, crash))
+        return found[::every] if every > 1 else found
+    if every <= 1:
+        return [(o, None) for o in ops]
+    return [(o, None) for o in chosen(ops, max(6, len(ops) // every))]
+
+
+def run_case(case: str, args, failures: list) -> None:
+    from tests.crash_points import temporary_store
+
+    job, store_name, mode, sig, *rest = case.split(":")
+    path = rest[0] if rest else "driver"
+    _, work = temporary_store()
+    start = time.monotonic()
+    try:
+        with store_for(store_name, work) as store:
+            dask = None
+            if mode == "dask":
+                dask = dask_cluster(work, {})
+                address = dask.__enter__()
+                extra = ("--runner", "DaskRunner", "--dask_client_address", address)
+            else:
+                extra = ()
+            try:
+                sweep = make_sweep(job, mode, store, work, args.models, args.pairs, extra)
+                ops = sweep.prepare()
+            finally:
+                if dask:
+                    dask.__exit__(None, None, None)
+            points = []
+            for op, crash in picked(ops, args.every, sweep, path):
+                if mode == "dask":           # the workers' crash point is in their environment: a cluster a point
+                    points.append(_dask_point(sweep, op, sig, crash, work))
+                else:
+                    points.append(sweep.point(*op[:3], sig, crash=crash))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seen = [p.seen for p in points]
+    print(f"| {job} | {store_name} | {mode} | {path} | SIG{sig} | {len(ops)} | {len(points)} | "
+          f"{seen.count('previous')} | {seen.count('new')} | {seen.count('none')} | "
+          f"{sum(s.startswith('MIXED') for s in seen)} | {sum(p.seen_view == 'partial' for p in points)} | "
+          f"{sum(p.rerun_status != 0 for p in points)} | {sum(not p.rows_right for p in points)} | "
+          f"{sum(bool(p.left) for p in points)} | "
+          f"{sum(p.signal == 'STOP' and p.exit_status not in (0, 75) for p in points)} | "
+          f"{(time.monotonic() - start) / 60:.1f} |", flush=True)
+    failures.extend((case, p) for p in points if not p.ok)
+
+
+def _with_address(base_args, address):
+    def args(out):
+        given = base_args(out)
+        i = given.index("--dask_client_address")
+        return [*given[:i + 1], address, *given[i + 2:]]
+    return args
+
+
+def _dask_point(sweep, op, sig, crash, work):
+    """A Dask point: the stopped run on a cluster whose workers carry the crash point (CRASH:SIG),
+    the same command again on a fresh cluster without it."""
+    from tests.crash_points import Point, _classify, job, leftovers, rows
+
+    started = time.monotonic()
+    out = sweep.store.path(f"dask-{op[0]}-{time.monotonic_ns() % 10**6}")
+    sweep.store.copy(sweep.start, out)
+    p = Point(op[0], op[1], op[2], sig, fresh=sweep.previous_rows is None)
+    with dask_cluster(work, {"PARAGEN_CRASH_AT": f"{crash}:{sig}"}) as address:
+        args = [a.replace("{out}", out) for a in (*_with_address(sweep.base_args, address)(out), *sweep.command)]
+        stopped = job(args, sweep.env, which=sweep.which)
+    p.exit_status = stopped.returncode
+    p.seen = _classify(rows(out, sweep.which), sweep.previous_rows, sweep.new_rows)
+    with dask_cluster(work, {}) as address:
+        args = [a.replace("{out}", out) for a in (*_with_address(sweep.base_args, address)(out), *sweep.command)]
+        again = job(args, sweep.env, which=sweep.which)
+    p.rerun_status = again.returncode
+    p.rows_right = rows(out, sweep.which) == sweep.new_rows
+    p.left = leftovers(out, sweep.which)
+    p.seconds = time.monotonic() - started
+    return p
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", required=True, help="folder with cs-en/ and en-cs/")
-    ap.add_argument("--pairs", type=int, default=12, help="pairs of the run (default 12: three work units)")
-    ap.add_argument("--stores", default="local,s3")
-    ap.add_argument("--signals", default="KILL,TERM")
-    ap.add_argument("--jobs", default="generate,filter,refresh")
+    ap.add_argument("--pairs", type=int, default=12, help="pairs of a generation run (default 12: three work units)")
+    ap.add_argument("--cases", default=DEFAULT, help="JOB:STORE:MODE:SIGNAL[:PATH], comma-separated")
+    ap.add_argument("--every", type=int, default=1, help="every Nth operation (default 1: all)")
+    ap.add_argument("--list", action="store_true", help="print the default cases and exit")
     args = ap.parse_args(argv)
-
-    from tests.crash_points import Store, Sweep, temporary_store
-    from tests.jobs import quick_args
-    from tests.object_stores import s3_server
-    from tests.test_crash_points import filter_sweep, refresh_sweep
-    from tests.toydata import toy_bitext
-
-    print(f"# crash points, generation job on {args.pairs} pairs, {time.strftime('%Y-%m-%d')}\n")
-    print("| job | store | signal | operations | points | previous | new | mixed | none | rerun failed | rows lost "
-          "or duplicated | left over | minutes |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    failures = []
-
-    def sweep_rows(job_name, store_name, sweep):
-        ops = sweep.prepare()
-        for sig in args.signals.split(","):
-            start = time.monotonic()
-            points = [sweep.point(n, kind, path, sig) for n, kind, path in ops]
-            seen = [p.seen for p in points]
-            print(f"| {job_name} | {store_name} | SIG{sig} | {len(ops)} | {len(points)} | {seen.count('previous')} | "
-                  f"{seen.count('new')} | {seen.count('MIXED')} | {seen.count('none')} | "
-                  f"{sum(p.rerun_status != 0 for p in points)} | {sum(not p.rows_right for p in points)} | "
-                  f"{sum(bool(p.left) for p in points)} | {(time.monotonic() - start) / 60:.1f} |", flush=True)
-            failures.extend((f"{job_name} {store_name}", p) for p in points if not p.ok)
-
-    for job_name in ("refresh", "filter", "generate"):
-        if job_name not in args.jobs.split(","):
-            continue
-        for store_name in args.stores.split(","):
-            local, work = temporary_store()
-            server = s3_server() if store_name == "s3" else None
-            s3 = server.__enter__() if server else None
-            try:
-                store = Store(f"s3://{s3.make_bucket()}/runs", s3.env) if s3 else local
-                if job_name == "refresh":
-                    sweep = refresh_sweep(work, args.models, store)
-                elif job_name == "filter":
-                    sweep = filter_sweep(work, store)
-                else:
-                    bitext = os.path.join(work, "in.tsv")
-                    with open(bitext, "w", encoding="utf-8") as f:
-                        f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:args.pairs])
-                    sweep = Sweep(store, lambda out, bitext=bitext: quick_args(bitext, out, args.models),
-                                  ["--num_samples", "2"], [], work)
-                sweep_rows(job_name, store_name, sweep)
-            finally:
-                if server:
-                    server.__exit__(None, None, None)
-                shutil.rmtree(work, ignore_errors=True)
-    for store_name, p in failures:
-        print(f"\nFAILED {store_name} SIG{p.signal} before op {p.n} ({p.kind} {p.path}): exit {p.exit_status}, reader "
-              f"saw {p.seen}, rerun exit {p.rerun_status}, rows right {p.rows_right}, left {p.left[:5]}")
+    if args.list:
+        print("\n".join(DEFAULT.split(",")))
+        return 0
+    print(f"# crash points, {time.strftime('%Y-%m-%d')}, generation runs of {args.pairs} pairs, every "
+          f"{args.every} operation(s)\n")
+    print("| job | store | mode | path | signal | operations | points | previous | new | none | mixed | view "
+          "partial | rerun failed | rows lost or duplicated | left over | paused holder wrong | minutes |")
+    print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    failures: list = []
+    for case in args.cases.split(","):
+        run_case(case, args, failures)
+    for case, p in failures:
+        print(f"\nFAILED {case} before op {p.n} ({p.kind} {p.path}): exit {p.exit_status}, reader saw {p.seen} "
+              f"(view {p.seen_view or '-'}), rerun exit {p.rerun_status}, rows right {p.rows_right}, left {p.left[:5]}")
     return 1 if failures else 0
 
 

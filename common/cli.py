@@ -50,8 +50,28 @@ USER_ERRORS = (UsageError, FileNotFoundError, NotADirectoryError, IsADirectoryEr
                FileExistsError, pickle.UnpicklingError, StorageError)
 
 
+_DEPTH = [0]                # cli_main calls in progress (a refresh runs its jobs through it too)
+
+
 def cli_main(run: Callable[[list[str]], object], argv: list[str] | None = None) -> int:
-    """Run RUN(argv); a user error becomes 'error: ...' on stderr and exit status 2."""
+    """Run RUN(argv); a user error becomes 'error: ...' on stderr and exit status 2. A call to a
+    store that never answered, still hanging in a thread (common/storage/retries.py), would hold
+    the interpreter's exit (pyarrow waits for it): the outermost call then ends the process itself."""
+    _DEPTH[0] += 1
+    try:
+        code = _cli_main(run, argv)
+    finally:
+        _DEPTH[0] -= 1
+    from common.storage.retries import abandoned_calls
+
+    if _DEPTH[0] == 0 and abandoned_calls():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _cli_main(run: Callable[[list[str]], object], argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         result = run(argv)

@@ -6,13 +6,13 @@ check what a reader sees and what recovery does. The jobs' storage operations al
 common/storage.py, which calls :func:`storage_op` before each write, delete and listing. With
 neither variable set that is one dictionary lookup; with them:
 
-* ``PARAGEN_STORAGE_TRACE=FILE`` appends ``<n> <kind> <path>`` to FILE for each operation of this
+* ``PARAGEN_STORAGE_TRACE=FILE`` appends ``<n> <kind> <pid> <path>`` to FILE for each operation of this
   process (how a harness learns how many there are, and which);
 * ``PARAGEN_CRASH_AT=N:SIG`` sends signal SIG (``KILL``, ``TERM``, ``INT``; ``STOP`` pauses the
   process, as a suspended job or a VM pause would, until the harness sends SIGCONT) to this
   process just before its Nth operation (counted from 1); ``PARAGEN_CRASH_AT=~SUFFIX:SIG`` before
   the first operation on a path ending in SUFFIX (``~_manifest.json:TERM``: while the manifest is
-  written), ``~SUFFIX@K:SIG`` before the Kth such operation, ``~SUFFIX@K+M:SIG`` before the Mth
+  written; ``*TEXT``: a path containing TEXT), ``~SUFFIX@K:SIG`` before the Kth such operation, ``~SUFFIX@K+M:SIG`` before the Mth
   operation after it (``~_manifest.json@2+1:TERM``: the first step after a local manifest's
   rename, i.e. the first of its clean-up).
 
@@ -43,16 +43,16 @@ def storage_op(kind: str, path: str) -> None:
         n = _COUNT[0]
         if trace:
             with open(trace, "a", encoding="utf-8") as f:
-                f.write(f"{n} {kind} {path}\n")
+                f.write(f"{n} {kind} {os.getpid()} {path}\n")
         if not crash or _FIRED[0]:
             return
         where, _, name = crash.rpartition(":")
-        if where.startswith("~"):
+        if where[:1] in ("~", "*"):
             suffix, _, k = where[1:].partition("@")
             k, _, after = k.partition("+")
             if _AT[0] is not None:
                 hit = n == _AT[0]
-            elif not path.endswith(suffix):
+            elif not (path.endswith(suffix) if where[0] == "~" else suffix in path):
                 return
             else:
                 _MATCHED[0] += 1

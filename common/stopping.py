@@ -8,8 +8,9 @@ scheduler then runs the same command again. ``Stopping`` turns SIGTERM and SIGIN
 contract: the job stops taking work at once (a unit being decoded is dropped, never committed:
 its completion record was not written), stops its worker processes (the DirectRunner's
 multi_processing workers would otherwise live on, holding a GPU), releases its claim on the
-output, says in one line how far it got and exits with 128 + the signal number, all within
-``GRACE_SECONDS`` whatever it was doing: a hard deadline ends the process if a step hangs. A
+output once they have stopped, says in one line how far it got and exits with 128 + the signal
+number, all within ``GRACE_SECONDS`` whatever it was doing: a hard deadline ends the process if a
+step hangs. A
 commit in progress (the manifest being written) finishes first.
 
 ``pipeline_failure`` turns what a failed pipeline raised into one line saying what happened (a
@@ -112,8 +113,8 @@ class Stopping:
     no lock) unless a step that must finish is running (the manifest's write, :meth:`critical`).
     The signal itself reaches a thread of this class through Python's wakeup file descriptor
     (``signal.set_wakeup_fd``, written by the interpreter's C-level handler): the first signal
-    starts the deadline and a thread that ends the job (:meth:`end`: the claim released first,
-    the worker processes stopped, one line); a second one prints the line at once and exits."""
+    starts the deadline and a thread that ends the job (:meth:`end`: the worker processes stopped,
+    then the claim released, one line); a second one prints the line at once and exits."""
 
     def __init__(self, what: str, progress=None, cleanup=None, grace: float = GRACE_SECONDS):
         self.what, self.progress, self.cleanup, self.grace = what, progress, cleanup, grace
@@ -253,8 +254,8 @@ class Stopping:
                 + (f" ({seconds:.1f}s)" if seconds is not None else "") + tail)
 
     def end(self, why: str, code: int, log_text: str = "", log_path: str | None = None) -> None:
-        """End the process now, from any thread but a signal handler: what is held released
-        first, the worker processes stopped, one line (WHY; what is kept), exit status CODE;
+        """End the process now, from any thread but a signal handler: the worker processes stopped,
+        then what is held released, one line (WHY; what is kept), exit status CODE;
         within the grace period. LOG_TEXT is written to LOG_PATH first (a traceback for a
         person)."""
         _once()
@@ -264,11 +265,13 @@ class Stopping:
         # what the runner's threads say about the connections to the workers going away is noise now
         logging.disable(logging.CRITICAL)
         threading.excepthook = lambda _args: None
+        # the worker processes first, then the claim: no worker of this run writes after the claim is
+        # released (threads of this process are refused by the release itself: paracorpus.commit.WriterFence)
+        workers = stop_descendants()
         for active in reversed([*_ACTIVE, self] if self not in _ACTIVE else _ACTIVE):   # a refresh's job too
             with contextlib.suppress(Exception):
                 if active.cleanup:
-                    active.cleanup()               # the claim first: the next start must not wait for it
-        workers = stop_descendants()
+                    active.cleanup()
         _run_at_end(max(1.0, self.grace / 4))
         kept = ""
         if not self._published:
@@ -415,6 +418,15 @@ def pipeline_failure(exc: BaseException, work: str | None, kept: str = "", noise
         with contextlib.suppress(Exception):
             storage.write_bytes(storage.join(work, "error.log"), text.encode("utf-8", "replace"))
             where = f"; traceback in {storage.join(work, 'error.log')}"
+    from common.cli import OutputBusy
+
+    lost = next((e for e in _chain(exc) if isinstance(e, OutputBusy)), None)
+    claim_line = next((line.strip() for line in text.splitlines() if "lost its claim" in line
+                       or "claim was released" in line), None)
+    if lost is not None or claim_line:
+        # a worker refused to write for a run that lost its output: exit 75, as the driver's own check
+        message = str(lost) if lost is not None else claim_line.split("OutputBusy: ", 1)[-1]
+        return OutputBusy(message + (f"; {kept}" if kept else ""))
     cause = describe_failure(exc, noise, output)
     return JobFailed(f"{cause}" + (f"; {kept}" if kept else "") + where
                      + "; run the same command again to continue")

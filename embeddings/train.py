@@ -235,9 +235,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv=None) -> dict:
+    a = build_parser().parse_args(argv)
+    with storage.first_contact():                      # a store never reached is a mistake, said at once
+        source, output, cfg = _check(a)
+    print(f"training on {source.describe()}", flush=True)
+    if storage.is_local(output):
+        report = train(source, output, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
+    else:                       # train in a local directory, then upload it, config.json last
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="paragen-encoder-") as tmp:
+            report = train(source, tmp, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
+            storage.upload_dir(tmp, output, last="config.json")
+        print(f"uploaded to {output}", flush=True)
+    print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
+    return report
+
+
+def _check(a) -> tuple:
+    """(the pairs to train on, the output, the config) of the options A; UsageError for a mistake."""
     from common.cli import check_apart, check_output_location
 
-    a = build_parser().parse_args(argv)
     cfg = TrainConfig(**{k: getattr(a, k) for k in TrainConfig.__dataclass_fields__
                          if k not in ("progress", "extra")}, progress=not a.no_progress)
     columns = tuple(c.strip() for c in a.columns.split(","))
@@ -269,18 +287,7 @@ def run(argv=None) -> dict:
     if gm is not None and not manifest_reconciled(gm):
         why = "counts do not reconcile (see its _manifest.json)" if gm else "has no _manifest.json (unfinished?)"
         print(f"warning: {a.input}: the generation run {why}", file=sys.stderr, flush=True)
-    print(f"training on {source.describe()}", flush=True)
-    if storage.is_local(output):
-        report = train(source, output, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
-    else:                       # train in a local directory, then upload it, config.json last
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="paragen-encoder-") as tmp:
-            report = train(source, tmp, cfg, a.dev_sts, log=lambda m: print(m, flush=True))
-            storage.upload_dir(tmp, output, last="config.json")
-        print(f"uploaded to {output}", flush=True)
-    print(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
-    return report
+    return source, output, cfg
 
 
 def main(argv=None) -> int:

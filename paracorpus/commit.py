@@ -146,6 +146,7 @@ class Claim:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.time()
+        self._checked = time.monotonic()                 # the last look at the record (acquire, check)
 
     def _record(self) -> bytes:
         return json.dumps({"run_id": self.run_id, "token": self.token, **_process_identity(),
@@ -184,6 +185,8 @@ class Claim:
             owner = _parse_owner(storage.read_versioned(self.path)[0]) or {}
             raise OutputBusy(f"{self.output}: another run ({owner.get('run_id')}) claimed it at the same time")
         self._stop.clear()
+        self._checked = time.monotonic()
+        storage.fence_writes(self.output, self.check_if_due)     # every later write of this process looks first
         self._thread = threading.Thread(target=self._beat, name="paragen-heartbeat", daemon=True)
         self._thread.start()
         return self
@@ -198,6 +201,14 @@ class Claim:
         owner = _parse_owner(storage.read_versioned(self.path)[0])
         if not owner or owner.get("token") != self.token:
             raise self._lost(owner)
+        self._checked = time.monotonic()
+
+    def check_if_due(self) -> None:
+        """:meth:`check`, when FENCE_SECONDS have passed since the last look by the monotonic clock
+        (which counts a pause too): what every write and delete under OUT runs first
+        (storage.fence_writes), so a holder resumed after a pause looks before its next step."""
+        if time.monotonic() - self._checked >= FENCE_SECONDS:
+            self.check()
 
     def _beat(self) -> None:
         while not self._stop.wait(heartbeat_seconds()):
@@ -215,7 +226,10 @@ class Claim:
                 pass
 
     def release(self) -> None:
-        """Stop renewing and remove the record if it is still the version this claim wrote."""
+        """Stop renewing (the writers of this process see it at once: WriterFence) and remove the
+        record if it is still the version this claim wrote."""
+        _RELEASED.add(self.token)
+        storage.unfence_writes(self.output)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
@@ -235,6 +249,32 @@ class Claim:
     def __exit__(self, *exc):
         self.release()
         return False
+
+
+_RELEASED: set = set()            # tokens of the claims released in this process
+
+
+class WriterFence:
+    """What a worker checks before it writes for a run (a unit's files and record, a group's, the
+    run's summary): the run's claim on OUTPUT still holds (its owner record carries TOKEN) and was
+    not released in this process. A worker that outlives its driver (a Dask task, an in-process
+    thread while the job ends) then writes nothing into an output another holder may be
+    cleaning; OutputBusy otherwise. Picklable: it travels with the DoFns. An empty TOKEN checks
+    nothing (tools that write a run by hand)."""
+
+    def __init__(self, output: str, token: str, name: str = OWNER):
+        self.output, self.token, self.name = output, token, name
+
+    def __call__(self) -> None:
+        if not self.token:
+            return
+        if self.token in _RELEASED:
+            raise OutputBusy(f"{self.output}: this run's claim was released (the job is ending); this worker writes "
+                             "nothing more")
+        owner = _parse_owner(storage.read_versioned(storage.join(self.output, self.name))[0])
+        if not owner or owner.get("token") != self.token:
+            holder = f"run {owner.get('run_id')} holds it now" if owner else "its owner record is gone"
+            raise OutputBusy(f"{self.output}: this run lost its claim ({holder}); this worker writes nothing more")
 
 
 def _read_quietly(path: str) -> bytes | None:

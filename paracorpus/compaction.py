@@ -171,13 +171,15 @@ def carry_item(table: str, location: str, input_shards: list[str], entry: dict) 
 
 
 def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: int, unit_records: list[dict],
-                  carries: list[dict], target: FileTarget, plan_key: str = "") -> dict:
+                  carries: list[dict], target: FileTarget, plan_key: str = "", fence=None) -> dict:
     """The record of one group, bin BIN_ in output partition PARTITION, after its unit files
     (UNIT_RECORDS: completion records of its units) and the rows it carries from an earlier run
     (CARRIES: carry_item) were rewritten as files of about TARGET: its files per table, counts
     (per input shard too), units and workers. A group compacted by an earlier attempt of the run
     from the same units and carries for the same plan (PLAN_KEY) is taken as it was (--resume);
-    one of another plan never is."""
+    one of another plan never is. FENCE() (paracorpus.commit.WriterFence) runs before the files and
+    before the record."""
+    fence = fence or (lambda: None)
     records = sorted(unit_records, key=lambda r: r["unit"])
     carries = sorted(carries, key=lambda c: (c["table"], c["location"]))
     units = [r["unit"] for r in records]
@@ -189,6 +191,7 @@ def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: 
         earlier = storage.read_json(path)
         if {k: earlier.get(k) for k in signature} == signature:
             return {**earlier, "reused_group": True}
+    fence()
     start = time.time()
     attempt = attempt_id()
     directory = {t: f"{t}/{partition_dir(lang_pair, partition)}" for t in TABLES}
@@ -224,5 +227,6 @@ def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: 
               "compaction_seconds": round(time.time() - start, 3),
               "compacted_by": f"{socket.gethostname()}:{os.getpid()}"}
     check_manifest(record, GROUP_RECORD_KEYS, "group record")
+    fence()
     storage.write_json(path, record, indent=None)
     return record

@@ -160,10 +160,13 @@ def _write_table(output: str, contract, rows: list, lang_pair: str, partition: i
 
 
 def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str, result: UnitResult,
-               seconds: float, input_shard: str, plan_key: str = "") -> dict:
+               seconds: float, input_shard: str, plan_key: str = "", fence=None) -> dict:
     """Write a unit's paraphrases and rejects (sorted, so reruns write the same bytes) and then its
     completion record WORK/units/<unit>.json, which names the plan it was decoded for (PLAN_KEY);
-    returns that record."""
+    returns that record. FENCE() (paracorpus.commit.WriterFence) runs before the files and again
+    before the record: a worker whose run lost its output writes nothing more."""
+    fence = fence or (lambda: None)
+    fence()
     attempt = attempt_id()
     rows = sorted(result.rows, key=lambda r: (r["pair_id"], r["rank"]))
     rejects = sorted(result.rejects, key=lambda r: (r["input_shard"], r["input_index"]))
@@ -184,6 +187,7 @@ def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str
               "seconds": round(seconds, 3), "finished_at": time.time(), "plan_key": plan_key}
     check_manifest(record, UNIT_RECORD_KEYS, "unit record")
     check_manifest(record["counts"], UNIT_COUNT_KEYS, "unit counts")
+    fence()
     storage.write_json(unit_record_path(work, unit), record, indent=None)
     return record
 

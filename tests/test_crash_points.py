@@ -1,135 +1,126 @@
-"""A sample of the jobs' crash points (tests/crash_points.py; the whole sweep is
-bench/bench_crash_points.py): stopped by SIGKILL or SIGTERM just before one of its storage
-operations (a listing, a unit file, a unit record, a compacted file, the manifest, a delete of the
-clean-up), a reader then sees the run committed before or the new one, never a mix; the same
-command finishes with the rows of an uninterrupted run; nothing is left that the manifest does not
-list. The generation job on a local disk and in an S3 bucket (moto on loopback); the filter job
-(no model: quick); a refresh (generation, filter, publish, retention)
-at the operations of its own steps (its jobs' are the sweeps above)."""
+"""A sample of the jobs' crash points on the paths users take (tests/crash_points.py; the whole
+sweep is bench/bench_crash_points.py): stopped by SIGKILL, SIGTERM or a pause past the lease just
+before one of its storage operations, a reader then sees the state before or the new run, never a
+mix (every table, the filter report, a refresh's latest.json and latest/ view); the same command
+finishes with the rows of an uninterrupted run; nothing is left that the manifest does not list.
+The generation job replacing a run (--overwrite), rerun as it was (no --overwrite), on a local
+disk, in an S3 bucket (moto) and a GCS bucket (fake-gcs-server), with an operation of a worker
+process (DirectRunner multi_processing); the filter job with its report; refreshes with --keep 2
+and references across runs, and one that gains --filter_args."""
 import os
 
 import pytest
 
-from tests.crash_points import FILTER, REFRESH, Store, Sweep, chosen, temporary_store
-from tests.jobs import quick_args, refresh_job_args
-from tests.object_stores import s3_store  # noqa: F401: a fixture
+from tests.crash_points import Store, chosen, filter_sweep, generation_sweep, refresh_sweep, temporary_store, worker_crash
+from tests.object_stores import gcs_store, s3_store  # noqa: F401: fixtures
 
 pytestmark = pytest.mark.slow          # each point is two runs of the job
 
 
-def _sweep(store: Store, work: str, tiny_nmt_models: str) -> Sweep:
-    from tests.toydata import toy_bitext
-
-    bitext = os.path.join(work, "in.tsv")
-    with open(bitext, "w", encoding="utf-8") as f:
-        f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:12])
-    # the committed run replaced: two samples a set instead of four (other rows, another plan)
-    return Sweep(store, lambda out: quick_args(bitext, out, tiny_nmt_models), ["--num_samples", "2"], [], work)
-
-
 def _check(points):
     bad = [p for p in points if not p.ok]
-    assert not bad, [(p.n, p.kind, p.path.rsplit("/", 2)[-2:], p.signal, p.exit_status, p.seen, p.rerun_status,
-                      p.rows_right, p.left[:3]) for p in bad]
+    assert not bad, [(p.n, p.kind, p.path.rsplit("/", 2)[-2:], p.signal, p.exit_status, p.seen, p.seen_view,
+                      p.rerun_status, p.rows_right, p.left[:3]) for p in bad]
 
 
-def test_a_stop_at_sampled_storage_operations_on_a_local_disk(tiny_nmt_models, tmp_path):
+def _op(ops, test, after=None):
+    return next(o for o in ops if test(o) and (after is None or o[0] > after[0]))
+
+
+def _manifest(o):
+    return o[2].endswith("/_manifest.json")
+
+
+def test_a_run_replacing_another_stopped_at_sampled_operations(tiny_nmt_models, tmp_path):
     store, work = temporary_store(str(tmp_path))
-    sweep = _sweep(store, work, tiny_nmt_models)
+    sweep = generation_sweep(store, work, tiny_nmt_models, "overwrite")
     ops = sweep.prepare()
-    kinds = {k for _, k, _ in ops}
-    assert {"write", "delete", "list"} <= kinds and len(ops) >= 20
-    # a unit's record (mid-decode), the manifest, and the first delete of the clean-up after it
-    record = next(o for o in ops if o[1] == "write" and "/units/" in o[2])
-    manifest = next(o for o in ops if o[2].endswith("_manifest.json"))
-    after = next(o for o in ops if o[0] > manifest[0] and o[1] == "delete")
-    points = [sweep.point(*record, "KILL"), sweep.point(*manifest, "TERM"), sweep.point(*after, "KILL")]
+    assert {"write", "rename", "delete", "list"} <= {o[1] for o in ops} and len(ops) >= 20
+    record = _op(ops, lambda o: o[1] == "write" and "/units/" in o[2])
+    manifest = _op(ops, _manifest)
+    after = _op(ops, lambda o: o[1] in ("delete", "delete_tree"), manifest)
+    points = [sweep.point(*record[:3], "KILL"), sweep.point(*manifest[:3], "TERM"), sweep.point(*after[:3], "KILL")]
     _check(points)
     assert {p.seen for p in points} == {"previous", "new"}          # the sample straddles the manifest
 
 
-def test_a_stop_at_sampled_storage_operations_in_an_s3_bucket(tiny_nmt_models, s3_store, tmp_path):
-    bucket = s3_store.make_bucket()
-    sweep = _sweep(Store(f"s3://{bucket}/runs", s3_store.env), str(tmp_path), tiny_nmt_models)
+def test_the_same_command_without_overwrite_after_a_stop_and_a_pause(tiny_nmt_models, tmp_path):
+    """An empty output, the command as a scheduler reruns it: stopped in its clean-up (TERM), and
+    paused past its lease at a unit's record while the same command takes over (STOP)."""
+    store, work = temporary_store(str(tmp_path))
+    sweep = generation_sweep(store, work, tiny_nmt_models, "same")
+    ops = sweep.prepare()
+    rename = _op(ops, lambda o: o[1] == "rename" and _manifest(o))
+    record = _op(ops, lambda o: o[1] == "write" and "/units/" in o[2])
+    points = [sweep.point(*ops[rename[0]][:3], "TERM"), sweep.point(*record[:3], "STOP")]
+    _check(points)
+    assert points[0].seen == "new" and points[1].seen == "none" and points[1].exit_status == 75
+
+
+@pytest.mark.parametrize("bucket", ["s3", "gcs"])
+def test_the_same_command_in_a_bucket_stopped_at_its_manifest(tiny_nmt_models, tmp_path, bucket, request):
+    store_server = request.getfixturevalue(f"{bucket}_store")
+    name = store_server.make_bucket()
+    env = {k: v for k, v in store_server.env.items()}
+    store = Store(f"{store_server.scheme}://{name}/runs", env, bucket)
     try:
+        sweep = generation_sweep(store, str(tmp_path), tiny_nmt_models, "same")
         ops = sweep.prepare()
-        points = [sweep.point(*next(o for o in ops if o[2].endswith("_manifest.json")), "KILL")]
+        points = [sweep.point(*_op(ops, _manifest)[:3], "KILL" if bucket == "s3" else "TERM")]
     finally:
-        for name, value in s3_store.env.items():          # prepare() set them for this process's reader
-            if os.environ.get(name) == value:
-                del os.environ[name]
+        for key, value in env.items():                    # prepare() set them for this process's reader
+            if os.environ.get(key) == value:
+                del os.environ[key]
     _check(points)
 
 
-def filter_sweep(work: str, store: Store | None = None) -> Sweep:
-    """The filter job over a synthetic generation run (two partitions), replacing a committed
-    filter run of another threshold, in STORE (default: a local folder under WORK)."""
-    from tests.toydata import paraphrase_rows, toy_paraphrases, write_generation_run
-
-    gen = write_generation_run(os.path.join(work, "gen"), paraphrase_rows(toy_paraphrases(600, seed=2)), shards=2)
-    configs = []
-    for name, top in (("a", 0.9), ("b", 0.5)):
-        path = os.path.join(work, f"{name}.yaml")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(f"filters:\n  - name: ngram_overlap\n    thresholds: {{trigram_overlap: {{max: {top}}}}}\n")
-        configs.append(path)
-    store = store or temporary_store(work)[0]
-    return Sweep(store, lambda out: ["--input", gen, "--output", out, "--no_report"], ["--config", configs[0]],
-                 ["--config", configs[1]], work, which=FILTER)
+def test_a_worker_process_killed_at_its_unit_record(tiny_nmt_models, tmp_path):
+    """The DirectRunner's worker processes make their own storage operations: one is killed just
+    before a unit's completion record (the job fails in one line), and the same command finishes."""
+    store, work = temporary_store(str(tmp_path))
+    sweep = generation_sweep(store, work, tiny_nmt_models, "same",
+                             extra=("--direct_running_mode", "multi_processing", "--direct_num_workers", "2"))
+    ops = sweep.prepare()
+    in_workers = [o for o in ops if o[3] != sweep.driver and o[1] == "write" and "/units/" in o[2]]
+    assert in_workers, "no unit record was written by a worker process"
+    op = in_workers[0]
+    points = [sweep.point(*op[:3], "KILL", crash=worker_crash(op[2], ops))]
+    _check(points)
+    assert points[0].exit_status == 1
 
 
-def test_a_stop_at_sampled_storage_operations_of_the_filter_job(tmp_path):
+def test_the_filter_job_with_its_report_stopped_at_sampled_operations(tmp_path):
     sweep = filter_sweep(str(tmp_path))
     ops = sweep.prepare()
-    assert any(o[2].endswith("_filter_manifest.json") for o in ops) and len(ops) >= 8
-    points = [sweep.point(n, kind, path, "KILL") for n, kind, path in chosen(ops, 5)]
-    manifest = next(o for o in ops if o[2].endswith("_filter_manifest.json"))
-    points.append(sweep.point(*manifest, "TERM"))
+    assert any(o[2].endswith("_filter_manifest.json") for o in ops) and any("/report/" in o[2] for o in ops)
+    points = [sweep.point(n, kind, path, "KILL") for n, kind, path, _ in chosen(ops, 4)]
+    points.append(sweep.point(*_op(ops, lambda o: o[2].endswith("/_filter_manifest.json"))[:3], "TERM"))
     _check(points)
     assert {p.seen for p in points} == {"previous", "new"}
+    fresh = filter_sweep(str(tmp_path / "fresh"), mode="same")
+    ops = fresh.prepare()
+    after = _op(ops, lambda o: o[1] == "rename" and o[2].endswith("/_filter_manifest.json"))
+    _check([fresh.point(*ops[after[0]][:3], "TERM")])                    # the first step of its clean-up
 
 
-def refresh_sweep(work: str, models: str, store: Store | None = None) -> Sweep:
-    """A refresh with the filter job, after a committed refresh of other inputs (a shard changed,
-    one added): the new one decodes both and, with --keep 1, prunes the run before (its generation
-    run, its filter run and its log); in STORE (default: a local folder under WORK)."""
-    from tests.toydata import toy_bitext
-
-    lines = [f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=51)[:12]]
-    before, after = os.path.join(work, "in-before"), os.path.join(work, "in-after")
-    for folder, shards in ((before, {"a.tsv": lines[:6]}), (after, {"a.tsv": lines[:8], "b.tsv": lines[8:]})):
-        os.makedirs(folder)
-        for name, text in shards.items():
-            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
-                f.writelines(text)
-    config = os.path.join(work, "filter.yaml")
-    with open(config, "w", encoding="utf-8") as f:
-        f.write("filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.7}}\n")
-    store = store or temporary_store(work)[0]
-    return Sweep(store, lambda root: ["--root", root, "--keep", "1", f"--filter_args=--config {config} --no_report",
-                                      "--", *refresh_job_args(models)], ["--input", before], ["--input", after], work,
-                 which=REFRESH)
-
-
-def test_a_stop_at_the_operations_of_a_refresh(tiny_nmt_models, tmp_path):
-    """At the refresh's own steps (its jobs' operations are the sweeps above): the latest/ view,
-    latest.json, and retention's first delete of the run before."""
-    sweep = refresh_sweep(str(tmp_path), tiny_nmt_models)
+def test_refreshes_with_keep_2_stopped_at_their_own_steps(tiny_nmt_models, tmp_path):
+    """At the refresh's own steps (its jobs' are the sweeps above): the latest/ view, latest.json,
+    and retention; --keep 2 after a refresh that took files from the one before."""
+    sweep = refresh_sweep(str(tmp_path), tiny_nmt_models, mode="keep2")
     ops = sweep.prepare()
-    named = next(o for o in ops if o[2].endswith("latest.json") and o[1] == "write")
-    view = next(o for o in ops if o[2].endswith("latest/_manifest.json"))
-    prune = next(o for o in ops if o[1] == "delete_tree" and o[0] > named[0] and "/whole/runs/" in o[2])
-    points = [sweep.point(*view, "KILL"), sweep.point(*named, "TERM"), sweep.point(*prune, "KILL")]
+    named = _op(ops, lambda o: o[2].endswith("/latest.json") and o[1] == "write")
+    view = _op(ops, lambda o: o[2].endswith("latest/_manifest.json") and o[1] == "write")
+    points = [sweep.point(*view[:3], "KILL"), sweep.point(*named[:3], "TERM")]
     _check(points)
-    assert [p.seen for p in points] == ["previous", "previous", "new"]
-    # half of latest/ (a stop while the view was written; the next refresh has nothing to decode):
-    # the next refresh makes latest/ the run latest.json names again
-    from common import storage
-    from tests.crash_points import job, leftovers
+    assert [p.seen for p in points] == ["previous", "previous"] and points[0].seen_view in ("previous", "partial")
 
-    root = sweep.store.path(f"p{named[0]}-term")
-    storage.delete(storage.join(root, "latest", "_manifest.json"))
-    assert leftovers(root, REFRESH) == ["latest/ (a view of another run than latest.json names)"]
-    done = job(sweep._args(root, sweep.new_extra), sweep.env, which=REFRESH)
-    assert done.returncode == 0 and "nothing changed" in done.stdout, done.stderr[-2000:]
-    assert "did not match latest.json" in done.stderr and leftovers(root, REFRESH) == []
+
+def test_a_refresh_that_gains_filter_args_and_finds_nothing_new(tiny_nmt_models, tmp_path):
+    """Its retention runs with the filter on while latest's run has no filter run and takes files
+    from the run before: stopped at its first delete, then finished; latest stays readable."""
+    sweep = refresh_sweep(str(tmp_path), tiny_nmt_models, mode="filter_on")
+    ops = sweep.prepare()
+    deletes = [o for o in ops if o[1] in ("delete", "delete_tree")]
+    points = [sweep.point(*deletes[0][:3], "KILL")] if deletes else []
+    points.append(sweep.point(*ops[-1][:3], "KILL"))
+    _check(points)

@@ -1,6 +1,7 @@
 """The generation job on the paths users take (issue 57): what it decides is decided under its
 claim, and the same command finishes whatever a stop left, with nothing left over. Each stop is a
 real signal at a chosen storage operation (common/crash_points.py: ``~SUFFIX@K+M:SIG``)."""
+import json
 import os
 import shutil
 import signal
@@ -90,10 +91,13 @@ def test_a_kill_between_a_manifests_sync_and_its_rename_leaves_no_hidden_file(tm
 
 
 def test_a_clean_up_cut_inside_the_runs_work_folder_is_finished_not_fatal(tmp_path, bitext, tiny_nmt_models):
-    """A run published, then killed while its _work was being removed (here: its groups/ gone,
-    its plan and unit records still there, as a stop inside the removal leaves it). Rerun with
-    --overwrite (the command that made it) used to continue that run and fail in compaction every
-    time; it finishes the clean-up, then makes the run again."""
+    """A run published, then killed while its _work was being removed: the clean-up had removed
+    the files the manifest does not list (its unit files among them) and, inside _work, groups/
+    (a removal goes child by child), leaving the plan and the unit records. Rerun with --overwrite
+    (the command that made it) used to continue that run, whose unit records name removed files,
+    and fail in compaction every time; it finishes the clean-up, then makes the run again."""
+    from paracorpus.commit import file_location
+
     out = tmp_path / "out"
     args = quick_args(str(bitext), out, tiny_nmt_models)
     assert job([*args, "--num_samples", "2"]).returncode == 0
@@ -101,8 +105,14 @@ def test_a_clean_up_cut_inside_the_runs_work_folder_is_finished_not_fatal(tmp_pa
     stopped = job(command, {"PARAGEN_CRASH_AT": "~/_manifest.json@2+1:KILL"})
     assert stopped.returncode == -9
     published = rows(str(out))
+    manifest = json.load(open(out / "_manifest.json"))
+    listed = {file_location(str(out), f) for files in manifest["files"].values() for f in files}
+    for table in ("paraphrases", "rejects", "dedup"):          # the clean-up's first part, done
+        for path in (out / table).rglob("*.parquet"):
+            if str(path) not in listed:
+                path.unlink()
     (run_id,) = os.listdir(out / "_work")
-    shutil.rmtree(out / "_work" / run_id / "groups")
+    shutil.rmtree(out / "_work" / run_id / "groups")           # and the start of _work's removal
     assert (out / "_work" / run_id / "plan.json").exists() and (out / "_work" / run_id / "units").exists()
     again = job(command)
     assert again.returncode == 0, again.stderr[-3000:]

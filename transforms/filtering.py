@@ -17,8 +17,8 @@ class ScoreFile(beam.DoFn):
     validated config with fitted parameters filled in."""
 
     def __init__(self, output: str, raw_config: dict, overrides: dict, fit_ids: list,
-                 torch_threads: int | None = None, expected_rows: int | None = None):
-        self.output = output
+                 torch_threads: int | None = None, expected_rows: int | None = None, fence=None):
+        self.output, self.fence = output, fence
         self.raw_config, self.overrides, self.fit_ids = raw_config, overrides, fit_ids
         self.torch_threads, self.expected_rows = torch_threads, expected_rows
         self.rows = Metrics.counter("filter", "rows_scored")
@@ -55,6 +55,8 @@ class ScoreFile(beam.DoFn):
             self.progress.working(f"{rel_path}: {done:,} rows")
             self.progress.add("rows", batch_stats["rows"])
             self.progress.add("kept", batch_stats["kept"])
+        if self.fence is not None:
+            self.fence()                  # the run still holds its output (paracorpus.commit.WriterFence)
         stats = score_file(src, dst, self.cfg, self._fit_ids, on_batch=on_batch)
         self.progress.idle()
         self.rows.inc(stats["rows"])

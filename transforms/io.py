@@ -52,10 +52,11 @@ class ReadShard(beam.DoFn):
     The read record (records read, sha256 and size of the stored bytes, hashed while reading) is
     also written to WORK/read/<shard>.json: the left-hand side of the run's reconciliation."""
 
-    def __init__(self, max_line_chars: int, src_column: str, tgt_column: str, config_hash: str, work: str):
+    def __init__(self, max_line_chars: int, src_column: str, tgt_column: str, config_hash: str, work: str,
+                 fence=None):
         self.max_line_chars = max_line_chars
         self.src_column, self.tgt_column = src_column, tgt_column
-        self.config_hash, self.work = config_hash, work
+        self.config_hash, self.work, self.fence = config_hash, work, fence
 
     def setup(self):
         self.progress = Progress("read", rate_of="records_read", unit="records")
@@ -79,6 +80,8 @@ class ReadShard(beam.DoFn):
         record = {"input_shard": spec.name, "kind": spec.format, "paths": list(spec.paths), "records_read": n,
                   "sha256": sha, "bytes": shard_size(spec), "finished_at": time.time()}
         check_manifest(record, READ_RECORD_KEYS, "read record")
+        if self.fence is not None:
+            self.fence()                # the run still holds its output (paracorpus.commit.WriterFence)
         storage.write_json(read_record_path(self.work, spec.name), record, indent=None)
         self.progress.flush()
         yield (COUNTS_TAG, record)

@@ -195,14 +195,15 @@ class WriteUnit(beam.DoFn):
     -> the record, for the run's summary."""
 
     def __init__(self, output: str, work: str, lang_pair: str, num_output_shards: int, layout: dict,
-                 plan_key: str = ""):
+                 plan_key: str = "", fence=None):
         self.output, self.work, self.lang_pair, self.num_output_shards = output, work, lang_pair, num_output_shards
-        self.layout, self.plan_key = layout, plan_key
+        self.layout, self.plan_key, self.fence = layout, plan_key, fence
 
     def write(self, prediction: PredictionResult) -> dict:
         unit, (result, seconds) = prediction.example, prediction.inference
         record = write_unit(self.output, self.work, unit, partition_of_unit(unit, self.layout, self.num_output_shards),
-                            self.lang_pair, result, seconds, input_shard_of(unit, self.layout), self.plan_key)
+                            self.lang_pair, result, seconds, input_shard_of(unit, self.layout), self.plan_key,
+                            self.fence)
         del prediction, result
         release_memory()              # the unit's buffers go back to the system: flat memory over units
         return record
@@ -215,15 +216,16 @@ class CompactGroup(beam.DoFn):
     """(group key, its units' completion records and carried files, tagged "unit" / "carry") ->
     the group's record, its files rewritten as files sized for readers (paracorpus/compaction.py)."""
 
-    def __init__(self, output: str, work: str, lang_pair: str, target, plan_key: str = ""):
+    def __init__(self, output: str, work: str, lang_pair: str, target, plan_key: str = "", fence=None):
         self.output, self.work, self.lang_pair, self.target, self.plan_key = output, work, lang_pair, target, plan_key
+        self.fence = fence
 
     def process(self, keyed):
         bin_, partition = keyed[0].split("\0")
         items = list(keyed[1])
         record = compact_group(self.output, self.work, self.lang_pair, bin_, int(partition),
                                [r for tag, r in items if tag == "unit"], [c for tag, c in items if tag == "carry"],
-                               self.target, self.plan_key)
+                               self.target, self.plan_key, self.fence)
         release_memory()
         yield record
 
@@ -262,15 +264,17 @@ class DecodeUnits(beam.PTransform):
     where USE_RUN_INFERENCE is False) and written."""
 
     def __init__(self, handler: UnitTranslatorHandler, output: str, work: str, lang_pair: str,
-                 num_output_shards: int, layout: dict, use_run_inference: bool = True, plan_key: str = ""):
+                 num_output_shards: int, layout: dict, use_run_inference: bool = True, plan_key: str = "",
+                 fence=None):
         super().__init__()
         self.handler, self.output, self.work, self.lang_pair = handler, output, work, lang_pair
         self.num_output_shards, self.layout, self.use_run_inference = num_output_shards, layout, use_run_inference
-        self.plan_key = plan_key
+        self.plan_key, self.fence = plan_key, fence
 
     def expand(self, units):
         batches = units | "OneUnitPerBatch" >> beam.FlatMap(_unit_batch)
-        writer = WriteUnit(self.output, self.work, self.lang_pair, self.num_output_shards, self.layout, self.plan_key)
+        writer = WriteUnit(self.output, self.work, self.lang_pair, self.num_output_shards, self.layout, self.plan_key,
+                           self.fence)
         if not self.use_run_inference:
             return batches | "DecodeAndWrite" >> beam.ParDo(_PlainInference(self.handler, writer))
         return batches | "RunInference" >> RunInference(self.handler) | "WriteUnit" >> beam.ParDo(writer)

@@ -22,10 +22,11 @@ class Compact(beam.PTransform):
     rows copied from the previous run."""
 
     def __init__(self, output: str, work: str, lang_pair: str, bins: dict, carries: list,
-                 file_target: FileTarget = FileTarget(), plan_key: str = ""):
+                 file_target: FileTarget = FileTarget(), plan_key: str = "", fence=None):
         super().__init__()
         self.output, self.work, self.lang_pair = output, work, lang_pair
         self.bins, self.carries, self.file_target, self.plan_key = bins, carries, file_target, plan_key
+        self.fence = fence
 
     def expand(self, unit_records):
         bins = self.bins
@@ -36,7 +37,7 @@ class Compact(beam.PTransform):
         return ((by_group, carried) | "UnitsAndCarried" >> beam.Flatten()
                 | "GroupUnitsByFile" >> beam.GroupByKey()
                 | "CompactGroups" >> beam.ParDo(CompactGroup(self.output, self.work, self.lang_pair, self.file_target,
-                                                             self.plan_key)))
+                                                             self.plan_key, self.fence)))
 
 
 class WriteRunSummary(beam.PTransform):
@@ -44,9 +45,9 @@ class WriteRunSummary(beam.PTransform):
     number of records. One sink that depends on everything: the DaskRunner computes only the graph
     behind the last transform of the pipeline."""
 
-    def __init__(self, work: str):
+    def __init__(self, work: str, fence=None):
         super().__init__()
-        self.work = work
+        self.work, self.fence = work, fence
 
     def expand(self, records):
         return ((records["groups"] | "TagGroups" >> beam.Map(lambda r: ("group", r)),
@@ -54,12 +55,14 @@ class WriteRunSummary(beam.PTransform):
                 | "AllRecordsOfTheRun" >> beam.Flatten()
                 | "KeyRun" >> beam.Map(lambda r: (None, r))
                 | "GroupRun" >> beam.GroupByKey()
-                | "WriteSummary" >> beam.Map(write_summary, self.work))
+                | "WriteSummary" >> beam.Map(write_summary, self.work, self.fence))
 
 
-def write_summary(keyed, work: str) -> int:
+def write_summary(keyed, work: str, fence=None) -> int:
     records = list(keyed[1])
     summary = {"groups": [r for tag, r in records if tag == "group"], "reads": [r for tag, r in records if tag == "read"]}
+    if fence is not None:
+        fence()
     storage.write_json(storage.join(work, "summary.json"), summary, indent=None)
     return len(records)
 

@@ -42,16 +42,17 @@ class ReadPairs(beam.PTransform):
     incremental run reuses, whose pairs a new pair duplicates."""
 
     def __init__(self, cleaning: CleaningConfig, max_line_chars: int, src_column: str, tgt_column: str,
-                 config_hash: str, work: str, previous_dedup: list[tuple] | None = None):
+                 config_hash: str, work: str, previous_dedup: list[tuple] | None = None, fence=None):
         super().__init__()
         self.cleaning, self.max_line_chars = cleaning, max_line_chars
         self.src_column, self.tgt_column = src_column, tgt_column
         self.config_hash, self.work, self.previous_dedup = config_hash, work, previous_dedup
+        self.fence = fence
 
     def expand(self, shards):
         chash = self.config_hash
         read = (shards | "ReadShards" >> beam.ParDo(ReadShard(self.max_line_chars, self.src_column, self.tgt_column,
-                                                               chash, self.work))
+                                                               chash, self.work, self.fence))
                 | "SplitRead" >> SplitTagged((MAIN_TAG, REJECTS_TAG, COUNTS_TAG)))
         cleaned = (read[MAIN_TAG] | "Clean" >> beam.ParDo(ApplyStep(CleanStep(self.cleaning), chash, "pairs_clean"))
                    | "SplitClean" >> SplitTagged())
@@ -87,7 +88,7 @@ class DecodeByUnit(beam.PTransform):
                  | "GroupByUnit" >> beam.GroupByKey())
         written = units | "Units" >> DecodeUnits(self.handler, plan.output, plan.work, plan.lang_pair,
                                                  self.num_output_shards, plan.layout, self.use_run_inference,
-                                                 plan.plan_key)
+                                                 plan.plan_key, plan.fence)
         reused = (p | "FinishedUnits" >> beam.Create(sorted(finished))
                   | "ReuseUnits" >> beam.Map(reuse_unit, plan.work, plan.plan_key))
         return (written, reused) | "UnitRecords" >> beam.Flatten()
@@ -112,12 +113,12 @@ def build(p: beam.Pipeline, job: Job, plan: Plan, inputs: Inputs, finished: froz
     previous_dedup = [(file_location(reuse.previous, f), shards) for f, shards in reuse.dedup_sources()]
     records = (p | "ShardList" >> beam.Create(inputs.decode)
                | "Read" >> ReadPairs(job.cleaning, job.max_line_chars, job.src_column, job.tgt_column,
-                                     plan.config_hash, plan.work, previous_dedup))
+                                     plan.config_hash, plan.work, previous_dedup, plan.fence))
     units = records | "Decode" >> DecodeByUnit(plan, handler or unit_handler(job, inputs), job.cfg.num_output_shards,
                                                finished, use_run_inference)
     groups = units | "Compact" >> Compact(plan.output, plan.work, plan.lang_pair, plan.bins, plan.carries,
-                                          job.file_target, plan.plan_key)
-    _ = {"groups": groups, "reads": records["reads"]} | "Summary" >> WriteRunSummary(plan.work)
+                                          job.file_target, plan.plan_key, plan.fence)
+    _ = {"groups": groups, "reads": records["reads"]} | "Summary" >> WriteRunSummary(plan.work, plan.fence)
 
 
 def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset,

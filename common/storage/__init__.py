@@ -42,12 +42,12 @@ from common.storage.reading import (exists, glob, isdir, isfile, list_files, lis
 from common.storage.retries import (StorageError, first_contact, is_transient, retry_seconds, retrying,
                                     timeout_seconds)
 from common.storage.stores import resolve
-from common.storage.writing import (copy_file, delete, delete_tree, makedirs, open_output, upload_dir, write_bytes,
-                                    write_json)
+from common.storage.writing import (copy_file, delete, delete_tree, fence_writes, makedirs, open_output, unfence_writes,
+                                    upload_dir, write_bytes, write_json)
 
 __all__ = ["ABSENT", "Conflict", "StorageError", "Version", "absolute", "basename", "cache_root", "copy_file",
-           "create_new", "delete", "delete_if", "delete_tree", "endpoint_of", "exists", "first_contact", "glob",
+           "create_new", "delete", "delete_if", "delete_tree", "endpoint_of", "exists", "fence_writes", "first_contact", "glob",
            "has_wildcards", "is_local", "is_transient", "is_url", "isdir", "isfile", "join", "list_files", "listdir",
            "local_copy", "makedirs", "open_input", "open_output", "open_random_access", "parent", "parquet_dataset",
            "parquet_file", "read_bytes", "read_json", "read_versioned", "resolve", "retry_seconds", "retrying",
-           "sha256", "size", "stat", "timeout_seconds", "upload_dir", "write_bytes", "write_if", "write_json"]
+           "sha256", "size", "stat", "timeout_seconds", "unfence_writes", "upload_dir", "write_bytes", "write_if", "write_json"]

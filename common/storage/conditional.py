@@ -142,13 +142,29 @@ def _digest(data: bytes) -> str:
 
 # ---- a local disk -------------------------------------------------------------------------------
 
+LOCK_WAIT_SECONDS = 10.0      # a directory lock held longer than this: its holder is paused (SIGSTOP), not busy
+
+
 @contextlib.contextmanager
 def _directory_lock(directory: str):
-    """An exclusive flock of DIRECTORY: the conditional writers of its files take turns."""
+    """An exclusive flock of DIRECTORY: the conditional writers of its files take turns. A lock
+    held for LOCK_WAIT_SECONDS (a writer paused inside its few milliseconds of write and rename)
+    is a Conflict, not a wait without end."""
+    import time
+
     os.makedirs(directory, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise Conflict(f"{directory}: another writer has held its lock for over {LOCK_WAIT_SECONDS:g} s "
+                                   "(a paused process?)") from None
+                time.sleep(0.01)
         yield
     finally:
         os.close(fd)                      # closing the descriptor releases the lock
@@ -324,8 +340,14 @@ def _gcs_client():
 
 
 def _gcs_blob(path: str):
+    from google.auth import exceptions as aexc
+
     bucket, _, name = resolve(path)[1].partition("/")
-    return path, _cached("gcs-client", _gcs_client).bucket(bucket), name
+    try:
+        client = _cached("gcs-client", _gcs_client)
+    except aexc.GoogleAuthError as exc:
+        raise StorageError(f"{path}: no credentials for GCS ({str(exc).splitlines()[0][:160]})") from None
+    return path, client.bucket(bucket), name
 
 
 def _gcs_call(path: str, expected: Version | None, fn):

@@ -99,16 +99,22 @@ _ANSWERED: set = set()          # stores that answered in this process
 _NO_CONNECTION = re.compile(r"[Cc]ouldn'?t connect|[Cc]ould not connect|[Cc]onnection refused|[Cc]ould not resolve"
                             r"|resolve host|[Nn]o route to host|[Ff]ailed to connect|curlCode: (6|7|28)\b"
                             r"|[Cc]onnect timeout|EndpointConnectionError|Connect timeout")
+# Credentials that could not be had at all (no key, no metadata server, an OAuth2 token refused):
+# a store that cannot be asked, said at once in a check phase, not retried as if it were away.
+_NO_CREDENTIALS = re.compile(r"OAuth2|[Aa]ccess token|NoCredentials|[Uu]nable to locate credentials|"
+                             r"[Cc]ould not (load|find) (the )?default credentials|[Mm]etadata server")
 _FIRST_CONTACT = [0]            # > 0 inside first_contact(): a store never answered gets no retry budget
+FIRST_CONTACT_SECONDS = 25.0    # a check phase waits this long for a store's first answer, all tries together
 
 
 @contextlib.contextmanager
 def first_contact():
-    """A job's check phase: a store that has not answered in this process yet and fails with a
-    transient error (no route, refused, a timeout) is not retried for the whole budget: it is most
-    likely a mistake (an endpoint, a network, credentials), said in one line within the timeout,
-    before anything is written. A store that answered once in this run keeps the budget for when
-    it goes away later."""
+    """A job's check phase: a store that has not answered in this process yet is most likely a
+    mistake (an endpoint, a network, credentials, a host name), said in one line before anything
+    is written: a connection that cannot be made or credentials that cannot be had fail at once,
+    anything else is retried for FIRST_CONTACT_SECONDS at most, all tries together (one try that
+    hangs too: a blackholed route). A store that answered once in this run keeps the whole budget
+    for when it goes away later."""
     _FIRST_CONTACT[0] += 1
     try:
         yield
@@ -128,23 +134,30 @@ def retrying(path: str, fn, *args, **kwargs):
     if not is_url(path) or is_local(path):
         return fn(*args, **kwargs)
     deadline, delay, store = None, _RETRY_FIRST_S, endpoint_of(path)
+    first = bool(_FIRST_CONTACT[0]) and store not in _ANSWERED
+    started = time.monotonic()
     while True:
         try:
             with _explained(path):
-                result = fn(*args, **kwargs)
+                result = _within(started + FIRST_CONTACT_SECONDS, path, fn, *args, **kwargs) if first \
+                    else fn(*args, **kwargs)
             _AWAY.discard(store)
             _ANSWERED.add(store)
             return result
         except StorageError as exc:
             if not exc.transient:
                 raise
-            if _FIRST_CONTACT[0] and store not in _ANSWERED and _NO_CONNECTION.search(exc.detail or str(exc)):
+            detail = exc.detail or str(exc)
+            if first and (_NO_CONNECTION.search(detail) or _NO_CREDENTIALS.search(detail)
+                          or time.monotonic() >= started + FIRST_CONTACT_SECONDS):
                 raise StorageError(f"{exc}; it never answered in this run (not retried before anything is written: "
                                    "check the endpoint, the network and the credentials)") from None
             now = time.monotonic()
             # a store that already stayed away past the budget in this process is tried once more,
             # not waited for again: the job's last steps (its claim, its error log) end in seconds
             budget = 0.0 if store in _AWAY else retry_seconds()
+            if first:
+                budget = min(budget, started + FIRST_CONTACT_SECONDS - now)
             deadline = deadline if deadline is not None else now + budget
             if now >= deadline:          # the whole budget waited: the line's "retried for" is true
                 _AWAY.add(store)
@@ -153,6 +166,54 @@ def retrying(path: str, fn, *args, **kwargs):
             _RETRY_LOG.note(path, exc.detail)
             time.sleep(min(delay * random.uniform(0.5, 1.0), deadline - now))     # never past the deadline
             delay = min(delay * 2, _RETRY_MAX_S)
+
+
+_ABANDONED: list = []           # first-contact calls given up on, perhaps still waiting inside a client library
+
+
+def abandoned_calls() -> bool:
+    """True while a call given up on is still running: the process should exit without waiting
+    for it (common/cli.py)."""
+    return any(t.is_alive() for t in _ABANDONED)
+
+
+def _within(deadline: float, path: str, fn, *args, **kwargs):
+    """FN(*ARGS, **KWARGS) if it returns before the monotonic DEADLINE; else a transient
+    StorageError (the call goes on in a daemon thread the job's exit ends: a client library's own
+    retries and timeouts cannot be cut short from outside)."""
+    import threading
+
+    out: list = []
+
+    def call():
+        try:
+            out.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001: handed to the caller's thread
+            out.append((False, exc))
+    worker = threading.Thread(target=call, name="paragen-first-contact", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if not out:
+        _ABANDONED.append(worker)
+        raise StorageError(f"{path}: the store at {endpoint_of(path)} did not answer within "
+                           f"{FIRST_CONTACT_SECONDS:g}s{_credentials_hint(path)}", transient=True, detail="no answer")
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _credentials_hint(path: str) -> str:
+    """Where PATH's store would take credentials from, when nothing obvious is set (a client that
+    cannot get a token retries inside itself without a word)."""
+    scheme = path.split("://", 1)[0].lower()
+    if scheme in ("gs", "gcs") and not (os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or
+                                        os.environ.get("STORAGE_EMULATOR_HOST")):
+        return (" (no GOOGLE_APPLICATION_CREDENTIALS and no STORAGE_EMULATOR_HOST: Google's default credentials, "
+                "from gcloud or a metadata server, were tried)")
+    if scheme == "s3" and not (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")):
+        return " (no AWS_ACCESS_KEY_ID and no AWS_PROFILE: AWS's default credential chain was tried)"
+    return ""
 
 
 @contextlib.contextmanager

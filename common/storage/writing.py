@@ -15,12 +15,37 @@ import uuid
 import pyarrow.fs as pafs
 
 from common.crash_points import storage_op
-from common.storage.paths import is_local, join
+from common.storage.paths import is_local, is_url, join
 from common.storage.reading import _info, open_input, stat
 from common.storage.retries import StorageError, retrying
 from common.storage.stores import resolve
 
 log = logging.getLogger("paragen.storage")
+_FENCES: dict = {}              # folder -> a check every write and delete under it runs first (fence_writes)
+
+
+def fence_writes(folder: str, check) -> None:
+    """From now on, every write and delete under FOLDER in this process runs CHECK() first (a
+    claim's check when it is due: paracorpus.commit.Claim), so a holder resumed after a pause
+    looks at its claim before its next visible step, whatever step that is."""
+    _FENCES[_key(folder)] = check
+
+
+def unfence_writes(folder: str) -> None:
+    _FENCES.pop(_key(folder), None)
+
+
+def _key(path: str) -> str:
+    return path.rstrip("/") if is_url(path) else os.path.abspath(path)
+
+
+def _fenced(path: str) -> None:
+    if not _FENCES:
+        return
+    key = _key(path)
+    for folder, check in list(_FENCES.items()):
+        if key == folder or key.startswith(folder + "/"):
+            check()
 
 @contextlib.contextmanager
 def open_output(path: str):
@@ -29,6 +54,7 @@ def open_output(path: str):
     the upload completes (and the object appears) when the stream closes without an error.
     Local files are on the disk (fsync of the file, then of its directory after the rename)
     before this returns: a manifest written after them never lists a file a power loss empties."""
+    _fenced(path)
     storage_op("write", path)
     fs, inner = resolve(path)
     if fs.type_name == "local":
@@ -116,6 +142,7 @@ def write_json(path: str, obj, indent: int | None = 2, **dump_kw) -> str:
 
 def delete(path: str) -> None:
     """Remove the file PATH (no error if it is already gone)."""
+    _fenced(path)
     storage_op("delete", path)
     fs, inner = resolve(path)
     with contextlib.suppress(FileNotFoundError):
@@ -124,6 +151,7 @@ def delete(path: str) -> None:
 
 def delete_tree(path: str) -> None:
     """Remove the directory or prefix PATH and everything under it (no error if absent)."""
+    _fenced(path)
     storage_op("delete_tree", path)
     fs, inner = resolve(path)
     info = _info(path)
