@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import time
 
@@ -58,36 +57,10 @@ def store_for(name: str, work: str):
                 del os.environ[key]
 
 
-@contextlib.contextmanager
 def dask_cluster(work: str, env: dict):
-    """A scheduler and two worker processes on loopback with ENV (a crash point of the workers'),
-    stopped at the end."""
-    import json
+    from tests.dask_cluster import local_dask_cluster
 
-    sched = os.path.join(work, f"scheduler-{time.monotonic_ns()}.json")
-    penv = {**os.environ, "PYTHONPATH": ROOT, **env}
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                               "--port", "0", "--dashboard-address", ":0", "--scheduler-file", sched], env=penv,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        while not os.path.exists(sched):
-            time.sleep(0.2)
-        address = json.load(open(sched))["address"]
-        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                                       "--nworkers", "2", "--no-dashboard", "--host", "127.0.0.1",
-                                       "--local-directory", os.path.join(work, "dask")], env=penv, cwd=ROOT,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        from distributed import Client
-
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=120)
-        yield address
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=20)
+    return local_dask_cluster(os.path.join(work, "dask"), env)
 
 
 def make_sweep(job: str, mode: str, store, work: str, models: str, pairs: int, extra=()):

@@ -25,13 +25,11 @@ runs/bench-faults-models). Every fault-free reference run is made in the same in
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 
@@ -189,34 +187,10 @@ def dask_worker(b: Bench) -> None:
               "no (finished by itself)" if rc == 0 else "yes", out)
 
 
-@contextlib.contextmanager
 def _dask(tmp: str):
-    import json
+    from tests.dask_cluster import local_dask_cluster
 
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    sched = os.path.join(tmp, "s.json")
-    procs = [subprocess.Popen([PY, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
-                               "--dashboard-address", ":0", "--scheduler-file", sched], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        while not os.path.exists(sched):
-            time.sleep(0.2)
-        time.sleep(0.5)
-        address = json.load(open(sched))["address"]
-        procs.append(subprocess.Popen([PY, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                                       "--nworkers", "2", "--no-dashboard", "--host", "127.0.0.1",
-                                       "--local-directory", os.path.join(tmp, "w")], env=env, cwd=ROOT,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        from distributed import Client
-
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=120)
-        yield address
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(20)
+    return local_dask_cluster(tmp)
 
 
 def buckets(b: Bench) -> None:

@@ -157,6 +157,10 @@ def check_output_location(path: str, option: str = "--output") -> str:
     from common import storage
 
     if storage.is_url(path) and not storage.is_local(path):
+        if path.split("://", 1)[0].lower() in ("hdfs", "viewfs"):
+            print(f"warning: {option} {path}: on HDFS a manifest is replaced by two renames, so a reader can find it "
+                  "absent for that instant (docs/operations.md: which store gives which guarantee)", file=sys.stderr,
+                  flush=True)
         bucket = path.split("://", 1)[0] + "://" + path.split("://", 1)[1].split("/", 1)[0]
         try:
             found = storage.isdir(bucket)

@@ -1,11 +1,8 @@
 """Shared fixtures: tiny fairseq models trained once per test session on synthetic bitext, and a
 real dask.distributed cluster on loopback."""
-import json
 import logging
 import os
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -99,31 +96,7 @@ def hub():
 @pytest.fixture
 def dask_cluster(tmp_path):
     """A real scheduler and two worker processes on loopback."""
-    sched_file = tmp_path / "scheduler.json"
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                               "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        deadline = time.time() + 60
-        while not sched_file.exists() and time.time() < deadline:
-            time.sleep(0.2)
-        address = json.load(open(sched_file))["address"]
-        procs += [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address,
-                                    "--nthreads", "1", "--nworkers", "2", "--no-dashboard",
-                                    "--host", "127.0.0.1", "--local-directory", str(tmp_path / "w")],
-                                   env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-        from distributed import Client
+    from tests.dask_cluster import local_dask_cluster
 
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=120)
-            assert len(client.scheduler_info()["workers"]) >= 2
+    with local_dask_cluster(str(tmp_path)) as address:
         yield address
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()

@@ -453,14 +453,7 @@ def _hdfs_write(path: str, data: bytes, expected: Version, fs_inner=None) -> Ver
         if expected.absent:
             _hdfs_rename(fs, tmp, inner, f"{path}: exists (another writer created it)")
         else:
-            aside = f"{directory}/.{basename(inner)}.{uuid.uuid4().hex}.replaced"
-            _hdfs_rename(fs, inner, aside, f"{path}: removed or being replaced by another writer")
-            with fs.open_input_stream(aside) as f:
-                current = _digest(f.read())
-            if current != expected.tag:
-                with contextlib.suppress(OSError):
-                    fs.move(aside, inner)
-                raise Conflict(f"{path}: replaced by another writer")
+            aside = _hdfs_take(fs, inner, path, expected, "replaced")
             _hdfs_rename(fs, tmp, inner, f"{path}: created by another writer during the replace")
             fs.delete_file(aside)
     finally:
@@ -471,16 +464,22 @@ def _hdfs_write(path: str, data: bytes, expected: Version, fs_inner=None) -> Ver
 
 def _hdfs_delete(path: str, expected: Version, fs_inner=None) -> None:
     fs, inner = fs_inner or resolve(path)
+    fs.delete_file(_hdfs_take(fs, inner, path, expected, "deleted"))
+
+
+def _hdfs_take(fs, inner: str, path: str, expected: Version, why: str) -> str:
+    """Rename INNER aside (one renamer wins) and compare it with EXPECTED: the hidden name it is
+    under now; put back and Conflict when it is another version."""
     directory = inner.rsplit("/", 1)[0]
-    aside = f"{directory}/.{basename(inner)}.{uuid.uuid4().hex}.deleted"
-    _hdfs_rename(fs, inner, aside, f"{path}: removed by another writer")
+    aside = f"{directory}/.{basename(inner)}.{uuid.uuid4().hex}.{why}"
+    _hdfs_rename(fs, inner, aside, f"{path}: removed or being replaced by another writer")
     with fs.open_input_stream(aside) as f:
         current = _digest(f.read())
     if current != expected.tag:
         with contextlib.suppress(OSError):
             fs.move(aside, inner)
         raise Conflict(f"{path}: replaced by another writer")
-    fs.delete_file(aside)
+    return aside
 
 
 def _hdfs_rename(fs, src: str, dst: str, conflict: str) -> None:
