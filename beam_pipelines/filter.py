@@ -333,7 +333,7 @@ def _run(argv: list[str], stopping: Stopping) -> dict:
     with storage.first_contact():                      # a store never reached is a mistake, said at once
         job = check(argv)                               # 1. check: refused before anything is written
     output = job.output
-    with Claim(output, "planning", on_lost=lambda why: stopping.end(why, 75)) as claim:
+    with Claim(output, new_run_id(), on_lost=lambda why: stopping.end(why, 75)) as claim:
         stopping.watch("the filter job", None, claim.release)
         # decided under the claim: no other run publishes between here and this run's publish
         finish_cleanup(output, FILTER_MANIFEST, TABLES, claim)    # a run stopped during its clean-up
@@ -355,8 +355,7 @@ def _run(argv: list[str], stopping: Stopping) -> dict:
 
 def _filter_run(job: FilterJob, claim: Claim, version, stopping: Stopping) -> dict:
     """A new filter run into JOB.output under CLAIM, published only over manifest VERSION."""
-    run_id, started, output = new_run_id(), time.time(), job.output
-    claim.run_id = run_id
+    run_id, started, output = claim.run_id, time.time(), job.output
     stopping.watch(f"filter run {run_id}", lambda: "nothing published (a filter run starts again from the start)",
                    claim.release)
     cfg = job.cfg

@@ -36,6 +36,7 @@ from beam_pipelines.report import report_already_done, report_generation, report
 from common.stopping import Stopping
 from common import storage
 from common.cli import cli_main, configure_logging
+from paracorpus.commit import new_run_id
 from paracorpus.schema import MANIFEST
 
 TABLES = ("paraphrases", "rejects", "dedup", "_counts")      # what publish() cleans (_counts: contract v1 runs)
@@ -56,17 +57,17 @@ def run(argv=None) -> dict:
             return dry_run(job, request, inputs)
         # 2. plan, under the output's claim: what is decided here (replace, done, resume, what
         # --previous gives) stays true until the publish, which requires the manifest read here
-        with Claim(request.output, request.run_id or "planning", on_lost=lambda why: stopping.end(why, 75)) as claim:
+        with Claim(request.output, request.run_id or new_run_id(), on_lost=lambda why: stopping.end(why, 75)) as claim:
             stopping.watch("the generation job", None, claim.release)
             finish_cleanup(request.output, MANIFEST, TABLES, claim)    # a run stopped during its clean-up
             previous = previous_manifest_check(request.previous)
             inputs = plan_inputs(job, request.previous)  # what to decode, what --previous gives
             if inputs.nothing_to_do:
                 return report_nothing_changed(inputs.reuse.previous_run_id, inputs.reuse.previous)
-            plan = plan_run(job, request, inputs)       # new, the stopped one continued, or done
+            plan = plan_run(job, request, inputs, claim.run_id)   # new, the stopped one continued, or done
             if plan.done:
                 return report_already_done(plan.run_id, plan.output)
-            claim.run_id = plan.run_id
+            claim.rename(plan.run_id)
             plan = dataclasses.replace(plan, claim_token=claim.token)      # its workers write under this claim
             stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)
             finished = record_plan(plan, job, request, inputs)

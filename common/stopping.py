@@ -214,7 +214,10 @@ class Stopping:
     def _signal(self, signum: int) -> None:
         code = 128 + signum
         if self._signalled is not None:            # a second signal: the line now, then out
-            kill_descendants()
+            kill_descendants(wait=1.0)             # gone before the claim is released
+            for active in reversed(_ACTIVE):
+                if active.cleanup:
+                    _bounded(lambda fn=active.cleanup: _quiet(fn), 2.0)
             _run_at_end(2.0)
             _say(self._line(f"{self.what} stopped by {signal.Signals(signum).name} twice: not waiting for the "
                             "clean-up", "", 0, None))
@@ -322,6 +325,12 @@ def _deadline(grace: float, code: int, line) -> None:
     timer.start()
 
 
+def _quiet(fn) -> None:
+    """FN(), whatever it raises kept quiet (the job is ending: the line says what matters)."""
+    with contextlib.suppress(Exception):
+        fn()
+
+
 def _bounded(fn, seconds: float) -> str | None:
     """FN() if it returns within SECONDS, else None (it goes on in a thread the exit ends)."""
     if fn is None or seconds <= 0:
@@ -345,14 +354,19 @@ def _say(line: str) -> None:
             os.write(fd, data)
 
 
-def kill_descendants() -> None:
-    """SIGKILL every process the job started, without waiting (a second signal: no time left)."""
+def kill_descendants(wait: float = 0.0) -> None:
+    """SIGKILL every process the job started (a second signal: no time left), and wait up to WAIT
+    seconds for them to be gone."""
     import psutil
 
+    killed = []
     for child in _descendants():
         if child.pid not in _OTHERS:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+                killed.append(child)
+    if wait and killed:
+        psutil.wait_procs(killed, timeout=wait)
 
 
 class RunnerNoise(logging.Filter):

@@ -147,6 +147,7 @@ class Claim:
         self._thread: threading.Thread | None = None
         self._started = time.time()
         self._checked = time.monotonic()                 # the last look at the record (acquire, check)
+        self._made: str | None = None                    # the local folder acquire() created, if it did
 
     def _record(self) -> bytes:
         return json.dumps({"run_id": self.run_id, "token": self.token, **_process_identity(),
@@ -162,6 +163,8 @@ class Claim:
         """Create the owner record, or take over a dead holder's with one conditional replace;
         OutputBusy (exit status 75: try again later) if another live run holds OUT (another
         process of the same run, the same command started twice, too)."""
+        local = storage.resolve(self.output)[1] if storage.is_local(self.output) else None
+        self._made = local if local is not None and not os.path.exists(local) else None
         for _ in range(5):
             try:
                 self.version = storage.create_new(self.path, self._record())
@@ -210,6 +213,18 @@ class Claim:
         if time.monotonic() - self._checked >= FENCE_SECONDS:
             self.check()
 
+    def rename(self, run_id: str) -> None:
+        """Name RUN_ID in the record from now on (the run a plan under the claim chose), renewed
+        at once so that a refused start names the right run."""
+        if run_id == self.run_id:
+            return
+        self.run_id = run_id
+        with self._lock:
+            try:
+                self.version = storage.write_if(self.path, self._record(), self.version)
+            except storage.Conflict:
+                raise self._lost(_parse_owner(_read_quietly(self.path))) from None
+
     def _beat(self) -> None:
         while not self._stop.wait(heartbeat_seconds()):
             try:
@@ -242,6 +257,9 @@ class Claim:
         except OSError as exc:      # a store that is away: the record goes stale, the next run takes over
             log.warning("could not remove the owner record %s (%s); the next run takes it over once it is stale",
                         self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        if self._made:              # a folder the claim made and nothing filled (a run that found nothing to do)
+            with contextlib.suppress(OSError):
+                os.rmdir(self._made)
 
     def __enter__(self):
         return self.acquire()

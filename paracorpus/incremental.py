@@ -76,7 +76,7 @@ class Reuse:
         return out
 
 
-def _previous_manifest(previous: str) -> dict:
+def check_previous(previous: str) -> dict:
     """The committed generation manifest of the run PREVIOUS, checked; UsageError otherwise."""
     path = storage.join(previous, MANIFEST)
     if not storage.isfile(path):
@@ -110,7 +110,7 @@ def _from_contract_3(manifest: dict) -> dict:
 def plan_reuse(previous: str | None, shards: list[ShardSpec], config_hash: str, capacity: int) -> Reuse:
     """Which SHARDS the run can take from the committed run PREVIOUS (see the module doc), with bins
     of CAPACITY records (paracorpus/bins.py). UsageError when PREVIOUS holds no committed generation run."""
-    previous_manifest = _previous_manifest(previous) if previous else None
+    previous_manifest = check_previous(previous) if previous else None
     if previous_manifest and previous_manifest.get("contract_version") == 3:
         try:
             previous_manifest = _from_contract_3(previous_manifest)

@@ -29,7 +29,7 @@ def test_create_replace_and_remove_only_over_the_version_read(where):
     path = storage.join(where, "_manifest.json")
     assert storage.read_versioned(path) == (None, storage.ABSENT)
     first = storage.create_new(path, b'{"run_id": "a"}')
-    assert not first.absent and first.mtime is not None
+    assert not first.absent and storage.read_versioned(path)[1].mtime is not None     # the store's time
     with pytest.raises(storage.Conflict):
         storage.create_new(path, b'{"run_id": "b"}')                 # it exists
     second = storage.write_if(path, b'{"run_id": "b"}', first)

@@ -27,6 +27,7 @@ from common.names import check_lang_code, check_run_id
 from common.shards import MIN_LINE_CHARS, ShardSpec, check_shard, discover_shards
 from paracorpus.cleaning import CleaningConfig
 from paracorpus.compaction import FileTarget
+from paracorpus.incremental import check_previous
 from paracorpus.config import PRESETS, GenerationConfig, config_hash
 
 log = logging.getLogger("paragen")
@@ -139,6 +140,8 @@ def _request(opts, argv: list[str]) -> Request:
         check_run_id(opts.run_id)
         if opts.resume:
             raise UsageError("--run_id names a new run; --resume continues the unfinished one (give one of them)")
+    if opts.previous:
+        check_previous(opts.previous)     # refused before anything is written; read again under the claim
     return Request(output=output, previous=opts.previous, resume=opts.resume, overwrite=opts.overwrite,
                    run_id=opts.run_id, allow_empty=opts.allow_empty, dry_run=opts.dry_run, rate=opts.rate,
                    command=tuple(command_line(argv)))

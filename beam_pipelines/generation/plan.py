@@ -101,7 +101,7 @@ def plan_inputs(job: Job, previous: str | None) -> Inputs:
     return Inputs(reuse, per_shard, exact, bins, capacity)
 
 
-def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
+def plan_run(job: Job, request: Request, inputs: Inputs, new_id: str | None = None) -> Plan:
     """The run into REQUEST.output, chosen under the output's claim (so that no other run publishes
     between this choice and this run's publish, which requires the manifest read here to be still
     there) so that the same command run again continues:
@@ -110,8 +110,8 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
       nothing to do (``Plan.done``), unless --overwrite asks for it again;
     - an unfinished run there has this plan (an attempt of this command that was stopped): it is
       continued, its finished units kept (with --run_id, only a run of that id);
-    - otherwise a new run. A committed run with another plan is only replaced with --overwrite
-      (UsageError), --resume or not."""
+    - otherwise a new run (named NEW_ID, the id its claim was taken with, or --run_id). A committed
+      run with another plan is only replaced with --overwrite (UsageError), --resume or not."""
     args = (job.config_hash, inputs.decode, job.unit_pairs, inputs.reuse.previous_run_id, inputs.capacity)
     key = _plan_key(*args)
     same = _same_plan(key, lambda: _plan_key(*args, version=1))
@@ -135,8 +135,8 @@ def plan_run(job: Job, request: Request, inputs: Inputs) -> Plan:
                     "when it commits", output, len(others), ", ".join(sorted(others)[-3:]))
     elif request.resume:
         log.info("--resume: no unfinished run with this plan in %s; starting a new one", output)
-    return Plan(request.run_id or new_run_id(), output, plan_units(inputs.per_shard, job.unit_pairs), job.lang_pair,
-                job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs,
+    return Plan(request.run_id or new_id or new_run_id(), output, plan_units(inputs.per_shard, job.unit_pairs),
+                job.lang_pair, job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs,
                 committed_version=version)
 
 

@@ -35,7 +35,7 @@ import hashlib
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.crash_points import storage_op
 from common.storage.paths import _gcs_emulator, _s3_endpoint, basename, is_url
@@ -58,7 +58,7 @@ class Version:
     absent) and MTIME, the store's own modification time in seconds (None when absent): a lease's
     age by the store's clock, not its holder's."""
     tag: str | None
-    mtime: float | None = None
+    mtime: float | None = field(default=None, compare=False)
 
     @property
     def absent(self) -> bool:
@@ -97,12 +97,10 @@ def write_if(path: str, data: bytes, expected: Version) -> Version:
     if scheme == "local":
         return _local_write(resolve(path)[1], data, expected)
     if scheme == "s3":
-        done = _applied_or_conflict(path, data, lambda: retrying(path, _s3_put, *_s3_key(path), data, expected))
-    elif scheme in ("gs", "gcs"):
-        done = _applied_or_conflict(path, data, lambda: retrying(path, _gcs_put, *_gcs_blob(path), data, expected))
-    else:
-        return _hdfs_write(path, data, expected)
-    return done
+        return _applied_or_conflict(path, data, lambda: retrying(path, _s3_put, *_s3_key(path), data, expected))
+    if scheme in ("gs", "gcs"):
+        return _applied_or_conflict(path, data, lambda: retrying(path, _gcs_put, *_gcs_blob(path), data, expected))
+    return _hdfs_write(path, data, expected)
 
 
 def delete_if(path: str, expected: Version) -> bool:
@@ -200,7 +198,7 @@ def _local_write(inner: str, data: bytes, expected: Version) -> Version:
             _local_current(inner, expected)
             with _staged(inner, os.replace) as f:
                 f.write(data)
-    return Version(_digest(data), os.stat(inner).st_mtime)
+        return Version(_digest(data), os.stat(inner).st_mtime)
 
 
 def _local_delete(inner: str, expected: Version) -> None:
@@ -296,7 +294,7 @@ def _s3_put(path, client, bucket, key, data: bytes, expected: Version) -> Versio
 
     condition = {"IfNoneMatch": "*"} if expected.absent else {"IfMatch": expected.tag}
     try:
-        client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
+        put = client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
     except (ClientError, BotoCoreError) as exc:
         err = _s3_error(path, exc, expected)
         if not isinstance(err, _Unsupported) or not _unfenced_allowed(path):
@@ -304,9 +302,8 @@ def _s3_put(path, client, bucket, key, data: bytes, expected: Version) -> Versio
         _data, current = _s3_read(path, client, bucket, key)      # checked, then written: not one step
         if current.tag != expected.tag:
             raise Conflict(f"{path}: {_changed(expected, current)}") from None
-        client.put_object(Bucket=bucket, Key=key, Body=data)
-    head = client.head_object(Bucket=bucket, Key=key)
-    return Version(head["ETag"], head["LastModified"].timestamp())
+        put = client.put_object(Bucket=bucket, Key=key, Body=data)
+    return Version(put["ETag"])          # the answer's own: a read after it could see another writer's
 
 
 def _s3_delete(path, client, bucket, key, expected: Version) -> None:
@@ -459,7 +456,7 @@ def _hdfs_write(path: str, data: bytes, expected: Version, fs_inner=None) -> Ver
     finally:
         with contextlib.suppress(OSError):
             fs.delete_file(tmp)
-    return _hdfs_read(path, (fs, inner))[1]
+    return Version(_digest(data))
 
 
 def _hdfs_delete(path: str, expected: Version, fs_inner=None) -> None:

@@ -104,7 +104,20 @@ _NO_CONNECTION = re.compile(r"[Cc]ouldn'?t connect|[Cc]ould not connect|[Cc]onne
 _NO_CREDENTIALS = re.compile(r"OAuth2|[Aa]ccess token|NoCredentials|[Uu]nable to locate credentials|"
                              r"[Cc]ould not (load|find) (the )?default credentials|[Mm]etadata server")
 _FIRST_CONTACT = [0]            # > 0 inside first_contact(): a store never answered gets no retry budget
-FIRST_CONTACT_SECONDS = 25.0    # a check phase waits this long for a store's first answer, all tries together
+DEFAULT_FIRST_CONTACT_SECONDS = 25.0    # a check phase waits this long for a store's first answer, all tries together
+
+
+def first_contact_seconds() -> float:
+    """How long a check phase waits for a store's first answer, all tries together:
+    $PARAGEN_FIRST_CONTACT_SECONDS (default 25; 1-3600)."""
+    value = os.environ.get("PARAGEN_FIRST_CONTACT_SECONDS", "")
+    try:
+        seconds = float(value) if value else DEFAULT_FIRST_CONTACT_SECONDS
+    except ValueError:
+        raise StorageError(f"PARAGEN_FIRST_CONTACT_SECONDS={value!r} is not a number of seconds") from None
+    if not 1 <= seconds <= 3600:
+        raise StorageError(f"PARAGEN_FIRST_CONTACT_SECONDS={value!r} must be between 1 and 3600 seconds")
+    return seconds
 
 
 @contextlib.contextmanager
@@ -112,7 +125,7 @@ def first_contact():
     """A job's check phase: a store that has not answered in this process yet is most likely a
     mistake (an endpoint, a network, credentials, a host name), said in one line before anything
     is written: a connection that cannot be made or credentials that cannot be had fail at once,
-    anything else is retried for FIRST_CONTACT_SECONDS at most, all tries together (one try that
+    anything else is retried for first_contact_seconds() at most, all tries together (one try that
     hangs too: a blackholed route). A store that answered once in this run keeps the whole budget
     for when it goes away later."""
     _FIRST_CONTACT[0] += 1
@@ -135,11 +148,11 @@ def retrying(path: str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     deadline, delay, store = None, _RETRY_FIRST_S, endpoint_of(path)
     first = bool(_FIRST_CONTACT[0]) and store not in _ANSWERED
-    started = time.monotonic()
+    started, limit = time.monotonic(), first_contact_seconds() if _FIRST_CONTACT[0] else 0.0
     while True:
         try:
             with _explained(path):
-                result = _within(started + FIRST_CONTACT_SECONDS, path, fn, *args, **kwargs) if first \
+                result = _within(started + limit, path, fn, *args, **kwargs) if first \
                     else fn(*args, **kwargs)
             _AWAY.discard(store)
             _ANSWERED.add(store)
@@ -149,7 +162,7 @@ def retrying(path: str, fn, *args, **kwargs):
                 raise
             detail = exc.detail or str(exc)
             if first and (_NO_CONNECTION.search(detail) or _NO_CREDENTIALS.search(detail)
-                          or time.monotonic() >= started + FIRST_CONTACT_SECONDS):
+                          or time.monotonic() >= started + limit):
                 raise StorageError(f"{exc}; it never answered in this run (not retried before anything is written: "
                                    "check the endpoint, the network and the credentials)") from None
             now = time.monotonic()
@@ -157,7 +170,7 @@ def retrying(path: str, fn, *args, **kwargs):
             # not waited for again: the job's last steps (its claim, its error log) end in seconds
             budget = 0.0 if store in _AWAY else retry_seconds()
             if first:
-                budget = min(budget, started + FIRST_CONTACT_SECONDS - now)
+                budget = min(budget, started + limit - now)
             deadline = deadline if deadline is not None else now + budget
             if now >= deadline:          # the whole budget waited: the line's "retried for" is true
                 _AWAY.add(store)
@@ -196,7 +209,8 @@ def _within(deadline: float, path: str, fn, *args, **kwargs):
     if not out:
         _ABANDONED.append(worker)
         raise StorageError(f"{path}: the store at {endpoint_of(path)} did not answer within "
-                           f"{FIRST_CONTACT_SECONDS:g}s{_credentials_hint(path)}", transient=True, detail="no answer")
+                           f"{first_contact_seconds():g}s (PARAGEN_FIRST_CONTACT_SECONDS){_credentials_hint(path)}",
+                           transient=True, detail="no answer")
     ok, value = out[0]
     if not ok:
         raise value
