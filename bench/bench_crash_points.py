@@ -102,19 +102,14 @@ def run_case(case: str, args, failures: list) -> None:
     start = time.monotonic()
     try:
         with store_for(store_name, work) as store:
-            dask = None
-            if mode == "dask":
-                dask = dask_cluster(work, {})
-                address = dask.__enter__()
-                extra = ("--runner", "DaskRunner", "--dask_client_address", address)
+            extra = ("--runner", "DaskRunner", "--dask_client_address", "(set per cluster)") if mode == "dask" else ()
+            sweep = make_sweep(job, mode, store, work, args.models, args.pairs, extra)
+            if mode == "dask":           # the workers trace their operations too
+                with dask_cluster(work, {"PARAGEN_STORAGE_TRACE": sweep.trace}) as address:
+                    sweep.base_args = _with_address(sweep.base_args, address)
+                    ops = sweep.prepare()
             else:
-                extra = ()
-            try:
-                sweep = make_sweep(job, mode, store, work, args.models, args.pairs, extra)
                 ops = sweep.prepare()
-            finally:
-                if dask:
-                    dask.__exit__(None, None, None)
             points = []
             for op, crash in picked(ops, args.every, sweep, path):
                 if mode == "dask":           # the workers' crash point is in their environment: a cluster a point

@@ -235,6 +235,8 @@ class Sweep:
         self.store, self.base_args, self.setup, self.command = store, base_args, setup, command
         self.workdir, self.which, self.mode = workdir, which, mode
         self.env = {**store.env, "PARAGEN_STORAGE_RETRY_SECONDS": "5", **(env or {})}
+        # where prepare() traces the run (worker processes started elsewhere, Dask's, write here too)
+        self.trace = os.path.join(workdir, f"trace-{os.getpid()}-{time.monotonic_ns()}.txt")
 
     def args(self, out: str, extra: list[str]) -> list[str]:
         return [a.replace("{out}", out) for a in (*self.base_args(out), *extra)]
@@ -251,7 +253,7 @@ class Sweep:
         self.previous_view = view(self.start) if self.which is REFRESH else None
         whole = self.store.path("whole")
         self.store.copy(self.start, whole)
-        trace = os.path.join(self.workdir, f"trace-{os.getpid()}-{time.monotonic_ns()}.txt")
+        trace = self.trace
         done = job(self.args(whole, self.command), {**self.env, "PARAGEN_STORAGE_TRACE": trace}, which=self.which)
         assert done.returncode == 0, done.stderr[-3000:]
         self.new_rows = rows(whole, self.which)
