@@ -37,6 +37,7 @@ import threading
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.cli import UsageError
+from common.settings import env_seconds
 
 log = logging.getLogger("paragen")
 
@@ -396,14 +397,7 @@ def keep_workers(cluster, jobs: int, stop: threading.Event) -> None:
 def check_seconds() -> float:
     """Seconds between looks at the queue: $PARAGEN_SLURM_CHECK_SECONDS (1-600), else 10 (one
     squeue call each: a busy controller may want fewer)."""
-    value = os.environ.get("PARAGEN_SLURM_CHECK_SECONDS", "")
-    try:
-        seconds = float(value) if value else KEEP_WORKERS_EVERY_S
-    except ValueError:
-        seconds = -1
-    if not 1 <= seconds <= 600:
-        raise UsageError(f"PARAGEN_SLURM_CHECK_SECONDS={value!r}: seconds between 1 and 600")
-    return seconds
+    return env_seconds("PARAGEN_SLURM_CHECK_SECONDS", KEEP_WORKERS_EVERY_S, 1, 600, UsageError)
 
 
 def queued(job_ids: list[str]) -> set[str]:

@@ -41,6 +41,7 @@ import uuid
 from common import storage
 from common.cli import OutputBusy, UsageError
 from common.names import check_run_id
+from common.settings import env_seconds
 
 log = logging.getLogger("paragen")
 OWNER = "_owner.json"
@@ -53,14 +54,7 @@ FENCE_SECONDS = 2.0               # a clean-up looks again at its claim and mani
 def lease_seconds() -> float:
     """How long an owner record may go unrenewed before its holder is taken for dead:
     $PARAGEN_LEASE_SECONDS (default 300; 2-86400); the heartbeat renews it ten times as often."""
-    value = os.environ.get(LEASE_ENV, "")
-    try:
-        seconds = float(value) if value else DEFAULT_LEASE_SECONDS
-    except ValueError:
-        raise UsageError(f"{LEASE_ENV}={value!r} is not a number of seconds") from None
-    if not 2 <= seconds <= 86400:
-        raise UsageError(f"{LEASE_ENV}={value!r} must be between 2 and 86400 seconds")
-    return seconds
+    return env_seconds(LEASE_ENV, DEFAULT_LEASE_SECONDS, 2, 86400, UsageError)
 
 
 def heartbeat_seconds() -> float:

@@ -107,3 +107,26 @@ def test_shards_and_compressed_input_from_a_bucket(root):
     assert estimate_records(shards) == ({"a.tsv.gz": 50, "b.tsv.zst": 50, "c": 2}, True)
     assert [s.name for s in discover_shards([storage.join(root, "in", "*.tsv.*")], "cs", "en")] == \
         ["a.tsv.gz", "b.tsv.zst"]
+
+
+@pytest.mark.parametrize("name, value, ok", [
+    ("PARAGEN_STORAGE_TIMEOUT", "5", True), ("PARAGEN_STORAGE_TIMEOUT", "0", False),
+    ("PARAGEN_STORAGE_RETRY_SECONDS", "0", True), ("PARAGEN_STORAGE_RETRY_SECONDS", "-1", False),
+    ("PARAGEN_FIRST_CONTACT_SECONDS", "inf", False), ("PARAGEN_FIRST_CONTACT_SECONDS", "ten", False),
+    ("PARAGEN_LEASE_SECONDS", "1", False), ("PARAGEN_LEASE_SECONDS", "30", True),
+    ("PARAGEN_SLURM_CHECK_SECONDS", "nan", False), ("PARAGEN_SLURM_CHECK_SECONDS", "60", True),
+])
+def test_seconds_settings_refuse_bad_values_in_one_line(monkeypatch, name, value, ok):
+    from beam_pipelines.slurm import check_seconds
+    from common.storage.retries import first_contact_seconds, retry_seconds, timeout_seconds
+    from paracorpus.commit import lease_seconds
+    read = {"PARAGEN_STORAGE_TIMEOUT": timeout_seconds, "PARAGEN_STORAGE_RETRY_SECONDS": retry_seconds,
+            "PARAGEN_FIRST_CONTACT_SECONDS": first_contact_seconds, "PARAGEN_LEASE_SECONDS": lease_seconds,
+            "PARAGEN_SLURM_CHECK_SECONDS": check_seconds}[name]
+    monkeypatch.setenv(name, value)
+    if ok:
+        assert read() == float(value)
+    else:
+        with pytest.raises(ValueError if name in ("PARAGEN_LEASE_SECONDS", "PARAGEN_SLURM_CHECK_SECONDS")
+                           else OSError, match=name):
+            read()

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 
+from common.settings import env_seconds
 from common.storage.paths import endpoint_of, is_local, is_url
 
 log = logging.getLogger("paragen.storage")
@@ -29,14 +30,7 @@ class StorageError(OSError):
 def timeout_seconds() -> float:
     """How long a remote store may take to answer before a command gives up: $PARAGEN_STORAGE_TIMEOUT
     seconds (default 60). pyarrow's own defaults retry for about 15 minutes without a word."""
-    value = os.environ.get("PARAGEN_STORAGE_TIMEOUT", "")
-    try:
-        seconds = float(value) if value else DEFAULT_TIMEOUT
-    except ValueError:
-        raise StorageError(f"PARAGEN_STORAGE_TIMEOUT={value!r} is not a number of seconds") from None
-    if not 0 < seconds < 86400:
-        raise StorageError(f"PARAGEN_STORAGE_TIMEOUT={value!r} must be between 0 and 86400 seconds")
-    return seconds
+    return env_seconds("PARAGEN_STORAGE_TIMEOUT", DEFAULT_TIMEOUT, 0.1, 86400, StorageError)
 
 
 DEFAULT_RETRY_SECONDS = 300.0
@@ -52,14 +46,7 @@ _PERMANENT = re.compile(
 def retry_seconds() -> float:
     """How long one operation on a remote store is retried through transient errors before the
     command gives up: $PARAGEN_STORAGE_RETRY_SECONDS (default 300; 0: no retry)."""
-    value = os.environ.get("PARAGEN_STORAGE_RETRY_SECONDS", "")
-    try:
-        seconds = float(value) if value else DEFAULT_RETRY_SECONDS
-    except ValueError:
-        raise StorageError(f"PARAGEN_STORAGE_RETRY_SECONDS={value!r} is not a number of seconds") from None
-    if not 0 <= seconds < 86400 * 7:
-        raise StorageError(f"PARAGEN_STORAGE_RETRY_SECONDS={value!r} must be between 0 and 604800 seconds")
-    return seconds
+    return env_seconds("PARAGEN_STORAGE_RETRY_SECONDS", DEFAULT_RETRY_SECONDS, 0, 86400 * 7, StorageError)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -110,14 +97,7 @@ DEFAULT_FIRST_CONTACT_SECONDS = 25.0    # a check phase waits this long for a st
 def first_contact_seconds() -> float:
     """How long a check phase waits for a store's first answer, all tries together:
     $PARAGEN_FIRST_CONTACT_SECONDS (default 25; 1-3600)."""
-    value = os.environ.get("PARAGEN_FIRST_CONTACT_SECONDS", "")
-    try:
-        seconds = float(value) if value else DEFAULT_FIRST_CONTACT_SECONDS
-    except ValueError:
-        raise StorageError(f"PARAGEN_FIRST_CONTACT_SECONDS={value!r} is not a number of seconds") from None
-    if not 1 <= seconds <= 3600:
-        raise StorageError(f"PARAGEN_FIRST_CONTACT_SECONDS={value!r} must be between 1 and 3600 seconds")
-    return seconds
+    return env_seconds("PARAGEN_FIRST_CONTACT_SECONDS", DEFAULT_FIRST_CONTACT_SECONDS, 1, 3600, StorageError)
 
 
 @contextlib.contextmanager
