@@ -4,6 +4,7 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: FLINK_MASTER=host:8081 IMAGE=registry/paragen:TAG deploy/run_flink.sh JOB_ARGS...
+       LOCAL=1 deploy/run_flink.sh JOB_ARGS...      (the same submission, checked on this machine)
 
 Runs python -m beam_pipelines.\$JOB with --runner FlinkRunner. JOB_ARGS are the job's own
 options (--input, --output, --forward_model, --backward_model, --preset, ...). Paths are bucket
@@ -11,7 +12,14 @@ URLs (s3://, gs://, hdfs://) that every task manager reads and writes through th
 layer (models are copied once per machine); credentials come from the task managers'
 environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS). A local path works only on a filesystem
 every task manager mounts at the same path.
+LOCAL=1 takes the path a Flink submission takes on the Python side without a Flink cluster: it
+starts Beam's own Python job service (the portable Job API, what Flink's job server answers) and
+an EXTERNAL worker pool on loopback, submits the job to them with --runner PortableRunner (the
+pipeline serialised, artifacts staged: --setup_file), and the SDK harness processes the pool
+starts run it, sharing nothing with the submitting process; both services stop at the end. Run
+it on a small input before a cluster sees the job.
 Environment:
+  LOCAL              1: check the submission on this machine (above); FLINK_MASTER and IMAGE unused
   JOB                generate (default) or filter
   FLINK_MASTER       Flink REST address (required)
   IMAGE              SDK harness image built from deploy/Dockerfile (required unless ENV_TYPE=PROCESS)
@@ -45,6 +53,12 @@ USAGE
 case "${1:-}" in -h|--help) usage; exit 0;; esac
 JOB=${JOB:-generate}
 case "$JOB" in generate|filter) ;; *) echo "JOB must be generate or filter, not $JOB" >&2; exit 2;; esac
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -n "${PYTHON:-}" ] || [ ! -x .venv/bin/python ] || PY=.venv/bin/python
+if [ "${LOCAL:-0}" = 1 ]; then
+  exec "$PY" deploy/portable_local.py "$JOB" "$@"
+fi
 : "${FLINK_MASTER:?set FLINK_MASTER (see --help)}"
 ENV_TYPE=${ENV_TYPE:-DOCKER}
 args=(--runner FlinkRunner --flink_master "$FLINK_MASTER" --flink_version "${FLINK_VERSION:-1.19}"
@@ -72,7 +86,4 @@ if [ -n "${GPUS:-}" ]; then
   args+=(--sdk_worker_parallelism "$((GPUS * per))")
   if [ "$JOB" = generate ]; then args+=(--device cuda --processes_per_gpu "$per"); fi
 fi
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -n "${PYTHON:-}" ] || [ ! -x .venv/bin/python ] || PY=.venv/bin/python
 exec "$PY" -m "beam_pipelines.$JOB" "${args[@]}" "$@"
