@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import apache_beam as beam
 
 from beam_pipelines.commit import Claim, commit, finish_cleanup, refuse_to_replace
-from beam_pipelines.options import check_beam_args, direct_workers, run_pipeline, runner_name, torch_threads_for
+from beam_pipelines.options import (check_beam_args, direct_workers, join_dashed_values, run_pipeline, runner_name,
+                                    torch_threads_for)
 from beam_pipelines.slurm import check_slurm
 from beam_pipelines.report import print_filter_summary, top_reasons
 from common.stopping import Stopping
@@ -162,7 +163,7 @@ def check_args(argv: list[str], forward_model: str | None = None) -> None:
         if any(x == forbidden or x.startswith(forbidden + "=") for x in argv):
             raise UsageError(f"--filter_args: {forbidden} is set by the refresh; leave it out")
     parser = build_parser()
-    known, beam_args = parser.parse_known_args(["--input", "-", "--output", "-", *argv])
+    known, beam_args = parser.parse_known_args(["--input", "-", "--output", "-", *join_dashed_values(argv)])
     check_beam_args(beam_args, parser)
     filter_config(known, {"models": {"forward": {"path": forward_model}}} if forward_model else None)
 
@@ -200,10 +201,10 @@ def check(argv: list[str]) -> FilterJob:
     """The checked FilterJob of ARGV: options, input run, config and its given models, the output
     (apart from the input; an earlier filter run there only replaced with --overwrite)."""
     parser = build_parser()
-    known, beam_args = parser.parse_known_args(argv)
+    known, beam_args = parser.parse_known_args(join_dashed_values(argv))
     beam_args = check_beam_args(beam_args, parser)
     # the filter scores on the CPU: its SLURM workers hold no GPU unless asked for
-    beam_args = check_slurm(beam_args, runner_name(beam_args), default_gpus=0)
+    beam_args = check_slurm(beam_args, runner_name(beam_args), default_gpus=0, output=known.output)
     threads = torch_threads_for(known.torch_threads, beam_args)
     output = check_output_location(known.output)
     check_apart(output, known.input)

@@ -50,6 +50,24 @@ def _option_names(parser: argparse.ArgumentParser) -> list[str]:
     return [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
 
 
+# options whose values are sbatch options (`--slurm_extra --qos=long`): argparse would read the
+# value as an option of its own, and a value such as --output=... as the job's --output
+DASHED_VALUES = ("--slurm_extra", "--slurm_skip")
+
+
+def join_dashed_values(argv: list[str]) -> list[str]:
+    """ARGV with `--slurm_extra VALUE` written `--slurm_extra=VALUE` (the value may begin with -)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in DASHED_VALUES and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def check_beam_args(beam_args: list[str], job_parser: argparse.ArgumentParser) -> list[str]:
     """BEAM_ARGS with the runner name qualified, after refusing (UsageError) any argument that
     neither the job nor Beam knows and a runner Beam cannot create."""

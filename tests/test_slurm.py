@@ -14,6 +14,7 @@ submitted as a user would, with `sbatch`:
 The settings and the worker script are tested without SLURM too.
 """
 import os
+import re
 import subprocess
 import sys
 import time
@@ -125,7 +126,7 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     out, log, logs = tmp_path / "out", tmp_path / "driver.log", tmp_path / "workers"
     logs.mkdir()
     # Partition `nodes` (tests/slurm_cluster.py): 8-GB nodes, so the driver (8 GB) and each worker
-    # (6 GB) have a node of their own. The queue looked at every 2 s, not 10: the lost worker is
+    # (6 GB) have a node of their own. The queue looked at every 2 s, not 30: the lost worker is
     # replaced well before the run ends.
     job = _submit(slurm, "cluster.sbatch", log, "--slurm_workers", "2", "--slurm_cpus_per_worker", "1",
                   "--slurm_memory", "6GB", "--slurm_partition", "nodes", "--slurm_time", "30",
@@ -139,8 +140,7 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     hosts = {j["NodeList"] for j in workers(("RUNNING",))} | {slurm.job(job)["NodeList"]}
     assert hosts <= {"n1", "n2", "n3"} and len(hosts) == 3, hosts      # three nodes: the driver's, two workers'
 
-    first = {j["JobName"] for j in workers()}
-    assert len(first) == 1                                # one cluster: its jobs share a name
+    assert len({j["JobName"] for j in workers()}) == 1    # one cluster: its jobs share a name
     victim = workers(("RUNNING",))[0]["JobId"]
     slurm.run("scancel", victim)                          # a worker preempted, or at its time limit
     _wait(lambda: victim not in {j["JobId"] for j in workers()} and len(workers()) == 2, timeout=120,
@@ -148,19 +148,138 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     before = units_committed(out)
     _wait(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
     assert units_committed(out) < UNITS, "the run ended before the driver could be requeued: give it more pairs"
+    first = {j["JobId"] for j in workers()}
     slurm.run("scontrol", "requeue", job)                 # the driver preempted: its worker jobs go with it
     _start_now(slurm, job)
-    assert not [j for j in workers() if j["JobName"] in first]
+    assert not [j for j in workers() if j["JobId"] in first]
     info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
-    assert "stopped by SIGTERM" in text and "worker job %s ended; submitting another" % victim in text
+    assert "stopped by SIGTERM" in text and re.search(rf"worker job {victim} ended on n\d; submitting another", text)
     assert "(resumed)" in text and "Traceback" not in text
-    names = {j["JobName"] for j in slurm.jobs("paragen-worker-")}
-    assert len(names) == 2                                # the second start submitted its own workers
+    names = {j["JobName"] for j in slurm.jobs("paragen-worker-") if str(logs) in j.get("StdErr", "")}
+    assert len(names) == 1                                # both starts name their workers after the run
     _wait(lambda: not workers(), timeout=60)              # and cancelled them at its end
     assert committed_rows(out) == local_rows
     assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
+
+
+@pytest.fixture(scope="module")
+def small(tiny_nmt_models, tmp_path_factory):
+    """A 16-pair input and its uninterrupted local run's rows: for the runs that test the worker
+    jobs' failure paths."""
+    from tests.toydata import toy_bitext
+
+    folder = tmp_path_factory.mktemp("small")
+    path = folder / "toy.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(100, seed=32)[:16]))
+    run(quick_args(str(path), folder / "local", tiny_nmt_models))
+    return str(path), committed_rows(folder / "local")
+
+
+def _login_node_job(slurm, args, logs, env=(), **popen):
+    """The generation job started from a login node (this process's machine) with its worker jobs
+    on partition `nodes`: a Popen."""
+    command = [sys.executable, "-m", "beam_pipelines.generate", "--runner", "DaskRunner",
+               "--slurm_partition", "nodes", "--slurm_cpus_per_worker", "1", "--slurm_memory", "6GB",
+               "--slurm_time", "30", "--slurm_log_dir", str(logs), *args]         # ARGS win
+    return subprocess.Popen(command, cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT, "PARAGEN_SLURM_CHECK_SECONDS": "1",
+                                                      "PARAGEN_SLURM_BACKOFF_SECONDS": "1", **dict(env)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _alive(slurm, name):
+    return [j for j in slurm.jobs(name) if j["JobState"] in ("RUNNING", "PENDING", "CONFIGURING")]
+
+
+@pytest.mark.slow
+def test_worker_jobs_that_fail_at_once_back_off_and_end_the_run_naming_them(slurm, small, tiny_nmt_models,
+                                                                              tmp_path):
+    """A worker Python that exits 1 at once (a node without the shared file system, say): the
+    run resubmits with back-off, stops after five failed starts in a row, in one line naming the
+    jobs and their logs (exit 1), and leaves no job behind."""
+    bitext, _ = small
+    out = tmp_path / "out"
+    job = _login_node_job(slurm, [*quick_args(bitext, out, tiny_nmt_models), "--slurm_workers", "2",
+                                  "--slurm_python", "/bin/false"], tmp_path / "logs")
+    _, err = job.communicate(timeout=600)
+    last = err.strip().splitlines()[-1]
+    assert job.returncode == 1, err[-3000:]
+    assert last.startswith("error: ") and "SLURM worker jobs in a row ended before any of their workers joined" in last
+    ours = [j for j in slurm.jobs("paragen-worker-") if str(tmp_path / "logs") in j.get("StdErr", "")]
+    assert 5 <= len(ours) <= 6, len(ours)                    # capped, not one sbatch every few seconds
+    for j in ours[:5]:
+        assert j["JobId"] in last and f"{j['JobName']}-{j['JobId']}.err" in last
+        assert (tmp_path / "logs" / f"{j['JobName']}-{j['JobId']}.err").exists()   # one log a job
+    assert "before any of its workers joined" in err and "submitting another" in err
+    assert not _alive(slurm, ours[0]["JobName"])
+
+
+@pytest.mark.slow
+def test_pending_workers_are_reported_with_slurms_reason(slurm, small, tiny_nmt_models, tmp_path):
+    """Worker jobs that wait (here: their partition is down) are reported with SLURM's reason; a
+    stop cancels them."""
+    bitext, _ = small
+    slurm.run("scontrol", "update", "PartitionName=short", "State=DOWN")
+    try:
+        job = _login_node_job(slurm, [*quick_args(bitext, tmp_path / "out", tiny_nmt_models), "--slurm_workers",
+                                      "1", "--slurm_partition", "short", "--slurm_time", "10"], tmp_path / "logs")
+        said = []
+        deadline = time.time() + 300
+        for line in job.stderr:
+            said.append(line)
+            if "pending, the longest for" in line or time.time() > deadline:
+                break
+        assert "SLURM's reason: PartitionDown (the partition is down): 1" in said[-1], "".join(said)[-3000:]
+        name = _alive(slurm, "paragen-worker-")[0]["JobName"]
+        job.terminate()
+        job.communicate(timeout=60)
+        assert job.returncode == 143 and not _alive(slurm, name)
+    finally:
+        slurm.run("scontrol", "update", "PartitionName=short", "State=UP")
+
+
+@pytest.mark.slow
+def test_a_node_that_fails_two_starts_is_excluded_and_the_run_finishes(slurm, small, tiny_nmt_models, tmp_path):
+    bitext, rows = small
+    python = tmp_path / "python"                             # a node whose Python is broken: n1
+    python.write_text(f'#!/bin/sh\n[ "$SLURMD_NODENAME" = n1 ] && exit 1\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    job = _login_node_job(slurm, [*quick_args(bitext, out, tiny_nmt_models), "--slurm_workers", "1",
+                                  "--slurm_python", str(python)], tmp_path / "logs")
+    _, err = job.communicate(timeout=600)
+    assert job.returncode == 0, err[-3000:]
+    assert "excluding node(s) n1 from the worker jobs" in err
+    assert committed_rows(out) == rows
+
+
+@pytest.mark.slow
+def test_a_driver_killed_outright_and_started_again_cancels_the_workers_it_left(slurm, small, tiny_nmt_models,
+                                                                               tmp_path):
+    bitext, rows = small
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    args = [*quick_args(bitext, out, tiny_nmt_models), "--slurm_workers", "2"]
+    env = {"PARAGEN_LEASE_SECONDS": "4"}                     # the killed driver's claim lapses soon
+    job = _login_node_job(slurm, args, logs, env)
+    deadline = time.time() + 300
+    while len([j for j in slurm.jobs("paragen-worker-") if j["JobState"] == "RUNNING"
+               and str(logs) in j.get("StdErr", "")]) < 2:
+        assert job.poll() is None and time.time() < deadline
+        time.sleep(0.5)
+    left = sorted(j["JobId"] for j in slurm.jobs("paragen-worker-") if j["JobState"] == "RUNNING"
+                  and str(logs) in j.get("StdErr", ""))
+    job.kill()                                               # SIGKILL: no clean-up, its workers live on
+    job.wait()
+    time.sleep(5)
+    again = _login_node_job(slurm, args, logs, env)
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
+    said = next(line for line in err.splitlines() if "an earlier start of this run left" in line)
+    assert "cancelled 2 worker job(s)" in said and all(i in said for i in left)
+    assert committed_rows(out) == rows
+    assert not [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in ("RUNNING", "PENDING")
+                and str(logs) in j.get("StdErr", "")]
 
 
 FILTER_CONFIG = """filters:
@@ -248,6 +367,29 @@ def test_settings_come_from_the_file_and_the_command_line_wins(tmp_path):
     assert settings_from(PipelineOptions([])) is None
 
 
+def test_settings_as_hpc_sites_write_them(tmp_path):
+    """Partition lists, typed GPUs or --gpus-per-node, directives a site refuses left out, a
+    site's jobqueue.yaml prologue kept before ours, --slurm_extra with its value written apart."""
+    import dask
+
+    from beam_pipelines.options import join_dashed_values
+
+    args = join_dashed_values(["--slurm_workers", "2", "--slurm_partition", "a100,h100", "--slurm_gpus_per_worker",
+                               "4", "--slurm_gpu_type", "a100", "--slurm_extra", "--qos=long", "--slurm_skip",
+                               "--mem", "--slurm_extra", "--output=/site/logs/x"])
+    s = settings_from(PipelineOptions(args))
+    assert s.extra == ("--qos=long", "--output=/site/logs/x") and s.skip == ("--mem",)
+    with dask.config.set({"jobqueue.slurm.job-script-prologue": ["module load cuda/12.4"],
+                          "jobqueue.slurm.job-extra-directives": ["--reservation=lab"]}):
+        script = worker_script(s)
+    assert "#SBATCH -p a100,h100" in script and "#SBATCH --gres=gpu:a100:4" in script
+    assert "#SBATCH --mem" not in script and "#SBATCH --qos=long" in script and "#SBATCH --reservation=lab" in script
+    assert script.index("module load cuda/12.4") < script.index("PARAGEN_GPU_SLOTS")
+    per_node = worker_script(settings_from(PipelineOptions(["--slurm_workers", "1", "--slurm_gpu_directive",
+                                                            "gpus-per-node", "--slurm_gpus_per_worker", "2"])))
+    assert "#SBATCH --gpus-per-node=2" in per_node and "--gres" not in per_node
+
+
 @pytest.mark.parametrize("args, says", [
     (["--slurm_partition", "gpu"], "without --slurm_workers"),
     (["--slurm_workers", "0", "--slurm_time", "10"], "without --slurm_workers"),
@@ -260,6 +402,9 @@ def test_settings_come_from_the_file_and_the_command_line_wins(tmp_path):
     (["--slurm_workers", "2", "--slurm_memory", "lots"], "an amount"),
     (["--slurm_workers", "2", "--slurm_python", "python3"], "absolute path"),
     (["--slurm_workers", "2", "--slurm_gpus_per_worker", "-1"], ">= 0"),
+    (["--slurm_workers", "2", "--slurm_partition", "a100,,h100"], "comma-separated list"),
+    (["--slurm_workers", "2", "--slurm_skip", "mem"], "name of an sbatch option"),
+    (["--slurm_workers", "2", "--slurm_gpu_type", "a100:2"], "letters, digits"),
 ])
 def test_mistaken_settings_are_refused_in_one_line(args, says):
     with pytest.raises(UsageError, match=says.replace("(", r"\(")):
@@ -281,5 +426,5 @@ def test_a_mistaken_queue_check_interval_is_refused_before_anything_is_submitted
     from beam_pipelines.slurm import check_slurm
 
     monkeypatch.setenv("PARAGEN_SLURM_CHECK_SECONDS", value)
-    with pytest.raises(UsageError, match="PARAGEN_SLURM_CHECK_SECONDS.*between 1 and 600"):
+    with pytest.raises(UsageError, match="PARAGEN_SLURM_CHECK_SECONDS.*(between 1 and 600|not a number)"):
         check_slurm(["--slurm_workers", "1"], "DaskRunner", device="cpu")

@@ -20,7 +20,8 @@ from beam_pipelines.generation.mps import check_mps
 from beam_pipelines.generation.model_checks import (bitext_filter_config, bitext_model_entries, check_bitext_languages,
                                                     check_compute_types, check_models, model_entry)
 from beam_pipelines.generation.options import TUNABLES, build_parser
-from beam_pipelines.options import check_beam_args, direct_workers, runner_name, torch_threads_for
+from beam_pipelines.options import (check_beam_args, direct_workers, join_dashed_values, runner_name,
+                                    torch_threads_for)
 from beam_pipelines.slurm import check_slurm
 from common.cli import UsageError, check_output_location, command_line
 from common.names import check_lang_code, check_run_id
@@ -92,7 +93,7 @@ class Job:
 def check(argv: list[str]) -> tuple[Request, Job]:
     """The checked (Request, Job) of the command line ARGV; UsageError for any mistake."""
     parser = build_parser()
-    opts, beam_args = parser.parse_known_args(argv)
+    opts, beam_args = parser.parse_known_args(join_dashed_values(argv))
     beam_args = check_beam_args(beam_args, parser)
     runner = runner_name(beam_args)
     torch_threads_for(opts.torch_threads, beam_args)        # refuses a negative count now; set below
@@ -112,7 +113,7 @@ def check(argv: list[str]) -> tuple[Request, Job]:
     check_compute_types({"--forward_model": fwd_meta, "--backward_model": bwd_meta}, device, runner)
     check_decode_step(opts.decode_step, fwd_meta, device, runner)
     check_mps(opts.mps, device, runner, opts.processes_per_gpu)
-    beam_args = check_slurm(beam_args, runner, device, opts.processes_per_gpu)
+    beam_args = check_slurm(beam_args, runner, device, opts.processes_per_gpu, output=opts.output)
     src_column, tgt_column = opts.src_column or src_lang, opts.tgt_column or tgt_lang
     shards = _shards(opts.input, src_lang, tgt_lang, src_column, tgt_column)
     models = {"forward": model_entry(opts.forward_model, fwd_meta)}
