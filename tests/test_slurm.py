@@ -282,6 +282,35 @@ def test_a_driver_killed_outright_and_started_again_cancels_the_workers_it_left(
                 and str(logs) in j.get("StdErr", "")]
 
 
+@pytest.mark.slow
+def test_one_allocation_runs_driver_and_workers_together_and_continues_after_its_time_limit_warning(
+        slurm, bitext, tiny_nmt_models, local_rows, tmp_path):
+    """deploy/slurm/allocation.sbatch on two nodes: the driver, the scheduler and a Dask worker a
+    node in one job; warned of its time limit (USR1) it stops, requeues itself and its next start
+    finishes with the rows of the local run."""
+    out, log, logs = tmp_path / "out", tmp_path / "job.log", tmp_path / "logs"
+    job = _submit(slurm, "allocation.sbatch", log, *quick_args(bitext, out, tiny_nmt_models),
+                  sbatch=["--nodes=2", "--partition=nodes", "--cpus-per-task=2", "--mem=6G",
+                          f"--export=ALL,PROCESSES_PER_NODE=1,LOG_DIR={logs}"])
+    _wait(lambda: units_committed(out) >= 2, slurm=slurm, job=job)
+    assert slurm.job(job)["NumNodes"] == "2"
+    first = logs / f"allocation-{job}-0"
+    for node in ("n1", "n2"):                                # a worker on each node joined the scheduler
+        assert "Registered to" in (first / f"worker-{node}.log").read_text()
+    assert not slurm.jobs("paragen-worker-") or all(j["JobState"] not in ("RUNNING", "PENDING")
+                                                   for j in slurm.jobs("paragen-worker-"))
+    assert units_committed(out) < UNITS, "the run ended before its time-limit warning: give it more pairs"
+    slurm.run("scancel", "--batch", "--signal=USR1", job)
+    _start_now(slurm, job)
+    info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    assert "time limit near: requeued batch job" in text and "(resumed)" in text and "Traceback" not in text
+    assert (logs / f"allocation-{job}-1" / "worker-n2.log").exists()
+    assert committed_rows(out) == local_rows
+    assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
+
+
 FILTER_CONFIG = """filters:
   - name: length
     thresholds: {paraphrase_length: {max: 8}}
