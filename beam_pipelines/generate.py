@@ -33,6 +33,7 @@ from beam_pipelines.generation.options import build_parser
 from beam_pipelines.generation.outcome import collect
 from beam_pipelines.generation.plan import plan_inputs, plan_run, record_plan, units_committed
 from beam_pipelines.report import report_already_done, report_generation, report_nothing_changed
+from beam_pipelines.slurm import last_usage
 from common.stopping import Stopping
 from common import storage
 from common.cli import cli_main, configure_logging
@@ -73,7 +74,7 @@ def run(argv=None) -> dict:
             finished = record_plan(plan, job, request, inputs)
             # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept
             counters, elapsed, sharing = decode(job, plan, inputs, finished, stopping)
-            outcome = collect(job, request, inputs, plan, counters, elapsed, sharing)
+            outcome = collect(job, request, inputs, plan, counters, elapsed, sharing, last_usage())
             try:                                        # 5. commit: publish only if the counts reconcile
                 commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical,
                        claim, plan.committed_version, also=previous)

@@ -413,6 +413,15 @@ def check_slurm(beam_args: list[str], runner: str, device: str | None = None,
 
 _NAMES: set[str] = set()                 # job names of this process's worker jobs (for a stop)
 _LOCK = threading.Lock()
+_FLEETS: dict = {}                       # id(stop event) -> (Fleet, SlurmSettings) of a running cluster
+_LAST_USAGE: list = []                   # the usage of the last cluster closed in this process
+
+
+def last_usage() -> dict | None:
+    """The worker jobs and GPU-hours of the last SLURM cluster this process closed (None: none),
+    for the run's manifest; taken once."""
+    with _LOCK:
+        return _LAST_USAGE.pop() if _LAST_USAGE else None
 
 
 def cancel_worker_jobs() -> None:
@@ -459,7 +468,13 @@ def start_cluster(settings: SlurmSettings):
              settings.log_folder)
     cluster.scale(jobs=settings.workers)
     stop = threading.Event()
-    threading.Thread(target=keep_workers, args=(cluster, settings, stop), name="paragen-slurm", daemon=True).start()
+    lifetime, stagger = _lifetime(settings)
+    fleet = Fleet(settings.workers, _seconds(lifetime), _seconds(stagger), check_seconds(),
+                  backoff_s=(backoff_seconds(), BACKOFF_MAX_S))
+    with _LOCK:
+        _FLEETS[id(stop)] = (fleet, settings)
+    threading.Thread(target=keep_workers, args=(cluster, settings, stop, fleet), name="paragen-slurm",
+                     daemon=True).start()
     return cluster, stop
 
 
@@ -475,7 +490,7 @@ def joined_specs(cluster) -> set[str]:
                                                              for n in names)}
 
 
-def keep_workers(cluster, settings: SlurmSettings, stop: threading.Event) -> None:
+def keep_workers(cluster, settings: SlurmSettings, stop: threading.Event, fleet: Fleet) -> None:
     """Keeps SETTINGS.workers worker jobs submitted while the run lasts, as
     beam_pipelines/slurm_fleet.py decides: ended jobs replaced (failed starts with back-off, and
     the run ended after five in a row), nodes that fail starts excluded, long waits in the queue
@@ -483,10 +498,7 @@ def keep_workers(cluster, settings: SlurmSettings, stop: threading.Event) -> Non
     check_seconds() (one squeue call, for this user's jobs of this name)."""
     from common import stopping
 
-    lifetime, stagger = _lifetime(settings)
-    check = check_seconds()
-    fleet = Fleet(settings.workers, _seconds(lifetime), _seconds(stagger), check,
-                  backoff_s=(backoff_seconds(), BACKOFF_MAX_S))
+    check = fleet.check_s
     last = time.monotonic()
     while not stop.wait(1.0):
         try:
@@ -568,8 +580,14 @@ def own_jobs(name: str) -> dict[str, Row]:
 
 
 def close_cluster(cluster, stop: threading.Event) -> None:
-    """Stop replacing workers and cancel every worker job (the run is over)."""
+    """Stop replacing workers and cancel every worker job (the run is over); what they cost is
+    kept for :func:`last_usage`."""
     stop.set()
+    with _LOCK:
+        fleet, settings = _FLEETS.pop(id(stop), (None, None))
+        if fleet is not None:
+            _LAST_USAGE[:] = [{"job_name": settings.job_name, "gpus_per_worker": settings.gpus_per_worker,
+                               **fleet.usage(time.monotonic(), settings.gpus_per_worker)}]
     try:
         cluster.close(timeout=30)
     finally:

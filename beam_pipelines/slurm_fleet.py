@@ -58,6 +58,13 @@ class Job:
     node: str = ""
     reason: str = ""
     joined: bool = False
+    ended_at: float | None = None
+
+    def ran_s(self, now: float) -> float:
+        """Seconds it ran (as the looks at the queue saw it: to within one look)."""
+        if self.running_since is None:
+            return 0.0
+        return max(0.0, (self.ended_at if self.ended_at is not None else now) - self.running_since)
 
 
 @dataclasses.dataclass
@@ -80,6 +87,7 @@ class Fleet:
         self.target, self.check_s = target, check_s
         self.max_failed_starts, self.backoff_s = max_failed_starts, backoff_s
         self.jobs: dict[str, Job] = {}           # by job id
+        self.finished: list[Job] = []            # the jobs that ended, in order
         self.failed_in_a_row: list[Job] = []
         self.last_failure = 0.0
         self.node_failures: dict[str, int] = {}
@@ -132,6 +140,8 @@ class Fleet:
             if row is not None and row.node and row.node not in ("(null)", "None"):
                 job.node = row.node
             del self.jobs[job.job_id]
+            job.ended_at = now
+            self.finished.append(job)
             self.ended_total += 1
             step.ended.append(job)
             if not job.joined:
@@ -154,6 +164,14 @@ class Fleet:
         wanted = self.target + leaving
         step.want = alive if now < self.backoff_until() else max(alive, wanted)
         return step
+
+    def usage(self, now: float, gpus_per_job: int) -> dict:
+        """What the run's worker jobs cost so far: the manifest's "slurm" entry."""
+        every = [*self.finished, *self.jobs.values()]
+        seconds = sum(j.ran_s(now) for j in every)
+        return {"worker_jobs": [j.job_id for j in every], "jobs_that_ran": sum(1 for j in every if j.running_since),
+                "failed_starts": sum(1 for j in self.finished if not j.joined), "excluded_nodes": list(self.excluded),
+                "worker_job_hours": round(seconds / 3600, 4), "gpu_hours": round(seconds * gpus_per_job / 3600, 4)}
 
     def _pending_report(self, now: float) -> str | None:
         pending = [j for j in self.jobs.values() if j.pending_since is not None

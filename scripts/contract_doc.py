@@ -310,7 +310,10 @@ The job also records the preset, the cleaning settings, the runner, the device, 
 each worker resolved, torch threads per worker, `previous` (for an incremental run), the Beam
 counters, whether it was resumed, its `plan_key` (what the same command run again compares: the
 config hash, the input shards to decode and their sizes, the unit size, the previous run and the
-bins) and its seconds.
+bins), its seconds, and `slurm` (with `--slurm_workers`; else null): the
+worker jobs' name, their ids, how many ran, failed starts, excluded nodes, `worker_job_hours` and
+`gpu_hours` (the jobs' running time as the driver's looks at the queue saw it, to within one look,
+times their GPUs).
 
 ### `{schema.FILTER_MANIFEST}` (filter job)
 

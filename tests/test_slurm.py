@@ -13,6 +13,7 @@ submitted as a user would, with `sbatch`:
   is written or submitted.
 The settings and the worker script are tested without SLURM too.
 """
+import json
 import os
 import re
 import subprocess
@@ -252,6 +253,9 @@ def test_a_node_that_fails_two_starts_is_excluded_and_the_run_finishes(slurm, sm
     assert job.returncode == 0, err[-3000:]
     assert "excluding node(s) n1 from the worker jobs" in err
     assert committed_rows(out) == rows
+    used = json.loads((out / "_manifest.json").read_text())["slurm"]         # what the workers cost
+    assert used["excluded_nodes"] == ["n1"] and used["failed_starts"] == 2 and len(used["worker_jobs"]) == 3
+    assert used["jobs_that_ran"] >= 1 and used["worker_job_hours"] > 0 and used["gpu_hours"] == 0
 
 
 @pytest.mark.slow
@@ -361,6 +365,20 @@ def test_a_partition_slurm_does_not_have_is_refused_before_anything_is_submitted
     assert done.returncode == 2, done.stderr[-2000:]
     assert "SLURM refuses the worker jobs" in done.stderr and "invalid partition" in done.stderr.lower()
     assert not out.exists() and slurm.jobs() == before
+
+
+def test_a_dry_run_prints_the_worker_script_and_an_estimate_for_the_fleet(slurm, bitext, tiny_nmt_models, tmp_path):
+    out = tmp_path / "out"
+    before = slurm.jobs()
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *quick_args(bitext, out, tiny_nmt_models),
+                           "--dry_run", "--rate", "0.5", "--runner", "DaskRunner", "--slurm_workers", "4",
+                           "--slurm_cpus_per_worker", "2", "--slurm_partition", "nodes"],
+                          cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # 128 records at 0.5 pairs/s a process, 4 jobs x 2 processes: 32 s
+    assert "32s with 8 worker process(es) (4 SLURM worker job(s) x 2 process(es)" in done.stdout, done.stdout
+    assert "#SBATCH -p nodes" in done.stdout and "--nworkers 2" in done.stdout and "--slurm" not in done.stdout
+    assert not out.exists() and slurm.jobs() == before and not (tmp_path / "paragen-logs").exists()
 
 
 def test_a_worker_script_sbatch_accepts(slurm, tmp_path):

@@ -71,6 +71,15 @@ def estimate_files(job: Job, inputs: Inputs, layout: dict) -> tuple[int, int, in
     return groups, files, sum(bin_rows.values())
 
 
+def _slurm_fleet(job: Job):
+    """The SLURM worker jobs' settings of JOB (None without --slurm_workers)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipelines.slurm import settings_from
+
+    return settings_from(PipelineOptions(list(job.beam_args)))
+
+
 def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
     """Print what the run would do and cost, write nothing; its plan as a dict."""
     cfg, reuse, bins, decode, file_target = job.cfg, inputs.reuse, inputs.bins, inputs.decode, job.file_target
@@ -87,7 +96,8 @@ def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
         rate, timed = measure_rate(decode[0], job)
     else:
         rate, timed = 0.0, 0
-    processes = job.workers or 1
+    fleet = _slurm_fleet(job)
+    processes = fleet.workers * fleet.processes if fleet else job.workers or 1
     seconds = records / (rate * processes) if rate else None
     lines = [f"dry run: nothing written to {request.output}",
              f"  input shards to decode: {len(decode)} ({'' if inputs.exact else '~'}{records:,} records, "
@@ -105,10 +115,20 @@ def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
                                                                    f"{decode[0].name} on this machine)" if timed else
                                                                    " (--rate)" if request.rate is not None else ""),
              "  estimated decoding time: " + (f"{format_seconds(seconds)} with {processes} worker process(es)"
-                                              if seconds is not None else "unknown")]
+                                              if seconds is not None else "unknown")
+             + (f" ({fleet.workers} SLURM worker job(s) x {fleet.processes} process(es); the rate is one process's "
+                "here: measure it on a worker node, or give --rate)" if fleet else "")]
+    if fleet:
+        from beam_pipelines.slurm import worker_script
+
+        gpu_hours = seconds * fleet.workers * fleet.gpus_per_worker / 3600 if seconds is not None else None
+        if gpu_hours is not None and fleet.gpus_per_worker:
+            lines.append(f"  GPU-hours: about {gpu_hours:,.1f} ({fleet.workers} x {fleet.gpus_per_worker} GPU(s))")
+        lines += ["  the worker jobs' batch script (sbatch; scheduler address and log folder set at the start):", "",
+                  *("    " + line for line in worker_script(fleet, logs=False).splitlines())]
     print("\n".join(lines), flush=True)
     return {"dry_run": True, "shards": len(decode), "records": records, "exact": inputs.exact, "bytes": size,
-            "units": units, "bins": len(set(bins.values())), "groups": groups, "files_per_table": files,
+            "units": units, "processes": processes, "bins": len(set(bins.values())), "groups": groups, "files_per_table": files,
             "rows_per_file": rows // files if files else 0, "unit_files": 3 * units,
             "kept_files_per_table": kept, "copied_records": copied, "rate": rate, "estimated_seconds": seconds,
             "reused_shards": sorted(reuse.reused), "copied_shards": sorted(reuse.carried),

@@ -51,9 +51,10 @@ class Outcome:
 
 
 def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: dict, elapsed: float,
-            gpu_sharing: dict | None = None) -> Outcome:
+            gpu_sharing: dict | None = None, slurm: dict | None = None) -> Outcome:
     """The Outcome of PLAN's pipeline, from the summary it wrote and its COUNTERS (GPU_SHARING:
-    decode()'s, where the workers could decode on a GPU)."""
+    decode()'s, where the workers could decode on a GPU; SLURM: the worker jobs of --slurm_workers,
+    their failed starts, excluded nodes and GPU-hours: beam_pipelines/slurm.py last_usage())."""
     reuse, output = inputs.reuse, plan.output
     summary = read_summary(plan.work)
     _counts, new_files, units, decoded = summarize_run(summary["groups"], summary["reads"])
@@ -74,6 +75,7 @@ def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: di
                         "compile_ms": counters.get("ms_compile", 0),
                         "compile_in_units_ms": counters.get("ms_compile_in_units", 0)},
         "gpu_sharing": gpu_sharing,
+        "slurm": slurm,
         "inputs": [shards[name] for name in sorted(shards)],
         "previous": {"run_id": reuse.previous_run_id, "path": reuse.previous, "why_nothing_reused": reuse.why_not,
                      "reused_shards": sorted(reuse.reused), "copied_shards": sorted(reuse.carried),
