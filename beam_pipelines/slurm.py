@@ -11,13 +11,18 @@ or GPU request in one line) or when the run has nothing left to decode.
 
 Faults: a worker job that ends (preempted, cancelled, its time limit reached) loses the units it
 was decoding, which the scheduler runs again on the other workers (they were never committed),
-and is replaced by a new worker job within a minute (:func:`keep_workers`). Worker jobs end
-themselves a few minutes before their time limit (Dask's ``--lifetime``, staggered), so that the
-limit does not cut a unit. When the job ends, however it ends (its SIGTERM included: common/
-stopping.py runs :func:`cancel_worker_jobs`), its worker jobs are cancelled; a job killed
-outright leaves workers that stop on their own once the scheduler has been gone for 60 s.
-The job itself, its driver, runs where the user starts it: in a batch job of its own that
-requeues itself (deploy/slurm/cluster.sbatch) and continues the run with the same command.
+and is replaced at the next look at the queue (:func:`keep_workers`, as
+beam_pipelines/slurm_fleet.py decides: failed starts back off and end the run after five in a
+row, nodes that fail starts are excluded, long waits are reported with SLURM's reason, spares go
+in ahead of workers near their lifetime). Worker jobs end themselves a few minutes before their
+time limit (Dask's ``--lifetime``, staggered), so that the limit does not cut a unit. They are
+named after the run's output: when the job ends, however it ends (its SIGTERM included:
+common/stopping.py runs :func:`cancel_worker_jobs`), they are cancelled, and a job killed
+outright leaves workers that stop on their own once the scheduler has been gone for 60 s, or
+that its next start cancels. The job itself, its driver, runs where the user starts it: in a
+batch job of its own that requeues itself (deploy/slurm/cluster.sbatch) and continues the run
+with the same command. deploy/slurm/allocation.sbatch runs driver and workers in one allocation
+instead, without this module.
 """
 from __future__ import annotations
 
@@ -469,7 +474,8 @@ def start_cluster(settings: SlurmSettings):
     cluster.scale(jobs=settings.workers)
     stop = threading.Event()
     lifetime, stagger = _lifetime(settings)
-    fleet = Fleet(settings.workers, _seconds(lifetime), _seconds(stagger), check_seconds(),
+    spares = os.environ.get("PARAGEN_SLURM_SPARES", "1") != "0"      # 0: replace workers only once they left
+    fleet = Fleet(settings.workers, _seconds(lifetime) if spares else None, _seconds(stagger), check_seconds(),
                   backoff_s=(backoff_seconds(), BACKOFF_MAX_S))
     with _LOCK:
         _FLEETS[id(stop)] = (fleet, settings)

@@ -10,7 +10,9 @@ rule can be tried on made-up observations:
 - a node on which two jobs failed to start is excluded from the next submissions;
 - jobs pending for long are reported with SLURM's reason (a QOS or GPU limit, a partition down);
 - a running job near its lifetime (Dask's --lifetime, a few minutes before its time limit) gets
-  a spare submitted ahead of it, so that the fleet does not empty while its replacement queues.
+  a spare submitted ahead of it, so that the fleet does not empty while its replacement queues:
+  ahead by a fifth of its lifetime (at most 30 minutes), or by one and a half times the longest
+  wait in the queue seen lately, whichever is more.
 """
 from __future__ import annotations
 
@@ -95,11 +97,8 @@ class Fleet:
         self.report_every_s = 10 * check_s
         self.last_report = None
         self.ended_total = 0
-        self.spare_at_s = None
-        if lifetime_s:
-            earliest = max(1.0, lifetime_s - stagger_s)         # the soonest a worker may leave
-            lead = max(3 * check_s, min(SPARE_LEAD_MAX_S, earliest / 5))
-            self.spare_at_s = max(0.0, earliest - lead)
+        self.earliest_end_s = max(1.0, lifetime_s - stagger_s) if lifetime_s else None  # the soonest a worker leaves
+        self.waits: list[float] = []             # the last jobs' seconds in the queue
 
     def submitted(self, spec: str, job_id: str, now: float) -> None:
         if job_id not in self.jobs:
@@ -136,6 +135,7 @@ class Fleet:
                     job.pending_since = None
                     if job.running_since is None:
                         job.running_since = now
+                        self.waits = [*self.waits[-4:], now - job.submitted]
                 continue
             if row is not None and row.node and row.node not in ("(null)", "None"):
                 job.node = row.node
@@ -158,12 +158,20 @@ class Fleet:
                             f"(jobs {', '.join(ids)})")
         step.report = self._pending_report(now)
         alive = len(self.jobs) + in_flight
+        spare_at = self.spare_at_s()
         leaving = sum(1 for j in self.jobs.values()
-                      if self.spare_at_s is not None and j.running_since is not None
-                      and now - j.running_since >= self.spare_at_s)
+                      if spare_at is not None and j.running_since is not None and now - j.running_since >= spare_at)
         wanted = self.target + leaving
         step.want = alive if now < self.backoff_until() else max(alive, wanted)
         return step
+
+    def spare_at_s(self) -> float | None:
+        """Seconds after a job started running when its spare is submitted (None: no spares)."""
+        if self.earliest_end_s is None:
+            return None
+        lead = max(3 * self.check_s, min(SPARE_LEAD_MAX_S, self.earliest_end_s / 5),
+                   1.5 * max(self.waits, default=0.0) + self.check_s)
+        return max(0.0, self.earliest_end_s - lead)
 
     def usage(self, now: float, gpus_per_job: int) -> dict:
         """What the run's worker jobs cost so far: the manifest's "slurm" entry."""
@@ -184,5 +192,5 @@ class Fleet:
             reasons[j.reason or "None"] = reasons.get(j.reason or "None", 0) + 1
         said = ", ".join(f"{r} ({REASONS[r]}): {n}" if r in REASONS else f"{r}: {n}" for r, n in sorted(reasons.items()))
         longest = max(now - j.pending_since for j in pending)
-        return (f"{len(pending)} worker job(s) pending, the longest for {longest / 60:.0f} min; SLURM's reason: "
-                f"{said}")
+        since = f"{longest:.0f} s" if longest < 120 else f"{longest / 60:.0f} min"
+        return f"{len(pending)} worker job(s) pending, the longest for {since}; SLURM's reason: {said}"

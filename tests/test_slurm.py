@@ -13,104 +13,38 @@ submitted as a user would, with `sbatch`:
   is written or submitted.
 The settings and the worker script are tested without SLURM too.
 """
-import json
 import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import beam_pipelines.runners  # noqa: F401: registers --slurm_*
-from beam_pipelines.generate import run
 from beam_pipelines.slurm import settings_from, worker_script
 from common.cli import UsageError
 from tests.jobs import committed_rows, quick_args, units_committed
-from tests.slurm_cluster import missing, slurm_cluster
+from tests.slurm_jobs import (ROOT, UNITS, bitext, local_rows, local_run, slurm, start_now,  # noqa: F401: fixtures
+                              submit, wait_for)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Units of four pairs (tests/jobs.py's quick_args): enough that a run outlasts the steps a test
-# takes in its middle (a worker job cancelled, seen gone from the queue, replaced; a requeue)
-UNITS = 32
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    why = missing()
-    if why:
-        pytest.skip(f"no SLURM here: {why}")
-    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def bitext(tmp_path_factory):
-    from tests.toydata import toy_bitext
-
-    path = tmp_path_factory.mktemp("in") / "toy.tsv"
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:4 * UNITS]))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def local_run(bitext, tiny_nmt_models, tmp_path_factory):
-    """An uninterrupted run on this machine (DirectRunner, in memory): its folder."""
-    out = tmp_path_factory.mktemp("local") / "out"
-    run(quick_args(bitext, out, tiny_nmt_models))
-    return out
-
-
-@pytest.fixture(scope="module")
-def local_rows(local_run):
-    rows = committed_rows(local_run)
-    assert len(rows) > 100
-    return rows
-
-
-def _submit(slurm, script, log, *args, sbatch=()) -> str:
-    done = slurm.run("sbatch", "--parsable", f"--output={log}", *sbatch,
-                     os.path.join(ROOT, "deploy", "slurm", script), *args)
-    return done.stdout.strip().split(";")[0]
-
-
-def _wait(what, timeout=300, slurm=None, job=None):
-    deadline = time.time() + timeout
-    while not what():
-        if slurm is not None and job is not None:
-            state = slurm.job(job).get("JobState")
-            assert state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED"), \
-                (state, open(slurm.job(job)["StdOut"]).read()[-3000:])
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.3)
-
-
-def _start_now(slurm, job):
-    """A requeued job waits two minutes (SLURM's BeginTime after a requeue): an administrator's
-    `scontrol update StartTime=now` lets it start sooner. Not in the same second as the requeue:
-    slurmd refuses a credential made in the second its predecessor's was revoked ("Job credential
-    revoked", and the job fails)."""
-    slurm.wait_state(job, {"PENDING"}, timeout=60)
-    time.sleep(2)
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
 
 
 @pytest.mark.slow
 def test_single_node_job_requeued_and_warned_of_its_time_limit_continues_to_the_same_rows(
         slurm, bitext, tiny_nmt_models, local_rows, tmp_path):
     out, log = tmp_path / "out", tmp_path / "job.log"
-    job = _submit(slurm, "generate.sbatch", log, *quick_args(bitext, out, tiny_nmt_models))
-    _wait(lambda: units_committed(out) >= 2, slurm=slurm, job=job)
+    job = submit(slurm, "generate.sbatch", log, *quick_args(bitext, out, tiny_nmt_models))
+    wait_for(lambda: units_committed(out) >= 2, slurm=slurm, job=job)
     slurm.run("scontrol", "requeue", job)                  # what a preemption with PreemptMode=REQUEUE does
-    _start_now(slurm, job)
-    _wait(lambda: slurm.job(job).get("Restarts") == "1" and slurm.job(job).get("JobState") == "RUNNING")
+    start_now(slurm, job)
+    wait_for(lambda: slurm.job(job).get("Restarts") == "1" and slurm.job(job).get("JobState") == "RUNNING")
     before = units_committed(out)
-    _wait(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
+    wait_for(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
     assert units_committed(out) < UNITS, "the run ended before its time-limit warning: give it more pairs"
     # two minutes before the time limit: SIGUSR1 to the batch shell (--signal=B:USR1@120)
     slurm.run("scancel", "--batch", "--signal=USR1", job)
-    _start_now(slurm, job)
+    start_now(slurm, job)
     info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
@@ -129,7 +63,7 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     # Partition `nodes` (tests/slurm_cluster.py): 8-GB nodes, so the driver (8 GB) and each worker
     # (6 GB) have a node of their own. The queue looked at every 2 s, not 30: the lost worker is
     # replaced well before the run ends.
-    job = _submit(slurm, "cluster.sbatch", log, "--slurm_workers", "2", "--slurm_cpus_per_worker", "1",
+    job = submit(slurm, "cluster.sbatch", log, "--slurm_workers", "2", "--slurm_cpus_per_worker", "1",
                   "--slurm_memory", "6GB", "--slurm_partition", "nodes", "--slurm_time", "30",
                   "--slurm_log_dir", str(logs), *quick_args(bitext, out, tiny_nmt_models),
                   sbatch=["--partition=nodes", "--export=ALL,PARAGEN_SLURM_CHECK_SECONDS=2"])
@@ -137,21 +71,21 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     def workers(state=("RUNNING", "PENDING")):
         return [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in state]
 
-    _wait(lambda: len(workers(("RUNNING",))) == 2 and units_committed(out) >= 2, slurm=slurm, job=job)
+    wait_for(lambda: len(workers(("RUNNING",))) == 2 and units_committed(out) >= 2, slurm=slurm, job=job)
     hosts = {j["NodeList"] for j in workers(("RUNNING",))} | {slurm.job(job)["NodeList"]}
     assert hosts <= {"n1", "n2", "n3"} and len(hosts) == 3, hosts      # three nodes: the driver's, two workers'
 
     assert len({j["JobName"] for j in workers()}) == 1    # one cluster: its jobs share a name
     victim = workers(("RUNNING",))[0]["JobId"]
     slurm.run("scancel", victim)                          # a worker preempted, or at its time limit
-    _wait(lambda: victim not in {j["JobId"] for j in workers()} and len(workers()) == 2, timeout=120,
+    wait_for(lambda: victim not in {j["JobId"] for j in workers()} and len(workers()) == 2, timeout=120,
           slurm=slurm, job=job)                           # replaced
     before = units_committed(out)
-    _wait(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
+    wait_for(lambda: units_committed(out) >= before + 2, slurm=slurm, job=job)
     assert units_committed(out) < UNITS, "the run ended before the driver could be requeued: give it more pairs"
     first = {j["JobId"] for j in workers()}
     slurm.run("scontrol", "requeue", job)                 # the driver preempted: its worker jobs go with it
-    _start_now(slurm, job)
+    start_now(slurm, job)
     assert not [j for j in workers() if j["JobId"] in first]
     info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
     text = log.read_text()
@@ -160,157 +94,7 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     assert "(resumed)" in text and "Traceback" not in text
     names = {j["JobName"] for j in slurm.jobs("paragen-worker-") if str(logs) in j.get("StdErr", "")}
     assert len(names) == 1                                # both starts name their workers after the run
-    _wait(lambda: not workers(), timeout=60)              # and cancelled them at its end
-    assert committed_rows(out) == local_rows
-    assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
-
-
-@pytest.fixture(scope="module")
-def small(tiny_nmt_models, tmp_path_factory):
-    """A 16-pair input and its uninterrupted local run's rows: for the runs that test the worker
-    jobs' failure paths."""
-    from tests.toydata import toy_bitext
-
-    folder = tmp_path_factory.mktemp("small")
-    path = folder / "toy.tsv"
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(100, seed=32)[:16]))
-    run(quick_args(str(path), folder / "local", tiny_nmt_models))
-    return str(path), committed_rows(folder / "local")
-
-
-def _login_node_job(slurm, args, logs, env=(), **popen):
-    """The generation job started from a login node (this process's machine) with its worker jobs
-    on partition `nodes`: a Popen."""
-    command = [sys.executable, "-m", "beam_pipelines.generate", "--runner", "DaskRunner",
-               "--slurm_partition", "nodes", "--slurm_cpus_per_worker", "1", "--slurm_memory", "6GB",
-               "--slurm_time", "30", "--slurm_log_dir", str(logs), *args]         # ARGS win
-    return subprocess.Popen(command, cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT, "PARAGEN_SLURM_CHECK_SECONDS": "1",
-                                                      "PARAGEN_SLURM_BACKOFF_SECONDS": "1", **dict(env)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-
-
-def _alive(slurm, name):
-    return [j for j in slurm.jobs(name) if j["JobState"] in ("RUNNING", "PENDING", "CONFIGURING")]
-
-
-@pytest.mark.slow
-def test_worker_jobs_that_fail_at_once_back_off_and_end_the_run_naming_them(slurm, small, tiny_nmt_models,
-                                                                              tmp_path):
-    """A worker Python that exits 1 at once (a node without the shared file system, say): the
-    run resubmits with back-off, stops after five failed starts in a row, in one line naming the
-    jobs and their logs (exit 1), and leaves no job behind."""
-    bitext, _ = small
-    out = tmp_path / "out"
-    job = _login_node_job(slurm, [*quick_args(bitext, out, tiny_nmt_models), "--slurm_workers", "2",
-                                  "--slurm_python", "/bin/false"], tmp_path / "logs")
-    _, err = job.communicate(timeout=600)
-    last = err.strip().splitlines()[-1]
-    assert job.returncode == 1, err[-3000:]
-    assert last.startswith("error: ") and "SLURM worker jobs in a row ended before any of their workers joined" in last
-    ours = [j for j in slurm.jobs("paragen-worker-") if str(tmp_path / "logs") in j.get("StdErr", "")]
-    assert 5 <= len(ours) <= 6, len(ours)                    # capped, not one sbatch every few seconds
-    for j in ours[:5]:
-        assert j["JobId"] in last and f"{j['JobName']}-{j['JobId']}.err" in last
-        assert (tmp_path / "logs" / f"{j['JobName']}-{j['JobId']}.err").exists()   # one log a job
-    assert "before any of its workers joined" in err and "submitting another" in err
-    assert not _alive(slurm, ours[0]["JobName"])
-
-
-@pytest.mark.slow
-def test_pending_workers_are_reported_with_slurms_reason(slurm, small, tiny_nmt_models, tmp_path):
-    """Worker jobs that wait (here: their partition is down) are reported with SLURM's reason; a
-    stop cancels them."""
-    bitext, _ = small
-    slurm.run("scontrol", "update", "PartitionName=short", "State=DOWN")
-    try:
-        job = _login_node_job(slurm, [*quick_args(bitext, tmp_path / "out", tiny_nmt_models), "--slurm_workers",
-                                      "1", "--slurm_partition", "short", "--slurm_time", "10"], tmp_path / "logs")
-        said = []
-        deadline = time.time() + 300
-        for line in job.stderr:
-            said.append(line)
-            if "pending, the longest for" in line or time.time() > deadline:
-                break
-        assert "SLURM's reason: PartitionDown (the partition is down): 1" in said[-1], "".join(said)[-3000:]
-        name = _alive(slurm, "paragen-worker-")[0]["JobName"]
-        job.terminate()
-        job.communicate(timeout=60)
-        assert job.returncode == 143 and not _alive(slurm, name)
-    finally:
-        slurm.run("scontrol", "update", "PartitionName=short", "State=UP")
-
-
-@pytest.mark.slow
-def test_a_node_that_fails_two_starts_is_excluded_and_the_run_finishes(slurm, small, tiny_nmt_models, tmp_path):
-    bitext, rows = small
-    python = tmp_path / "python"                             # a node whose Python is broken: n1
-    python.write_text(f'#!/bin/sh\n[ "$SLURMD_NODENAME" = n1 ] && exit 1\nexec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    out = tmp_path / "out"
-    job = _login_node_job(slurm, [*quick_args(bitext, out, tiny_nmt_models), "--slurm_workers", "1",
-                                  "--slurm_python", str(python)], tmp_path / "logs")
-    _, err = job.communicate(timeout=600)
-    assert job.returncode == 0, err[-3000:]
-    assert "excluding node(s) n1 from the worker jobs" in err
-    assert committed_rows(out) == rows
-    used = json.loads((out / "_manifest.json").read_text())["slurm"]         # what the workers cost
-    assert used["excluded_nodes"] == ["n1"] and used["failed_starts"] == 2 and len(used["worker_jobs"]) == 3
-    assert used["jobs_that_ran"] >= 1 and used["worker_job_hours"] > 0 and used["gpu_hours"] == 0
-
-
-@pytest.mark.slow
-def test_a_driver_killed_outright_and_started_again_cancels_the_workers_it_left(slurm, small, tiny_nmt_models,
-                                                                               tmp_path):
-    bitext, rows = small
-    out, logs = tmp_path / "out", tmp_path / "logs"
-    args = [*quick_args(bitext, out, tiny_nmt_models), "--slurm_workers", "2"]
-    env = {"PARAGEN_LEASE_SECONDS": "4"}                     # the killed driver's claim lapses soon
-    job = _login_node_job(slurm, args, logs, env)
-    deadline = time.time() + 300
-    while len([j for j in slurm.jobs("paragen-worker-") if j["JobState"] == "RUNNING"
-               and str(logs) in j.get("StdErr", "")]) < 2:
-        assert job.poll() is None and time.time() < deadline
-        time.sleep(0.5)
-    left = sorted(j["JobId"] for j in slurm.jobs("paragen-worker-") if j["JobState"] == "RUNNING"
-                  and str(logs) in j.get("StdErr", ""))
-    job.kill()                                               # SIGKILL: no clean-up, its workers live on
-    job.wait()
-    time.sleep(5)
-    again = _login_node_job(slurm, args, logs, env)
-    _, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err[-3000:]
-    said = next(line for line in err.splitlines() if "an earlier start of this run left" in line)
-    assert "cancelled 2 worker job(s)" in said and all(i in said for i in left)
-    assert committed_rows(out) == rows
-    assert not [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in ("RUNNING", "PENDING")
-                and str(logs) in j.get("StdErr", "")]
-
-
-@pytest.mark.slow
-def test_one_allocation_runs_driver_and_workers_together_and_continues_after_its_time_limit_warning(
-        slurm, bitext, tiny_nmt_models, local_rows, tmp_path):
-    """deploy/slurm/allocation.sbatch on two nodes: the driver, the scheduler and a Dask worker a
-    node in one job; warned of its time limit (USR1) it stops, requeues itself and its next start
-    finishes with the rows of the local run."""
-    out, log, logs = tmp_path / "out", tmp_path / "job.log", tmp_path / "logs"
-    job = _submit(slurm, "allocation.sbatch", log, *quick_args(bitext, out, tiny_nmt_models),
-                  sbatch=["--nodes=2", "--partition=nodes", "--cpus-per-task=2", "--mem=6G",
-                          f"--export=ALL,PROCESSES_PER_NODE=1,LOG_DIR={logs}"])
-    _wait(lambda: units_committed(out) >= 2, slurm=slurm, job=job)
-    assert slurm.job(job)["NumNodes"] == "2"
-    first = logs / f"allocation-{job}-0"
-    for node in ("n1", "n2"):                                # a worker on each node joined the scheduler
-        assert "Registered to" in (first / f"worker-{node}.log").read_text()
-    assert not slurm.jobs("paragen-worker-") or all(j["JobState"] not in ("RUNNING", "PENDING")
-                                                   for j in slurm.jobs("paragen-worker-"))
-    assert units_committed(out) < UNITS, "the run ended before its time-limit warning: give it more pairs"
-    slurm.run("scancel", "--batch", "--signal=USR1", job)
-    _start_now(slurm, job)
-    info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
-    text = log.read_text()
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
-    assert "time limit near: requeued batch job" in text and "(resumed)" in text and "Traceback" not in text
-    assert (logs / f"allocation-{job}-1" / "worker-n2.log").exists()
+    wait_for(lambda: not workers(), timeout=60)              # and cancelled them at its end
     assert committed_rows(out) == local_rows
     assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
 

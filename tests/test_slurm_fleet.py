@@ -79,3 +79,14 @@ def test_a_spare_is_submitted_before_a_worker_reaches_its_lifetime():
     # the old ones leave: two left, none near its end, nothing more submitted
     step = fleet.look({"102": Row("R", "", "n3"), "103": Row("R", "", "n1")}, 600.0)
     assert [j.job_id for j in step.ended] == ["100", "101"] and step.want == 2
+
+
+def test_spares_go_in_earlier_when_jobs_wait_long_in_the_queue():
+    fleet = Fleet(1, lifetime_s=600, stagger_s=60, check_s=10)
+    assert fleet.spare_at_s() == 540 - 108
+    fleet.submitted("w-0", "100", 0.0)
+    fleet.look({"100": Row("PD", "Priority")}, 0.0)
+    fleet.look({"100": Row("R", "", "n1")}, 200.0)                 # it waited 200 s
+    assert fleet.spare_at_s() == 540 - (1.5 * 200 + 10)
+    assert fleet.look({"100": Row("R", "", "n1")}, 200.0 + 229).want == 1
+    assert fleet.look({"100": Row("R", "", "n1")}, 200.0 + 230).want == 2
