@@ -25,7 +25,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.dask import dask_runner
 from apache_beam.runners.runner import PipelineState
 
-from beam_pipelines.slurm import SlurmOptions, close_cluster, settings_from, start_cluster  # noqa: F401: registers --slurm_*
+from beam_pipelines.slurm import close_cluster, start_cluster
+from beam_pipelines.slurm_settings import SlurmOptions, settings_from  # noqa: F401: registers --slurm_*
 
 DEFAULT_TASK_RETRIES = 3
 

@@ -22,7 +22,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import beam_pipelines.runners  # noqa: F401: registers --slurm_*
-from beam_pipelines.slurm import settings_from, worker_script
+from beam_pipelines.slurm_settings import settings_from, worker_script
 from common.cli import UsageError
 from tests.jobs import committed_rows, quick_args, units_committed
 from tests.slurm_jobs import (ROOT, UNITS, bitext, local_rows, local_run, slurm, start_now,  # noqa: F401: fixtures

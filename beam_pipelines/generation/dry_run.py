@@ -75,7 +75,7 @@ def _slurm_fleet(job: Job):
     """The SLURM worker jobs' settings of JOB (None without --slurm_workers)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from beam_pipelines.slurm import settings_from
+    from beam_pipelines.slurm_settings import settings_from
 
     return settings_from(PipelineOptions(list(job.beam_args)))
 
@@ -119,7 +119,7 @@ def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
              + (f" ({fleet.workers} SLURM worker job(s) x {fleet.processes} process(es); the rate is one process's "
                 "here: measure it on a worker node, or give --rate)" if fleet else "")]
     if fleet:
-        from beam_pipelines.slurm import worker_script
+        from beam_pipelines.slurm_settings import worker_script
 
         gpu_hours = seconds * fleet.workers * fleet.gpus_per_worker / 3600 if seconds is not None else None
         if gpu_hours is not None and fleet.gpus_per_worker:
