@@ -37,7 +37,11 @@ def _beam_parser():
         import beam_pipelines.runners  # noqa: F401
     except ImportError:
         pass
-    parser = _BeamArgumentParser(allow_abbrev=False)
+    class OneLine(_BeamArgumentParser):
+        def error(self, message):           # one line, not Beam's ~160 lines of usage before it
+            raise UsageError(message)
+
+    parser = OneLine(allow_abbrev=False)
     seen = {}
     for cls in PipelineOptions.__subclasses__():
         seen.setdefault(str(cls), cls)

@@ -266,3 +266,18 @@ def test_input_takes_what_a_shell_glob_gives(tmp_path):
     opts, rest = parser.parse_known_args(["--input", "a.tsv.gz", "b.tsv.gz", "c.tsv.gz", "--output", "o",
                                           "--forward_model", "m", "--input", "d.tsv"])
     assert opts.input == ["a.tsv.gz", "b.tsv.gz", "c.tsv.gz", "d.tsv"] and check_beam_args(rest, parser) == []
+
+
+@pytest.mark.parametrize("job, extra", [
+    ("generate", ("--direct_num_workers", "abc")),
+    ("generate", ("--slurm_workers", "2", "--slurm_gpus_per_worker", "two")),
+    ("filter", ("--dask_task_retries", "many")),
+])
+def test_a_bad_value_of_a_beam_or_slurm_option_is_one_line(tmp_path, job, extra):
+    args = _generate_args(tmp_path, *extra) if job == "generate" else ["--input", str(tmp_path / "run"), "--output",
+                                                                         str(tmp_path / "out"), *extra]
+    done = subprocess.run([sys.executable, "-m", f"beam_pipelines.{job}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: argument {extra[-2]}"), done.stderr
+    assert not (tmp_path / "out").exists()
