@@ -64,3 +64,22 @@ def wait_for(predicate, proc, timeout=300):
             raise AssertionError(f"the job ended first:\n{proc.stderr.read().decode()[-3000:]}")
         assert time.time() < deadline, "timed out"
         time.sleep(0.05)
+
+
+# A filter config whose rows are scored the same on any runner (no fitted model): a length limit,
+# n-gram overlap and BLEU; some rows kept and some not on the tiny models' output
+FILTER_CONFIG = """filters:
+  - name: length
+    thresholds: {paraphrase_length: {max: 8}}
+  - name: ngram_overlap
+    n: [1, 2, 3]
+    thresholds: {trigram_overlap: {max: 0.7}}
+  - name: bleu
+"""
+
+
+def scored_rows(out) -> list[tuple]:
+    """The filter run in OUT's scored rows as (pair, rank, keep, reasons, trigram overlap), sorted."""
+    table = storage.parquet_dataset(committed_files(str(out), "scored", "_filter_manifest.json")).to_table()
+    return sorted((r["pair_id"], r["rank"], r["keep"], tuple(r["reasons"] or ()), round(r["trigram_overlap"], 9))
+                  for r in table.to_pylist())

@@ -103,3 +103,13 @@ def login_node_job(slurm, args, logs, env=(), **popen):
 
 def alive(slurm, name):
     return [j for j in slurm.jobs(name) if j["JobState"] in ("RUNNING", "PENDING", "CONFIGURING")]
+
+
+def completed(slurm, job, log) -> tuple[dict, str]:
+    """(scontrol's fields, the log's text) of batch job JOB once it ended, which must be COMPLETED
+    with exit code 0 and no traceback in LOG."""
+    info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    assert "Traceback" not in text and "(resumed)" in text, text[-3000:]
+    return info, text

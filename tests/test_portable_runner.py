@@ -10,32 +10,14 @@ import pytest
 
 from beam_pipelines.filter import run as filter_run
 from beam_pipelines.generate import run
-from common import storage
-from paracorpus.commit import committed_files
-from tests.jobs import committed_rows, quick_args
+from tests.jobs import FILTER_CONFIG, committed_rows, quick_args, scored_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILTER_CONFIG = """filters:
-  - name: length
-    thresholds: {paraphrase_length: {max: 8}}
-  - name: ngram_overlap
-    n: [1, 2, 3]
-    thresholds: {trigram_overlap: {max: 0.7}}
-  - name: bleu
-"""
-
-
 def _portable(job: str, args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "LOCAL": "1", "JOB": job}
     env.pop("PYTHONPATH", None)
     return subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_flink.sh"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
-
-
-def _scored(out):
-    table = storage.parquet_dataset(committed_files(str(out), "scored", "_filter_manifest.json")).to_table()
-    return sorted((r["pair_id"], r["rank"], r["keep"], tuple(r["reasons"] or ()), round(r["trigram_overlap"], 9))
-                  for r in table.to_pylist())
 
 
 @pytest.mark.slow
@@ -57,8 +39,8 @@ def test_jobs_submitted_through_the_portable_job_api_give_the_direct_runners_row
     filter_run([*args, "--output", str(tmp_path / "f-direct")])
     done = _portable("filter", [*args, "--output", str(tmp_path / "f-portable")])
     assert done.returncode == 0, done.stderr[-3000:]
-    scored = _scored(tmp_path / "f-direct")
-    assert _scored(tmp_path / "f-portable") == scored and any(r[2] for r in scored) and not all(r[2] for r in scored)
+    scored = scored_rows(tmp_path / "f-direct")
+    assert scored_rows(tmp_path / "f-portable") == scored and any(r[2] for r in scored) and not all(r[2] for r in scored)
 
 
 def test_the_local_mode_chooses_the_runner_itself(tmp_path):

@@ -24,8 +24,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import beam_pipelines.runners  # noqa: F401: registers --slurm_*
 from beam_pipelines.slurm_settings import settings_from, worker_script
 from common.cli import UsageError
-from tests.jobs import committed_rows, quick_args, units_committed
-from tests.slurm_jobs import (ROOT, UNITS, bitext, local_rows, local_run, slurm, start_now,  # noqa: F401: fixtures
+from tests.jobs import FILTER_CONFIG, committed_rows, quick_args, scored_rows, units_committed
+from tests.slurm_jobs import (completed, ROOT, UNITS, bitext, local_rows, local_run, slurm, start_now,  # noqa: F401: fixtures
                               submit, wait_for)
 
 
@@ -45,12 +45,9 @@ def test_single_node_job_requeued_and_warned_of_its_time_limit_continues_to_the_
     # two minutes before the time limit: SIGUSR1 to the batch shell (--signal=B:USR1@120)
     slurm.run("scancel", "--batch", "--signal=USR1", job)
     start_now(slurm, job)
-    info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
-    text = log.read_text()
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    info, text = completed(slurm, job, log)
     assert info["Restarts"] == "2"
     assert text.count("stopped by SIGTERM") == 2 and "time limit near: requeued batch job" in text, text[-3000:]
-    assert "(resumed)" in text and "Traceback" not in text
     assert committed_rows(out) == local_rows
     assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]      # nothing left over
 
@@ -87,11 +84,8 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     slurm.run("scontrol", "requeue", job)                 # the driver preempted: its worker jobs go with it
     start_now(slurm, job)
     assert not [j for j in workers() if j["JobId"] in first]
-    info = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
-    text = log.read_text()
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", text[-3000:]
+    _, text = completed(slurm, job, log)
     assert "stopped by SIGTERM" in text and re.search(rf"worker job {victim} ended on n\d; submitting another", text)
-    assert "(resumed)" in text and "Traceback" not in text
     names = {j["JobName"] for j in slurm.jobs("paragen-worker-") if str(logs) in j.get("StdErr", "")}
     assert len(names) == 1                                # both starts name their workers after the run
     wait_for(lambda: not workers(), timeout=60)              # and cancelled them at its end
@@ -99,23 +93,11 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
 
 
-FILTER_CONFIG = """filters:
-  - name: length
-    thresholds: {paraphrase_length: {max: 8}}
-  - name: ngram_overlap
-    n: [1, 2, 3]
-    thresholds: {trigram_overlap: {max: 0.7}}
-  - name: bleu
-"""
-
-
 @pytest.mark.slow
 def test_the_filter_job_on_slurm_workers_scores_as_a_local_run(slurm, local_run, tmp_path):
     """paragen-filter from a login node with --slurm_workers: its worker job scores the files and
     is cancelled at the end; the kept rows and their reasons are those of a local run."""
     from beam_pipelines.filter import run as filter_run
-    from common import storage
-    from paracorpus.commit import committed_files
 
     config = tmp_path / "filter.yaml"
     config.write_text(FILTER_CONFIG)
@@ -128,12 +110,7 @@ def test_the_filter_job_on_slurm_workers_scores_as_a_local_run(slurm, local_run,
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SLURM: submitting 1 worker job(s)" in done.stderr and "--gres" not in open(
         next(tmp_path.glob("paragen-worker-*.err"))).read()
-
-    def scored(out):
-        table = storage.parquet_dataset(committed_files(str(out), "scored", "_filter_manifest.json")).to_table()
-        return sorted((r["pair_id"], r["rank"], r["keep"], tuple(r["reasons"] or ()), round(r["trigram_overlap"], 9))
-                      for r in table.to_pylist())
-    local, on_slurm = scored(tmp_path / "local"), scored(tmp_path / "slurm")
+    local, on_slurm = scored_rows(tmp_path / "local"), scored_rows(tmp_path / "slurm")
     assert on_slurm == local and any(r[2] for r in local) and not all(r[2] for r in local)
     assert not [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in ("RUNNING", "PENDING")]
 
