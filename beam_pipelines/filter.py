@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import apache_beam as beam
 
 from beam_pipelines.commit import Claim, commit, finish_cleanup, refuse_to_replace
-from beam_pipelines.options import (check_beam_args, direct_workers, join_dashed_values, run_pipeline, runner_name,
-                                    torch_threads_for)
+from beam_pipelines.options import (check_beam_args, cluster_options_epilog, direct_workers, join_dashed_values,
+                                    run_pipeline, runner_name, torch_threads_for)
 from beam_pipelines.slurm import check_slurm
 from beam_pipelines.report import print_filter_summary, top_reasons
 from common.stopping import Stopping
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         epilog="Beam's options pass through: --runner DirectRunner|DaskRunner|FlinkRunner|DataflowRunner, "
                "--direct_running_mode multi_processing, --direct_num_workers N, --dask_client_address HOST:PORT, ... "
-               "Any other option is an error.")
+               "Any other option is an error." + " " + cluster_options_epilog())
     parser.add_argument("--input", required=True, metavar="DIR",
                         help="a generation run's output directory (or its paraphrases/) (required)")
     parser.add_argument("--output", required=True, metavar="DIR",

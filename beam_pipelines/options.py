@@ -50,6 +50,21 @@ def _beam_parser():
     return parser
 
 
+def cluster_options_epilog() -> str:
+    """The --help lines that name the project's cluster options (SLURM workers, Dask retries, Flink
+    restarts), which Beam's pass-through would otherwise hide."""
+    from beam_pipelines.runners import FlinkRestartOptions, TaskRetryOptions
+    from beam_pipelines.slurm_settings import SlurmOptions
+
+    names = []
+    for cls in (SlurmOptions, TaskRetryOptions, FlinkRestartOptions):
+        parser = argparse.ArgumentParser(add_help=False)
+        cls._add_argparse_args(parser)  # noqa: SLF001: the options a class adds, as Beam collects them
+        names += _option_names(parser)
+    return ("Cluster options (docs/operations.md): " + ", ".join(names) + "; Dask: --dask_client_address, "
+            "--dask_connection_timeout; Dataflow and Flink: Beam's own (--project, --region, --flink_master, ...).")
+
+
 def _option_names(parser: argparse.ArgumentParser) -> list[str]:
     return [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
 

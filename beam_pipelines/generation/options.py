@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from beam_pipelines.options import cluster_options_epilog
 from common.shards import DEFAULT_MAX_LINE_CHARS
 from models.nmt.devices import PRECISIONS, STEP_MODES
 from paracorpus.compaction import DEFAULT_FILE_MB, DEFAULT_FILE_ROWS
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                "--direct_running_mode multi_processing, --direct_num_workers N, --dask_client_address HOST:PORT, "
                "--setup_file ./setup.py, ... Any other option is an error. Example: paragen-generate --input "
                "examples/cs-en.example.tsv --output runs/example-out --forward_model runs/example-models/cs-en "
-               "--backward_model runs/example-models/en-cs (models from scripts/quickstart.sh).")
+               "--backward_model runs/example-models/en-cs (models from scripts/quickstart.sh)." + " " + cluster_options_epilog())
     add_generate_args(parser)
     add_bitext_filter_args(parser)
     return parser
