@@ -7,7 +7,7 @@ Object stores cannot rename a directory, so a run is never "moved into place". I
 * a run in progress keeps its bookkeeping under ``OUT/_work/<run id>/`` (its plan and one
   completion record per finished work unit, for --resume);
 * the run is published by writing ``OUT/<manifest>`` last, and only if it is still the manifest
-  the run planned on (a conditional write: a flock'd rename, S3 ``If-Match``, a GCS generation;
+  the run planned on (a conditional write: a locked rename, S3 ``If-Match``, a GCS generation;
   common/storage/conditional.py): readers (the filter and embedding jobs, :func:`committed_files`)
   read only what it lists, so they never see a partial file or one an abandoned attempt left, and
   a run that another published over in the meantime publishes nothing (exit 75);

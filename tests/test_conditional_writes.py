@@ -123,3 +123,40 @@ def test_hdfs_renames_create_and_replace_only_over_the_version_read(tmp_path):
         conditional._hdfs_delete(path, first, (fs, inner))
     conditional._hdfs_delete(path, second, (fs, inner))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_writer_paused_inside_its_local_write_is_taken_over_and_then_refused(tmp_path):
+    """A process stopped (SIGSTOP) inside its compare-and-rename holds the directory's lock: after
+    10 s another writer takes the lock and writes; resumed, the paused one is refused (Conflict)
+    and the file holds the other's bytes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = str(tmp_path / "record.json")
+    conditional.create_new(path, b"one")
+    script = ("import sys\nfrom common.storage import conditional as c\n"
+              f"data, v = c.read_versioned({path!r})\n"
+              f"try:\n    c.write_if({path!r}, b'paused', v)\n    print('wrote')\n"
+              "except c.Conflict as e:\n    print('refused:', e)\n")
+    # its second operation on the file: the rename, with the lock held
+    paused = subprocess.Popen([sys.executable, "-c", script], cwd=root, text=True, stdout=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": root, "PARAGEN_CRASH_AT": "~record.json@2:STOP"})
+    try:
+        deadline = time.time() + 60
+        while open(f"/proc/{paused.pid}/stat").read().split(")")[1].split()[0] != "T":
+            assert time.time() < deadline and paused.poll() is None
+            time.sleep(0.05)
+        assert os.path.exists(tmp_path / conditional.LOCK_NAME)
+        started = time.monotonic()
+        _, version = conditional.read_versioned(path)
+        conditional.write_if(path, b"other", version)           # waits out the stale lock, then takes it
+        assert conditional.LOCK_STALE_SECONDS - 1 <= time.monotonic() - started < 30     # it waited first
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    out, _ = paused.communicate(timeout=60)
+    assert out.startswith("refused:") and "paused past" in out, out
+    assert open(path, "rb").read() == b"other"
+    assert sorted(os.listdir(tmp_path)) == ["record.json"]      # no lock, no temporary file left

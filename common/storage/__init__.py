@@ -25,7 +25,7 @@ operation is safe to repeat: reads re-read a range, a write is spooled to a loca
 uploaded again whole (an object appears only when its upload completes), deletes of what is
 
 Conditional writes (:mod:`common.storage.conditional`): a file created only if absent, replaced or
-removed only if it is still the version a caller read (a local flock'd rename, S3 ``If-Match``,
+removed only if it is still the version a caller read (a local locked rename, S3 ``If-Match``,
 GCS generations, HDFS renames): what makes publishing a manifest one atomic step.
 
 The package, one concern a module: ``paths`` (joining, naming the store), ``retries`` (timeouts,

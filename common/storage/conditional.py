@@ -7,9 +7,10 @@ writer believes. Each store's guarantee, in one place:
 =========  ==========================================  ===========================================  ==========
 store      create only if absent                       replace / remove only if unchanged           version
 =========  ==========================================  ===========================================  ==========
-local      a fully written hidden file linked to the   under an exclusive ``flock`` of the          sha256 of
-           name (``link`` fails if the name exists)    directory: the current file's sha256         the bytes
-                                                       compared, then a rename (or unlink)
+local      a fully written hidden file linked to the   under the directory's lock file (created     sha256 of
+           name (``link`` fails if the name exists)    only if absent; taken from a holder paused   the bytes
+                                                       10 s): the current file's sha256 compared,
+                                                       the lock looked at again, then a rename
 S3         ``PutObject`` with ``If-None-Match: *``     ``PutObject`` / ``DeleteObject`` with        ETag
                                                        ``If-Match: <ETag>``
 GCS        ``ifGenerationMatch=0`` (google-cloud-      ``ifGenerationMatch=<generation>``           generation
@@ -30,7 +31,6 @@ puts back.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -140,32 +140,64 @@ def _digest(data: bytes) -> str:
 
 # ---- a local disk -------------------------------------------------------------------------------
 
-LOCK_WAIT_SECONDS = 10.0      # a directory lock held longer than this: its holder is paused (SIGSTOP), not busy
+LOCK_NAME = ".paragen-cas.lock"
+LOCK_STALE_SECONDS = 10.0     # a lock older than this: its holder is paused (SIGSTOP, a VM pause) or dead
 
 
-@contextlib.contextmanager
-def _directory_lock(directory: str):
-    """An exclusive flock of DIRECTORY: the conditional writers of its files take turns. A lock
-    held for LOCK_WAIT_SECONDS (a writer paused inside its few milliseconds of write and rename)
-    is a Conflict, not a wait without end."""
-    import time
+class _DirectoryLock:
+    """The conditional writers of a directory take turns through a lock file created only if
+    absent (O_EXCL). Unlike an flock, it can be taken from a holder paused inside its few
+    milliseconds of compare and rename (a suspended job would otherwise block every writer, the
+    claim's takeover included): a lock older than LOCK_STALE_SECONDS is renamed aside (one taker
+    wins) and taken. The holder looks again that the lock is still its own just before its rename
+    or unlink (:meth:`check`), so a holder resumed after its lock was taken writes nothing."""
 
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, LOCK_NAME)
+        self.token = uuid.uuid4().hex.encode()
+
+    def __enter__(self):
+        import time
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise Conflict(f"{directory}: another writer has held its lock for over {LOCK_WAIT_SECONDS:g} s "
-                                   "(a paused process?)") from None
-                time.sleep(0.01)
-        yield
-    finally:
-        os.close(fd)                      # closing the descriptor releases the lock
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                self._take_if_stale(time.time())
+                time.sleep(0.005)
+                continue
+            with os.fdopen(fd, "wb") as f:
+                f.write(self.token)
+            return self
+
+    def _take_if_stale(self, now: float) -> None:
+        try:
+            age = now - os.stat(self.path).st_mtime
+        except FileNotFoundError:
+            return
+        if age > LOCK_STALE_SECONDS:
+            aside = f"{self.path}.stale.{uuid.uuid4().hex}"
+            with contextlib.suppress(FileNotFoundError):        # another taker was first
+                os.rename(self.path, aside)
+                os.remove(aside)
+                log.warning("%s: took a lock held for %.0f s (its holder paused or killed)", self.path, age)
+
+    def check(self) -> None:
+        """Conflict unless the lock is still this holder's (it was taken while this one was paused)."""
+        try:
+            with open(self.path, "rb") as f:
+                mine = f.read() == self.token
+        except FileNotFoundError:
+            mine = False
+        if not mine:
+            raise Conflict(f"{os.path.dirname(self.path)}: this writer was paused past "
+                           f"{LOCK_STALE_SECONDS:g} s inside its conditional write and another took its turn")
+
+    def __exit__(self, *exc):
+        with contextlib.suppress(FileNotFoundError, Conflict):
+            self.check()
+            os.remove(self.path)
 
 
 def _local_read(inner: str) -> tuple[bytes | None, Version]:
@@ -187,16 +219,19 @@ def _local_current(inner: str, expected: Version) -> None:
 
 def _local_write(inner: str, data: bytes, expected: Version) -> Version:
     directory = os.path.dirname(inner)
-    with _directory_lock(directory):
+    with _DirectoryLock(directory) as lock:
+        def place(tmp, dst, how=os.link if expected.absent else os.replace):
+            lock.check()                  # still this writer's turn, after any pause
+            how(tmp, dst)
         if expected.absent:
             try:
-                with _staged(inner, os.link) as f:
+                with _staged(inner, place) as f:
                     f.write(data)
             except FileExistsError:
                 raise Conflict(f"{inner}: exists (another writer created it)") from None
         else:
             _local_current(inner, expected)
-            with _staged(inner, os.replace) as f:
+            with _staged(inner, place) as f:
                 f.write(data)
         return Version(_digest(data), os.stat(inner).st_mtime)
 
@@ -205,8 +240,9 @@ def _local_delete(inner: str, expected: Version) -> None:
     directory = os.path.dirname(inner)
     if not os.path.isdir(directory):
         raise FileNotFoundError(inner)
-    with _directory_lock(directory):
+    with _DirectoryLock(directory) as lock:
         _local_current(inner, expected)
+        lock.check()
         os.remove(inner)
         _fsync_dir(directory)
 
@@ -489,7 +525,7 @@ def _hdfs_rename(fs, src: str, dst: str, conflict: str) -> None:
 
 def guarantee(path: str) -> str:
     """What PATH's store guarantees for a conditional write, in words (docs, the check phase)."""
-    return {"local": "a link or an flock'd rename: fenced",
+    return {"local": "a link or a locked rename: fenced",
             "s3": "If-None-Match / If-Match: fenced (a store answering 501 is refused)",
             "gs": "generation preconditions: fenced", "gcs": "generation preconditions: fenced",
             }.get(_scheme(path), "renames: fenced, but a replace is two renames (a stop between them is "
