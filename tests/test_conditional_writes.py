@@ -45,7 +45,7 @@ def test_create_replace_and_remove_only_over_the_version_read(where):
 
 
 def test_writers_racing_from_one_version_leave_one_winner(tmp_path):
-    """Eight threads replace the same version at once (the local flock'd compare and rename):
+    """Eight threads replace the same version at once (the local locked compare and rename):
     exactly one wins, the file holds its bytes."""
     path = str(tmp_path / "latest.json")
     base = storage.create_new(path, b"base")
