@@ -82,18 +82,24 @@ else
   # the cores (JOB_ARGS may override with their own --torch_threads, the last one wins).
   args+=(--torch_threads 1)
 fi
-# Every path option must be a gs:// URL: the workers cannot see this machine's files.
-prev=""
+# Every path option must be a gs:// URL: the workers cannot see this machine's files. --input may
+# take several values; --opt=value and --opt value are both read.
+path_options=" --input --output --previous --forward_model --backward_model --encoder --lm_model --spm_model --bitext_encoder --bitext_mlp --divergence_model "
+refuse() { echo "run_dataflow.sh: $1: Dataflow workers cannot read local paths; use a gs:// URL" >&2; exit 2; }
+values_of=""
 for arg in "$@"; do
-  case "$prev" in
-    --input|--output|--forward_model|--backward_model|--encoder|--lm_model|--spm_model)
-      case "$arg" in gs://*) ;; *) echo "run_dataflow.sh: $prev $arg: Dataflow workers cannot read local paths; use a gs:// URL" >&2; exit 2;; esac;;
-  esac
   case "$arg" in
-    --input=*|--output=*|--forward_model=*|--backward_model=*|--encoder=*)
-      case "${arg#*=}" in gs://*) ;; *) echo "run_dataflow.sh: $arg: Dataflow workers cannot read local paths; use a gs:// URL" >&2; exit 2;; esac;;
+    --*=*)
+      values_of=""
+      case "$path_options" in *" ${arg%%=*} "*) case "${arg#*=}" in gs://*) ;; *) refuse "$arg";; esac;; esac;;
+    -*)
+      case "$path_options" in *" $arg "*) values_of=$arg;; *) values_of="";; esac;;
+    *)
+      if [ -n "$values_of" ]; then
+        case "$arg" in gs://*) ;; *) refuse "$values_of $arg";; esac
+        [ "$values_of" = --input ] || values_of=""
+      fi;;
   esac
-  prev=$arg
 done
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

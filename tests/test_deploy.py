@@ -76,7 +76,9 @@ def test_dataflow_launcher_command(gpu):
     cmd = done.stdout.split()
     assert cmd[:2] == ["-m", "beam_pipelines.filter"] and "--runner" in cmd and "DataflowRunner" in cmd
     assert cmd[-6:] == job and "--sdk_container_image" in cmd
-    for local in (["--input", "/gcs/x"], ["--output=/data/out"], ["--input", "gs://b/x", "--encoder", "runs/enc"]):
+    for local in (["--input", "/gcs/x"], ["--output=/data/out"], ["--input", "gs://b/x", "--encoder", "runs/enc"],
+                  ["--input", "gs://b/x", "local/part-2.tsv"], ["--previous", "runs/r1"], ["--bitext_encoder=runs/b"],
+                  ["--divergence_model", "runs/d"], ["--input=gs://b/x", "--previous=runs/r1"]):
         bad = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dataflow.sh"), *local],
                              env=env, capture_output=True, text=True, timeout=30)
         assert bad.returncode == 2 and "use a gs:// URL" in bad.stderr and not bad.stdout
