@@ -130,3 +130,25 @@ def test_seconds_settings_refuse_bad_values_in_one_line(monkeypatch, name, value
         with pytest.raises(ValueError if name in ("PARAGEN_LEASE_SECONDS", "PARAGEN_SLURM_CHECK_SECONDS")
                            else OSError, match=name):
             read()
+
+
+def test_a_write_whose_claim_is_gone_once_written_is_taken_back(tmp_path):
+    """A writer paused between its fence's first look and its rename (another thread's stop
+    freezes it there) looks again once the file is in place: its claim gone, it removes the file
+    and fails, so nothing of it outlives the run that took over."""
+    from common.cli import OutputBusy
+
+    looks = []
+
+    def claim_check():                   # what paracorpus.commit.Claim.check_if_due does
+        looks.append(1)
+        if len(looks) > 1:
+            raise OutputBusy("this run lost its claim")
+    storage.fence_writes(str(tmp_path), claim_check)
+    try:
+        with pytest.raises(OutputBusy):
+            storage.write_bytes(str(tmp_path / "_work" / "read" / "a.tsv.json"), b"{}")
+        assert looks == [1, 1] and not (tmp_path / "_work" / "read" / "a.tsv.json").exists()
+    finally:
+        storage.unfence_writes(str(tmp_path))
+    storage.write_bytes(str(tmp_path / "b.json"), b"{}")     # unfenced again

@@ -47,6 +47,19 @@ def _fenced(path: str) -> None:
         if key == folder or key.startswith(folder + "/"):
             check()
 
+
+def _fenced_after(path: str) -> None:
+    """The fence looked at again once PATH is written: a writer paused between its first look and
+    its rename or upload (another thread's stop freezes every thread wherever it is) finds its
+    claim gone here, and takes back what it wrote before it says so."""
+    try:
+        _fenced(path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fs, inner = resolve(path)
+            fs.delete_file(inner)
+        raise
+
 @contextlib.contextmanager
 def open_output(path: str):
     """Write PATH as a whole: yields a binary stream; readers see the old file (or none) until the
@@ -60,6 +73,7 @@ def open_output(path: str):
     if fs.type_name == "local":
         with _staged(inner, os.replace) as f:
             yield f
+        _fenced_after(path)
         return
     # Spooled to a local file, then uploaded whole: an upload that fails half-way is made again
     # from the spool (idempotent: the object appears only when an upload completes).
@@ -75,6 +89,7 @@ def open_output(path: str):
                 raise
             log.info("%s: the upload's completion was retried after it had succeeded (%s); the object is there",
                      path, exc.detail or "NoSuchUpload")
+        _fenced_after(path)
 
 
 @contextlib.contextmanager
