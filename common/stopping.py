@@ -289,6 +289,7 @@ class Stopping:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         logging.shutdown()
+        _quiet(storage.release_held_locks)      # a conditional write cut short leaves no lock behind
         os._exit(code)
 
 
@@ -318,6 +319,7 @@ def _deadline(grace: float, code: int, line) -> None:
     def fire():
         with contextlib.suppress(Exception):
             _say(line())
+        _quiet(storage.release_held_locks)
         os._exit(code)
     timer = threading.Timer(grace, fire)
     timer.daemon = True

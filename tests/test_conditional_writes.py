@@ -160,3 +160,23 @@ def test_a_writer_paused_inside_its_local_write_is_taken_over_and_then_refused(t
     assert out.startswith("refused:") and "paused past" in out, out
     assert open(path, "rb").read() == b"other"
     assert sorted(os.listdir(tmp_path)) == ["record.json"]      # no lock, no temporary file left
+
+
+def test_the_lock_of_a_killed_writer_is_taken_at_once(tmp_path):
+    """A writer killed inside its conditional write leaves its lock file; the next writer of this
+    machine sees its process is gone and takes the lock without waiting out LOCK_STALE_SECONDS."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    path = str(tmp_path / "record.json")
+    version = conditional.create_new(path, b"one")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / conditional.LOCK_NAME).write_text(f"{socket.gethostname()} {dead.pid} abc")
+    os.utime(tmp_path / conditional.LOCK_NAME, (time.time() - 1, time.time() - 1))
+    started = time.monotonic()
+    conditional.write_if(path, b"two", version)
+    assert time.monotonic() - started < conditional.LOCK_STALE_SECONDS / 2
+    assert open(path, "rb").read() == b"two" and sorted(os.listdir(tmp_path)) == ["record.json"]

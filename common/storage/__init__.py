@@ -34,7 +34,8 @@ the retry budget, one error line), ``stores`` (one pyarrow filesystem per store)
 ``model_cache`` (copies of remote models on this machine). Callers use ``from common import
 storage`` and the names below.
 """
-from common.storage.conditional import ABSENT, Conflict, Version, create_new, delete_if, read_versioned, write_if
+from common.storage.conditional import (ABSENT, Conflict, Version, create_new, delete_if, read_versioned,
+                                        release_held_locks, write_if)
 from common.storage.model_cache import cache_root, local_copy
 from common.storage.paths import absolute, basename, endpoint_of, has_wildcards, is_local, is_url, join, parent
 from common.storage.reading import (exists, glob, isdir, isfile, list_files, listdir, open_input, open_random_access,
@@ -49,5 +50,6 @@ __all__ = ["ABSENT", "Conflict", "StorageError", "Version", "absolute", "basenam
            "create_new", "delete", "delete_if", "delete_tree", "endpoint_of", "exists", "fence_writes", "first_contact", "glob",
            "has_wildcards", "is_local", "is_transient", "is_url", "isdir", "isfile", "join", "list_files", "listdir",
            "local_copy", "makedirs", "open_input", "open_output", "open_random_access", "parent", "parquet_dataset",
-           "parquet_file", "read_bytes", "read_json", "read_versioned", "resolve", "retry_seconds", "retrying",
+           "parquet_file", "read_bytes", "read_json", "read_versioned", "release_held_locks", "resolve", "retry_seconds",
+           "retrying",
            "sha256", "size", "stat", "timeout_seconds", "unfence_writes", "upload_dir", "write_bytes", "write_if", "write_json"]

@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import socket
 import uuid
 from dataclasses import dataclass, field
 
@@ -142,6 +143,7 @@ def _digest(data: bytes) -> str:
 
 LOCK_NAME = ".paragen-cas.lock"
 LOCK_STALE_SECONDS = 10.0     # a lock older than this: its holder is paused (SIGSTOP, a VM pause) or dead
+_HELD: set = set()            # the locks this process holds (released by release_held_locks at a stop)
 
 
 class _DirectoryLock:
@@ -150,11 +152,13 @@ class _DirectoryLock:
     milliseconds of compare and rename (a suspended job would otherwise block every writer, the
     claim's takeover included): a lock older than LOCK_STALE_SECONDS is renamed aside (one taker
     wins) and taken. The holder looks again that the lock is still its own just before its rename
-    or unlink (:meth:`check`), so a holder resumed after its lock was taken writes nothing."""
+    or unlink (:meth:`check`), so a holder resumed after its lock was taken writes nothing. A lock
+    of a process of this machine that is gone (killed) is taken at once; a stop releases the locks
+    its process holds (:func:`release_held_locks`)."""
 
     def __init__(self, directory: str):
         self.path = os.path.join(directory, LOCK_NAME)
-        self.token = uuid.uuid4().hex.encode()
+        self.token = f"{socket.gethostname()} {os.getpid()} {uuid.uuid4().hex}".encode()
 
     def __enter__(self):
         import time
@@ -169,14 +173,17 @@ class _DirectoryLock:
                 continue
             with os.fdopen(fd, "wb") as f:
                 f.write(self.token)
+            _HELD.add(self)
             return self
 
     def _take_if_stale(self, now: float) -> None:
         try:
             age = now - os.stat(self.path).st_mtime
+            with open(self.path, "rb") as f:
+                holder = f.read().split()
         except FileNotFoundError:
             return
-        if age > LOCK_STALE_SECONDS:
+        if age > LOCK_STALE_SECONDS or (age > 0.5 and _gone(holder)):
             aside = f"{self.path}.stale.{uuid.uuid4().hex}"
             with contextlib.suppress(FileNotFoundError):        # another taker was first
                 os.rename(self.path, aside)
@@ -195,9 +202,30 @@ class _DirectoryLock:
                            f"{LOCK_STALE_SECONDS:g} s inside its conditional write and another took its turn")
 
     def __exit__(self, *exc):
+        _HELD.discard(self)
         with contextlib.suppress(FileNotFoundError, Conflict):
             self.check()
             os.remove(self.path)
+
+
+def _gone(holder: list[bytes]) -> bool:
+    """True when HOLDER (a lock's host, pid, token) is a process of this machine that has ended."""
+    if len(holder) != 3 or holder[0].decode(errors="replace") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(holder[1]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
+
+
+def release_held_locks() -> None:
+    """Remove the directory locks this process holds: it is ending (a stop's os._exit), and the
+    write in progress either happened or did not."""
+    for lock in list(_HELD):
+        lock.__exit__(None, None, None)
 
 
 def _local_read(inner: str) -> tuple[bytes | None, Version]:
