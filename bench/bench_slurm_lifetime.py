@@ -6,7 +6,8 @@ A real SLURM (tests/slurm_cluster.py: munged, slurmctld, three 4-core nodes) on 
 generation job's driver on the "login node" (this process's machine) with --slurm_workers W,
 --slurm_time T minutes (workers end 2-4 minutes before it, a few minutes after they start) and a
 queue wait for every worker job (--begin=now+WAIT: what a busy cluster makes a new job wait). The
-fleet is sampled every 2 s with squeue from the first worker's start to the run's end.
+fleet is sampled every 2 s with squeue from the first worker's start until the driver cancels its
+workers at the end of decoding (none running and none pending).
 
     python bench/bench_slurm_lifetime.py --models DIR [--pairs 3000] [--workers 1] [--time 8] [--wait 60]
 
@@ -53,11 +54,13 @@ def one_run(slurm, args, logs: str, spares: bool, wait: int) -> dict:
     text = open(os.path.join(logs, "driver.log")).read()
     if job.returncode != 0:
         raise SystemExit(f"the run failed ({job.returncode}): {text[-3000:]}")
-    samples = [s for s in samples if s[0] <= samples[-1][0]]
-    zero = sum(2 for s in samples[1:-3] if s[1] == 0)           # seconds with no worker running
+    # the decode phase: until the driver cancels its workers at the end (none running, none
+    # pending); a drop mid-run has a replacement pending
+    decoding = [smp for smp in samples if smp[1] or smp[2]]
+    zero = sum(2 for smp in decoding if smp[1] == 0)             # seconds with no worker running
     return {"spares": spares, "seconds": time.monotonic() - started, "samples": samples,
-            "min_running": min(s[1] for s in samples[1:-3]), "zero_s": zero,
-            "mean_running": sum(s[1] for s in samples) / len(samples),
+            "min_running": min(smp[1] for smp in decoding), "zero_s": zero,
+            "mean_running": sum(smp[1] for smp in decoding) / len(decoding),
             "ended": text.count("ended on n"), "spare_lines": text.count("submitting a spare")}
 
 
@@ -88,8 +91,8 @@ def main() -> None:
             results.append(one_run(slurm, args, logs, spares, a.wait))
     print(f"# SLURM worker fleet over a run, {time.strftime('%Y-%m-%d')}: {a.pairs} pairs, --slurm_workers "
           f"{a.workers}, --slurm_time {a.time} (workers end 2-4 min before it), every job {a.wait} s in the queue\n")
-    print("| spares | run (min) | running workers: min | mean | seconds with none running | workers ended | "
-          "spare submissions |")
+    print("| spares | run (min) | running workers while decoding: min | mean | seconds with none running | "
+          "workers ended | spare submissions |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {'on' if r['spares'] else 'off'} | {r['seconds'] / 60:.1f} | {r['min_running']} | "
