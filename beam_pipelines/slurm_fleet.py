@@ -158,12 +158,9 @@ class Fleet:
                             f"(jobs {', '.join(ids)})")
         step.report = self._pending_report(now)
         alive = len(self.jobs) + in_flight
-        # a spare for each of the TARGET oldest running jobs near its end: a spare is never counted
-        # as leaving while the job it stands in for is still there, so spares do not beget spares
         spare_at = self.spare_at_s()
-        oldest = sorted((j for j in self.jobs.values() if j.running_since is not None),
-                        key=lambda j: j.running_since)[:self.target]
-        leaving = sum(1 for j in oldest if spare_at is not None and now - j.running_since >= spare_at)
+        leaving = sum(1 for j in self.jobs.values()
+                      if spare_at is not None and j.running_since is not None and now - j.running_since >= spare_at)
         wanted = self.target + leaving
         step.want = alive if now < self.backoff_until() else max(alive, wanted)
         return step
