@@ -158,6 +158,8 @@ class Fleet:
                             f"(jobs {', '.join(ids)})")
         step.report = self._pending_report(now)
         alive = len(self.jobs) + in_flight
+        # TARGET jobs kept that are not near their end: each job near its end has a spare, a spare
+        # near its own end too (with lifetimes short next to the queue's wait, two may overlap)
         spare_at = self.spare_at_s()
         leaving = sum(1 for j in self.jobs.values()
                       if spare_at is not None and j.running_since is not None and now - j.running_since >= spare_at)

@@ -90,3 +90,17 @@ def test_spares_go_in_earlier_when_jobs_wait_long_in_the_queue():
     assert fleet.spare_at_s() == 540 - (1.5 * 200 + 10)
     assert fleet.look({"100": Row("R", "", "n1")}, 200.0 + 229).want == 1
     assert fleet.look({"100": Row("R", "", "n1")}, 200.0 + 230).want == 2
+
+
+def test_the_fleet_keeps_target_jobs_that_are_not_near_their_end():
+    fleet = Fleet(1, lifetime_s=180, stagger_s=60, check_s=2)      # short lives: a spare 96 s after a start
+    fleet.submitted("w-0", "100", 0.0)
+    fleet.joined("w-0")
+    assert fleet.look({"100": Row("R", "", "n1")}, 0.0).want == 1
+    assert fleet.look({"100": Row("R", "", "n1")}, 97.0).want == 2
+    fleet.submitted("w-1", "101", 97.0)
+    fleet.joined("w-1")
+    rows = {"100": Row("R", "", "n1"), "101": Row("R", "", "n2")}
+    assert fleet.look(rows, 98.0).want == 2
+    assert fleet.look(rows, 194.0).want == 3                    # the spare near its own end: its own spare
+    assert fleet.look({"101": Row("R", "", "n2")}, 200.0).want == 2     # 100 left
