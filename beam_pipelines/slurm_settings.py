@@ -312,9 +312,9 @@ def cluster_kwargs(settings: SlurmSettings, exclude: tuple[str, ...] = ()) -> di
     return kwargs
 
 
-def worker_script(settings: SlurmSettings, scheduler: str = "tcp://127.0.0.1:8786", logs: bool = True) -> str:
+def worker_script(settings: SlurmSettings, scheduler: str = "tcp://127.0.0.1:8786", logs: bool = False) -> str:
     """The batch script of one worker job (what `sbatch` gets), without starting a scheduler;
-    LOGS False: without the log lines (a check that must not create the log folder)."""
+    LOGS: with the log lines (which creates the log folder; not for a check or a dry run)."""
     from dask_jobqueue.slurm import SLURMJob
 
     kwargs = cluster_kwargs(settings)
