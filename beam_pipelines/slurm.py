@@ -40,7 +40,7 @@ import time
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.slurm_fleet import ALIVE, BACKOFF_FIRST_S, BACKOFF_MAX_S, Fleet, Row
-from beam_pipelines.slurm_settings import (SlurmSettings, cluster_kwargs, job_name_for, lifetime_args, settings_from,
+from beam_pipelines.slurm_settings import (SlurmSettings, cluster_kwargs, job_name_for, lifetime_minutes, settings_from,
                                            worker_script)
 from common.cli import UsageError
 from common.settings import env_seconds
@@ -127,8 +127,13 @@ def cancel_worker_jobs() -> None:
         _NAMES.clear()
     if names and shutil.which("scancel"):
         for name in names:
-            subprocess.run(["scancel", "--name", name, "--user", getpass.getuser()], capture_output=True, timeout=10,
-                           check=False)
+            _scancel(name, timeout=10)
+
+
+def _scancel(name: str, timeout: float) -> None:
+    """Cancel this user's jobs named NAME, pending and running."""
+    subprocess.run(["scancel", "--name", name, "--user", getpass.getuser()], capture_output=True, timeout=timeout,
+                   check=False)
 
 
 def start_cluster(settings: SlurmSettings):
@@ -144,8 +149,7 @@ def start_cluster(settings: SlurmSettings):
     settings = dataclasses.replace(settings, job_name=name)
     left = [i for i, row in own_jobs(name).items() if row.state in ALIVE]
     if left:
-        subprocess.run(["scancel", "--name", name, "--user", getpass.getuser()], capture_output=True, timeout=30,
-                       check=False)
+        _scancel(name, timeout=30)
         log.warning("SLURM: cancelled %d worker job(s) an earlier start of this run left (%s)", len(left),
                     ", ".join(left))
     with _LOCK:
@@ -163,20 +167,15 @@ def start_cluster(settings: SlurmSettings):
              settings.log_folder)
     cluster.scale(jobs=settings.workers)
     stop = threading.Event()
-    lifetime, stagger = lifetime_args(settings)
+    lifetime, stagger = lifetime_minutes(settings)
     spares = os.environ.get("PARAGEN_SLURM_SPARES", "1") != "0"      # 0: replace workers only once they left
-    fleet = Fleet(settings.workers, _seconds(lifetime) if spares else None, _seconds(stagger), check_seconds(),
+    fleet = Fleet(settings.workers, 60.0 * lifetime if spares else None, 60.0 * stagger, check_seconds(),
                   backoff_s=(backoff_seconds(), BACKOFF_MAX_S))
     with _LOCK:
         _FLEETS[id(stop)] = (fleet, settings)
     threading.Thread(target=keep_workers, args=(cluster, settings, stop, fleet), name="paragen-slurm",
                      daemon=True).start()
     return cluster, stop
-
-
-def _seconds(duration: str) -> float:
-    value, unit = float(duration[:-1]), duration[-1]
-    return value * {"s": 1, "m": 60, "h": 3600}[unit]
 
 
 def joined_specs(cluster) -> set[str]:

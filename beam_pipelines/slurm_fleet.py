@@ -96,7 +96,6 @@ class Fleet:
         self.excluded: list[str] = []
         self.report_every_s = 10 * check_s
         self.last_report = None
-        self.ended_total = 0
         self.earliest_end_s = max(1.0, lifetime_s - stagger_s) if lifetime_s else None  # the soonest a worker leaves
         self.waits: list[float] = []             # the last jobs' seconds in the queue
 
@@ -142,7 +141,6 @@ class Fleet:
             del self.jobs[job.job_id]
             job.ended_at = now
             self.finished.append(job)
-            self.ended_total += 1
             step.ended.append(job)
             if not job.joined:
                 self.failed_in_a_row.append(job)

@@ -236,15 +236,15 @@ def settings_from(options: PipelineOptions, processes_per_gpu: int | None = None
     return SlurmSettings(**values)
 
 
-def lifetime_args(settings: SlurmSettings) -> tuple[str, str]:
-    """Dask's --lifetime and --lifetime-stagger: workers end (and are replaced) before the time
-    limit cuts a unit in half; a tenth of the limit, between 2 and 10 minutes, is kept free, and
-    the stagger (Dask adds or takes up to it at random) spreads the ends: 2-4 minutes before a
-    5-minute limit, 10-20 before a day's."""
+def lifetime_minutes(settings: SlurmSettings) -> tuple[int, int]:
+    """Dask's --lifetime and --lifetime-stagger in minutes: workers end (and are replaced) before
+    the time limit cuts a unit in half; a tenth of the limit, between 2 and 10 minutes, is kept
+    free, and the stagger (Dask adds or takes up to it at random) spreads the ends: 2-4 minutes
+    before a 5-minute limit, 10-20 before a day's."""
     limit = _minutes(settings.time)
     margin = max(2, min(10, limit // 10))
     stagger = max(1, margin // 2)
-    return f"{limit - margin - stagger}m", f"{stagger}m"
+    return limit - margin - stagger, stagger
 
 
 def prologue(settings: SlurmSettings) -> list[str]:
@@ -288,7 +288,7 @@ def cluster_kwargs(settings: SlurmSettings, exclude: tuple[str, ...] = ()) -> di
     runs first, its job-extra-directives and job-directives-skip are kept beside ours."""
     import dask
 
-    lifetime, stagger = lifetime_args(settings)
+    lifetime, stagger = lifetime_minutes(settings)
     site_extra = list(dask.config.get("jobqueue.slurm.job-extra-directives", None) or [])
     site_skip = list(dask.config.get("jobqueue.slurm.job-directives-skip", None) or [])
     directives = [*settings.gpu_directives(),
@@ -305,7 +305,7 @@ def cluster_kwargs(settings: SlurmSettings, exclude: tuple[str, ...] = ()) -> di
                   walltime=settings.time, job_name=settings.job_name or "paragen-worker",
                   job_extra_directives=directives, job_directives_skip=skip,
                   job_script_prologue=prologue(settings),
-                  worker_extra_args=["--lifetime", lifetime, "--lifetime-stagger", stagger,
+                  worker_extra_args=["--lifetime", f"{lifetime}m", "--lifetime-stagger", f"{stagger}m",
                                      "--no-dashboard"],
                   python=shlex.quote(settings.python), death_timeout=DEATH_TIMEOUT_S,
                   interface=settings.interface, log_directory=settings.log_folder)
