@@ -190,7 +190,8 @@ class Fleet:
         reasons: dict[str, int] = {}
         for j in pending:
             reasons[j.reason or "None"] = reasons.get(j.reason or "None", 0) + 1
-        said = ", ".join(f"{r} ({REASONS[r]}): {n}" if r in REASONS else f"{r}: {n}" for r, n in sorted(reasons.items()))
+        said = ", ".join(f"{r} ({REASONS[r]}): {n}" if r in REASONS else f"{r}: {n}"
+                         for r, n in sorted(reasons.items()))
         longest = max(now - j.pending_since for j in pending)
         since = f"{longest:.0f} s" if longest < 120 else f"{longest / 60:.0f} min"
         return f"{len(pending)} worker job(s) pending, the longest for {since}; SLURM's reason: {said}"

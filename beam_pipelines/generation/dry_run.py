@@ -128,7 +128,8 @@ def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
                   *("    " + line for line in worker_script(fleet, logs=False).splitlines())]
     print("\n".join(lines), flush=True)
     return {"dry_run": True, "shards": len(decode), "records": records, "exact": inputs.exact, "bytes": size,
-            "units": units, "processes": processes, "bins": len(set(bins.values())), "groups": groups, "files_per_table": files,
+            "units": units, "processes": processes, "bins": len(set(bins.values())), "groups": groups,
+            "files_per_table": files,
             "rows_per_file": rows // files if files else 0, "unit_files": 3 * units,
             "kept_files_per_table": kept, "copied_records": copied, "rate": rate, "estimated_seconds": seconds,
             "reused_shards": sorted(reuse.reused), "copied_shards": sorted(reuse.carried),
