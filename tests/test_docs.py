@@ -1,33 +1,29 @@
 """The README and docs/ stay true: the README is short, every relative link resolves, every
-project command in a fenced shell block exists and accepts the options it is shown with, and
-docs/contract.md is what scripts/contract_doc.py generates.
+project command a page shows (in a shell block, or inline code that starts with one) exists and
+parses with its program's own parser, every repository path and exit status a page names is one
+the code has, and docs/contract.md is what scripts/contract_doc.py generates.
 
-Commands are checked, not run (most train models or run a job for minutes): each distinct
-program's ``--help`` must exit 0, and every ``--option`` the docs give it must appear in that help
-(or, for the Beam jobs and the launchers that run them, be one of Beam's own options), so renaming
-an option breaks this test until the docs follow.
+Commands are parsed, not run (most train models or run a job for minutes): see
+tests/doc_commands.py. The README's short path is run for real by tests/test_readme_path.py.
 """
 from __future__ import annotations
 
-import ast
-import concurrent.futures
+import glob
 import importlib.util
 import os
 import re
-import shlex
 import subprocess
-import sys
 
 import pytest
+
+from tests.doc_commands import (check_commands, commands_in, documented_commands, packages, shell_blocks,
+                                simple_commands, split_env)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 DOCS = sorted(os.path.join(ROOT, "docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
               if name.endswith(".md"))
 PAGES = [README, *DOCS]
-PACKAGES = {d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "__init__.py"))}
-SHELL_LANGS = {"bash", "sh", "shell", "console"}
-BEAM_JOBS = ("beam_pipelines.generate", "beam_pipelines.filter")
 README_MAX_LINES = 215         # a page a newcomer reads top to bottom; the rest is in docs/
 
 
@@ -109,168 +105,13 @@ def test_every_relative_link_points_to_a_file_and_heading_that_exist(page):
 # ------------------------------------------------------------------ commands
 
 
-def _entry_points() -> dict[str, str]:
-    """{console script: module} from setup.py."""
-    tree = ast.parse(_read(os.path.join(ROOT, "setup.py")))
-    out = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[\w-]+=[\w.]+:\w+",
-                                                                                           node.value):
-            name, target = node.value.split("=")
-            out[name] = target.split(":")[0]
-    return out
-
-
-def _shell_blocks(path: str):
-    """(first line number, text) of every fenced block labelled as shell."""
-    lines = _read(path).splitlines()
-    i = 0
-    while i < len(lines):
-        m = re.match(r"```(\w*)\s*$", lines[i])
-        if m:
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
-                j += 1
-            if m.group(1) in SHELL_LANGS:
-                yield i + 2, "\n".join(lines[i + 1:j])
-            i = j
-        i += 1
-
-
-def _simple_commands(block: str):
-    """The simple commands of a shell block: continuation lines joined, comments dropped, split at
-    ; && || | & and shell keywords."""
-    text = re.sub(r"\\\n", " ", block)
-    for line in text.splitlines():
-        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
-        lexer.whitespace_split = True
-        lexer.commenters = "#"
-        words: list[str] = []
-        for token in lexer:
-            if set(token) <= set(";&|()"):
-                if words:
-                    yield words
-                words = []
-            elif not words and token in ("do", "then", "else", "done", "fi", "for", "while", "if"):
-                continue
-            else:
-                words.append(token)
-        if words:
-            yield words
-
-
-class MissingProgram(Exception):
-    """A project command in the docs that does not exist."""
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise MissingProgram(message)
-
-
-class Program:
-    """A project program found in the docs: how to ask it for --help, and how to check options."""
-
-    def __init__(self, name: str, argv: list[str], option_sources: tuple[str, ...] = ()):
-        self.name, self.argv, self.option_sources = name, argv, option_sources
-
-
-def _program(words: list[str], scripts: dict[str, str]):
-    """(Program, options used, options used after '--') of a simple command, or None when it is
-    not one of the project's commands. MissingProgram for a project command that does not exist."""
-    env = {}
-    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
-        key, value = words[0].split("=", 1)
-        env[key] = value
-        words = words[1:]
-    if words[:1] == ["env"]:
-        words = words[1:]
-        while words and "=" in words[0]:
-            env.update([words[0].split("=", 1)])
-            words = words[1:]
-    if not words:
-        return None
-    cmd, args = words[0], words[1:]
-    if cmd in ("bash", "sh") and args and not args[0].startswith("-"):
-        cmd, args = args[0], args[1:]
-    base = os.path.basename(cmd)
-    if base.startswith("paragen-"):
-        _require(base in scripts, f"{base}: no such console script in setup.py")
-        module = scripts[base]
-        program = Program(base, [sys.executable, "-m", module], (module,))
-    elif re.fullmatch(r"python(3(\.\d+)?)?", base):
-        if args[:1] == ["-m"] and len(args) > 1:
-            module, args = args[1], args[2:]
-            if module.split(".")[0] not in PACKAGES:
-                return None                             # pytest, pip, ...: not the project's
-            _require(importlib.util.find_spec(module) is not None, f"python -m {module}: no such module")
-            program = Program(f"python -m {module}", [sys.executable, "-m", module], (module,))
-        elif args and args[0].endswith(".py"):
-            script, args = args[0], args[1:]
-            if not script.startswith(("bench/", "scripts/")):
-                return None
-            _require(os.path.isfile(os.path.join(ROOT, script)), f"{script}: no such file")
-            program = Program(script, [sys.executable, script])
-        else:
-            return None
-    elif cmd.startswith(("deploy/", "scripts/")):
-        _require(os.path.isfile(os.path.join(ROOT, cmd)), f"{cmd}: no such file")
-        if not cmd.startswith("deploy/run_") and cmd != "deploy/refresh.sh":
-            return None                                 # bootstrap.sh, quickstart.sh: run by CI, no --help
-        job = "beam_pipelines.filter" if env.get("JOB") == "filter" else "beam_pipelines.generate"
-        program = Program(cmd, ["bash", cmd], (job,))
-    else:
-        return None
-    options = [a.strip("[]").split("=", 1)[0] for a in args]
-    if "--" in args:
-        at = args.index("--")
-        before = [o for o in options[:at] if o.startswith("--") and o != "--"]
-        after = [o for o in options[at + 1:] if o.startswith("--")]
-    else:
-        before, after = [o for o in options if o.startswith("--")], []
-    return program, before, after
-
-
-def _commands():
-    """[(where, Program, options, options after '--')] of every project command in the docs."""
-    scripts = _entry_points()
-    found = []
-    for page in PAGES:
-        for line, block in _shell_blocks(page):
-            for words in _simple_commands(block):
-                where = f"{_rel(page)}:{line}: {' '.join(words)[:100]}"
-                try:
-                    parsed = _program(words, scripts)
-                except MissingProgram as exc:
-                    found.append((where, exc, [], []))
-                    continue
-                if parsed:
-                    found.append((where, *parsed))
-    return found
-
-
-def _help(argv: list[str]) -> tuple[int, str]:
-    proc = subprocess.run([*argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def _beam_options() -> set[str]:
-    """Every option Beam's registered PipelineOptions know (what the Beam jobs pass through)."""
-    code = ("import apache_beam.runners.dask.dask_runner\n"
-            "from apache_beam.options.pipeline_options import PipelineOptions\n"
-            "print('\\n'.join(PipelineOptions([]).get_all_options()))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    return {f"--{name}" for name in out.stdout.split()}
-
-
 def test_every_command_in_the_docs_exists():
-    commands = _commands()
-    missing = [f"{where}: {problem}" for where, problem, _o, _a in commands if isinstance(problem, MissingProgram)]
+    commands, missing = documented_commands()
     assert not missing, "\n".join(missing)
-    names = {p.name for _where, p, _o, _a in commands}
+    names = {c.name for c in commands}
     assert {"python -m beam_pipelines.generate", "python -m beam_pipelines.filter",
-            "python -m embeddings.train"} <= names, names
+            "python -m embeddings.train", "deploy/run_dask.sh", "deploy/run_flink.sh", "deploy/run_dataflow.sh",
+            "paragen-refresh", "deploy/refresh.sh"} <= names, names
 
 
 def test_every_project_command_runs_from_a_fresh_shell():
@@ -279,55 +120,137 @@ def test_every_project_command_runs_from_a_fresh_shell():
     bare = []
     for page in PAGES:
         activated = False
-        for line, block in _shell_blocks(page):
+        for line, block in shell_blocks(page):
             activated = activated or "source .venv/bin/activate" in block
-            for words in _simple_commands(block):
-                while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
-                    words = words[1:]
+            for words in simple_commands(block):
+                words = split_env(words)[1]
                 if not words or activated:
                     continue
                 project_python = (re.fullmatch(r"python(3(\.\d+)?)?", words[0]) and words[1:2] == ["-m"]
-                                  and len(words) > 2 and words[2].split(".")[0] in PACKAGES)
+                                  and len(words) > 2 and words[2].split(".")[0] in packages())
                 if words[0].startswith("paragen-") or project_python:
                     bare.append(f"{_rel(page)}:{line}: {' '.join(words)[:80]}")
     assert not bare, "not found in a fresh shell (write .venv/bin/...):\n" + "\n".join(bare)
 
 
-@pytest.mark.slow
-def test_every_command_in_the_docs_exists_and_takes_its_options():
-    commands = _commands()
-    missing = [f"{where}: {problem}" for where, problem, _o, _a in commands if isinstance(problem, MissingProgram)]
-    programs = [p for _where, p, _o, _a in commands if isinstance(p, Program)]
-    argvs = {tuple(p.argv) for p in programs}
-    argvs |= {(sys.executable, "-m", m) for p in programs for m in p.option_sources}
-    argvs.add((sys.executable, "-m", "beam_pipelines.generate"))        # what paragen-refresh passes on after --
-    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {argv: pool.submit(_help, list(argv)) for argv in sorted(argvs)}
-        beam = pool.submit(_beam_options)
-        helped = {argv: future.result() for argv, future in futures.items()}
-        beam_options = beam.result()
-    problems = list(missing)
-    problems += [f"{' '.join(argv[1:] if argv[0] == sys.executable else argv)} --help exits {rc}: {out[-300:]}"
-                 for argv, (rc, out) in helped.items() if rc != 0]
-
-    def known(option: str, texts: list[str], beam_ok: bool) -> bool:
-        pattern = re.compile(re.escape(option) + r"(?![\w-])")
-        return any(pattern.search(t) for t in texts) or (beam_ok and option in beam_options)
-
-    for where, program, options, after in commands:
-        if not isinstance(program, Program):
-            continue
-        texts = [helped[tuple(program.argv)][1]] + [helped[(sys.executable, "-m", m)][1]
-                                                    for m in program.option_sources]
-        beam_ok = any(m in BEAM_JOBS for m in program.option_sources)
-        for option in options:
-            if not known(option, texts, beam_ok):
-                problems.append(f"{where}: {program.name} has no option {option}")
-        job = helped[(sys.executable, "-m", "beam_pipelines.generate")][1]
-        for option in after:                            # paragen-refresh ... -- <the generation job's options>
-            if not known(option, [job], True):
-                problems.append(f"{where}: the generation job has no option {option}")
+def test_every_command_in_the_docs_parses_with_its_programs_own_parser():
+    """Each documented command line through its program's own argparse parser (types and choices
+    included), a Beam job's other options through the Beam parser the job refuses unknown ones
+    with, a launcher's through its own checks and then the job's: a renamed option, a value of the
+    wrong type or an option given to the wrong command fails here until the docs follow."""
+    commands, missing = documented_commands()
+    problems = missing + check_commands(commands)
     assert not problems, "\n".join(problems)
+
+
+WRONG = {   # command -> what the check must say about it
+    ".venv/bin/paragen-generate --input a.tsv --output out --forward_model M --backward_model M --engine ctranslate2":
+        "unknown option(s): --engine",
+    ".venv/bin/paragen-generate --input a.tsv --output out --forward_model M --backward_model M "
+    "--direct_num_workers abc":
+        "--direct_num_workers: invalid int value: 'abc'",
+    ".venv/bin/paragen-generate --input a.tsv --output out --forward_model M --backward_model M --runner NoRunner":
+        "--runner NoRunner",
+    ".venv/bin/paragen-generate --input a.tsv --output out --forward_model M --backward_model M --preset nope":
+        "argument --preset: invalid choice: 'nope'",
+    ".venv/bin/paragen-translate --model M --beam five": "argument --beam: invalid int value: 'five'",
+    ".venv/bin/paragen-translate --beam 5": "the following arguments are required: --model",
+    ".venv/bin/paragen-refresh --root R -- --input a.tsv --forward_model M --backward_model M --presett x":
+        "[after --]: unknown option(s): --presett",
+    ".venv/bin/paragen-refresh --root R --filter_args='--confg paranmt' -- --input a --forward_model M "
+    "--backward_model M": "[--filter_args]: unknown option(s): --confg",
+    "PROJECT=p REGION=r TEMP=gs://b/t IMAGE=i deploy/run_dataflow.sh --input corpus/ --output gs://b/o":
+        "run_dataflow.sh: --input corpus/: Dataflow workers cannot read local paths",
+    "deploy/run_dask.sh --local 2 --input a.tsv --output out --forward_model M --backward_model M --num-samples 4":
+        "unknown option(s): --num-samples",
+    ".venv/bin/python -m models.nmt.nosuch --x 1": "python -m models.nmt.nosuch: no such module",
+    ".venv/bin/python bench/bench_nosuch.py": "bench/bench_nosuch.py: no such file",
+}
+
+
+def test_the_docs_check_finds_wrong_commands():
+    """The check above, on commands that are wrong: each must be named with what is wrong."""
+    commands, problems = [], []
+    for i, text in enumerate(WRONG):
+        found, missing = commands_in(text, f"wrong:{i}")
+        commands += found
+        problems += missing
+    problems += check_commands(commands)
+    for i, (text, expected) in enumerate(WRONG.items()):
+        said = [p for p in problems if p.startswith(f"wrong:{i}:")]
+        assert any(expected in p for p in said), f"{text}\nexpected {expected!r}, got {said}"
+    right, _ = commands_in(".venv/bin/paragen-translate --model M --beam 5\n"
+                           "deploy/run_dask.sh --local N --input a.tsv --output out --forward_model M "
+                           "--backward_model M --slurm_extra --qos=long", "right")
+    assert check_commands(right) == []
+
+
+# ------------------------------------------------------------------ paths and exit statuses
+
+TOP = sorted({p.split("/")[0] for p in subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                                                      check=True).stdout.splitlines() if "/" in p})
+REPO_PATH = re.compile(r"(?<![\w./$'\"-])((?:%s)/[\w./*@-]*[\w*])" % "|".join(map(re.escape, TOP)))
+
+
+def _names_something(path: str) -> bool:
+    """PATH is a file or folder of the repository (a glob matches one), or `module/path.name`:
+    a module file that defines NAME."""
+    full = os.path.join(ROOT, path)
+    if os.path.exists(full) or glob.glob(full):
+        return True
+    module, dot, name = path.rpartition(".")
+    if dot and os.path.isfile(os.path.join(ROOT, module + ".py")):
+        source = _read(os.path.join(ROOT, module + ".py"))
+        return re.search(rf"^\s*(def|class)\s+{re.escape(name)}\b|^{re.escape(name)}\s*[:=]", source, re.M) is not None
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_every_repository_path_a_page_names_exists(page):
+    """`deploy/slurm/cluster.sbatch`, `models/nmt/round_trips.count_device_ops`, `bench/*.py`: a
+    path into the repository that a page names exists (a function reference, in the module named)."""
+    text = _read(page)
+    wrong = [f"{_rel(page)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(1)}"
+             for m in REPO_PATH.finditer(text) if not _names_something(m.group(1))]
+    assert not wrong, "no such file (or name) in the repository:\n" + "\n".join(wrong)
+
+
+def _exit_statuses_of_the_code() -> set[int]:
+    """Every exit status the project's code gives: constants named *EXIT* (EXIT_USAGE = 2,
+    DEVICE_FAILURE_EXIT = 70), sys.exit/os._exit/exit with a number, JobFailed(..., N), `exit N` in
+    its shell scripts; and 128 + the signal for a process ended by SIGINT, SIGTERM or SIGKILL (what
+    the stop handler, a scheduler or the OOM killer gives)."""
+    import signal
+
+    found = {0, 128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL}
+    patterns = (r"\b[A-Z_]*EXIT[A-Z_]*\s*=\s*(\d+)", r"(?:sys\.exit|os\._exit|\bexit)\((\d+)\)",
+                r"JobFailed\([^()]*(?:\([^()]*\)[^()]*)*,\s*(?:code=)?(\d+)\)", r"^\s*(?:[^#\n]*[;|&]\s*)?exit (\d+)")
+    for path in subprocess.run(["git", "ls-files", "*.py", "*.sh", "*.sbatch"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.split():
+        if path.startswith("tests/"):
+            continue
+        source = _read(os.path.join(ROOT, path))
+        for pattern in patterns:
+            found |= {int(n) for n in re.findall(pattern, source, re.M)}
+    return found
+
+
+# "exit 75", "exits with status 1", "exit status 2 and 3", "exits 2, 3 or 1"
+EXIT_MENTION = re.compile(r"\bexit(?:s|ed)?(?: with)?(?: (?:status|code)(?:es)?)?\s+\**(\d+)"
+                          r"((?:\**,? (?:or |and )?\**\d+\**)*)", re.I)
+
+
+def test_every_exit_status_the_docs_name_is_one_the_code_gives():
+    known = _exit_statuses_of_the_code()
+    assert {1, 2, 3, 75} <= known, known
+    wrong = []
+    for page in PAGES:
+        text = _read(page)
+        for m in EXIT_MENTION.finditer(text):
+            for number in [m.group(1), *re.findall(r"\d+", m.group(2))]:
+                if int(number) not in known:
+                    wrong.append(f"{_rel(page)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
+    assert not wrong, f"exit statuses the code never gives (it gives {sorted(known)}):\n" + "\n".join(wrong)
 
 
 # ------------------------------------------------------------------ the contract
