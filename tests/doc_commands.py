@@ -48,7 +48,7 @@ def rel(path: str) -> str:
 
 def pages() -> list[str]:
     docs = os.path.join(ROOT, "docs")
-    return [os.path.join(ROOT, "README.md"),
+    return [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "deploy", "README.md"),
             *sorted(os.path.join(docs, name) for name in os.listdir(docs) if name.endswith(".md"))]
 
 

@@ -16,14 +16,12 @@ import subprocess
 
 import pytest
 
-from tests.doc_commands import (check_commands, commands_in, documented_commands, packages, shell_blocks,
+from tests.doc_commands import (check_commands, commands_in, documented_commands, packages, pages, shell_blocks,
                                 simple_commands, split_env)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
-DOCS = sorted(os.path.join(ROOT, "docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
-              if name.endswith(".md"))
-PAGES = [README, *DOCS]
+PAGES = pages()                 # README.md, deploy/README.md, docs/*.md
 README_MAX_LINES = 215         # a page a newcomer reads top to bottom; the rest is in docs/
 
 
