@@ -16,7 +16,7 @@ it in one line with the committed units kept (common/stopping.py).
 One pair's path: ReadShard (transforms/io.py, common/shards.py) -> Clean (paracorpus/steps.py
 CleanStep through transforms/steps.py) -> Deduplicate -> GroupByKey on the pair's work unit ->
 RunInference with UnitTranslatorHandler (transforms/units.py -> paracorpus/units.py ->
-paracorpus/paraphrasing.py -> models/nmt/translator.py, paracorpus/clustering.py) -> WriteUnit
+paracorpus/paraphrasing.py -> models/nmt/engines/fairseq_engine.py, paracorpus/clustering.py) -> WriteUnit
 (paracorpus/units.py; columns in paracorpus/schema.py) -> compaction (paracorpus/compaction.py)
 -> the run's manifest, written last (paracorpus/commit.py).
 """

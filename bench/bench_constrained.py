@@ -7,7 +7,7 @@ Our sampler (top-k 10) on --sources `val` sources in one batch: 30 samples a sou
 5 constraint sets x 6 samples (the job's own draw of banned words), the two alternating for
 --rounds rounds after a warm-up (this machine is shared: the ratio is what to compare). Prints
 seconds (best and median) and sources/s of each, the ratio, the tensor operations a decoder step
-(kernel launches on a GPU; models/nmt/round_trips.py), the milliseconds to build the batch's ban
+(kernel launches on a GPU; models/nmt/decoding/round_trips.py), the milliseconds to build the batch's ban
 tables as the sampler does (inside the constrained seconds), and a digest of the constrained
 samples: two versions of the code that agree on it give the same samples.
 """
@@ -31,14 +31,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--decode_step", default="tree", help="the sampler's step mode (models/nmt/fixed_sampler.py)")
+    ap.add_argument("--decode_step", default="tree", help="the sampler's step mode (models/nmt/decoding/fixed_sampler.py)")
     args = ap.parse_args(argv)
 
     import torch
 
-    from models.nmt.bans import BanTable
-    from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops
-    from models.nmt.translator import Translator
+    from models.nmt.decoding.bans import BanTable
+    from models.nmt.decoding.round_trips import computing_ops, count_decoder_steps, count_device_ops
+    from models.nmt.engines.fairseq_engine import Translator
 
     torch.set_num_threads(args.threads)
     engine = Translator(args.model, device=args.device, precision="fp32", step_mode=args.decode_step)

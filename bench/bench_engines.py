@@ -90,7 +90,7 @@ def decode(model_dir: str, pairs: list, bans: bool) -> dict:
     import torch
 
     from models.nmt.engine import SampleRequest
-    from models.nmt.loading import load_engine
+    from models.nmt.engines.loading import load_engine
     from paracorpus.constraints import draw_constraint_sets
 
     torch.set_num_threads(1)

@@ -10,10 +10,10 @@ Prints (Markdown):
   2. clustering: ms per source at 150 candidates (bench/bench_clustering.py);
   3. Beam DirectRunner vs a plain Python loop over the same functions (whole job, same pairs);
   4. DirectRunner with 2 worker processes: torch threads per worker, all cores vs split;
-  5. matrix products: PyTorch's F.linear (MKL for fp32) vs models/nmt/onednn.py Linear
+  5. matrix products: PyTorch's F.linear (MKL for fp32) vs models/nmt/decoding/onednn.py Linear
      (oneDNN, prepacked weights) on the model's output projection and first FFN layer;
   6. dual scoring: Translator.score vs fairseq's SequenceScorer (same batches, same NLLs);
-  7. top-k over the vocabulary: torch.topk vs models/nmt/topk.py topk_rows;
+  7. top-k over the vocabulary: torch.topk vs models/nmt/decoding/topk.py topk_rows;
   8. peak memory (RSS) of this process and of child processes.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, 
     separate processes keep one engine's threads and caches from slowing the next; in one process,
     CTranslate2's idle OpenMP threads slowed torch by up to 1.6x). Per engine: the median seconds
     and the median over rounds of its speed-up against fairseq-generate in the same round."""
-    from models.nmt.translator import load_translator
+    from models.nmt.engines.fairseq_engine import load_translator
 
     t = load_translator(model_dir, device="cpu")
     base_spec = {"model_dir": model_dir, "sources": sources, "samples": samples, "topk": topk}
@@ -59,7 +59,7 @@ def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, 
         (f"ours, {samples} samples/source", {"engine": "ours", "precision": "fp32", "sets": 0}),
         (f"ours, {sets} constraint sets x {samples // sets} samples", {"engine": "ours", "precision": "fp32", "sets": sets}),
     ]
-    from models.nmt.translator import cpu_has_native_bf16
+    from models.nmt.engines.fairseq_engine import cpu_has_native_bf16
 
     if cpu_has_native_bf16() is False:     # the job refuses bf16 here: emulated, several times slower
         print("(this CPU has neither AVX512-BF16 nor AMX: no bf16 row)\n")
@@ -117,7 +117,7 @@ def engine_worker(spec: dict) -> dict:
         lengths = [n for r in run(spec["batches"]) for n in r]
         secs = time.perf_counter() - start
         return {"seconds": secs, "candidates": len(lengths), "tokens": sum(n + 1 for n in lengths)}
-    from models.nmt.translator import SampleRequest, load_translator
+    from models.nmt.engines.fairseq_engine import SampleRequest, load_translator
 
     engine = load_translator(spec["model_dir"], device="cpu", precision=spec["precision"])
     sources, samples, sets = spec["sources"], spec["samples"], spec["sets"]
@@ -146,7 +146,7 @@ def ctranslate2_specs(t, sources: list[str], samples: int, topk: int, tmp: str) 
     except ImportError:
         print("(ctranslate2 not installed: no CTranslate2 rows)\n")
         return []
-    from models.nmt.checkpoint import sanitized_copy
+    from models.nmt.model_files.checkpoint import sanitized_copy
 
     clean = os.path.join(tmp, "model.pt")          # the converter loads with fairseq's own loader
     sanitized_copy(os.path.join(t.model_dir, "model.pt"), clean)
@@ -190,8 +190,8 @@ def fairseq_generate(t, sources: list[str], search: list[str], per_source: int, 
                         os.path.join(t.model_dir, f"dict.{t.src_lang}.txt"), "--tgtdict",
                         os.path.join(t.model_dir, f"dict.{t.tgt_lang}.txt"), "--workers", "1"],
                        check=True, capture_output=True)
-        # models.nmt.fairseq_compat hands fairseq-generate a sanitized copy of the checkpoint
-        cmd = [sys.executable, "-m", "models.nmt.fairseq_compat", "generate", os.path.join(tmp, "bin"), "--path",
+        # models.nmt.model_files.fairseq_compat hands fairseq-generate a sanitized copy of the checkpoint
+        cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", os.path.join(tmp, "bin"), "--path",
                os.path.join(t.model_dir, "model.pt"), "--gen-subset", "test", *search,
                "--max-len-a", str(t.max_len_a), "--max-len-b", str(t.max_len_b), "--batch-size", str(batch_size),
                # fairseq drops the last partial batch without this (fairseq #5036, #5351)
@@ -224,7 +224,7 @@ def write_pairs(pairs, workdir: str) -> str:
 def bench_overhead(pairs, models: str, workdir: str, preset_args: list[str]) -> dict:
     """The whole job on DirectRunner vs a plain loop over the same functions, same pairs."""
     from beam_pipelines.generate import run
-    from models.nmt.translator import load_translator
+    from models.nmt.engines.fairseq_engine import load_translator
     from paracorpus.cleaning import CleaningConfig, Rejection, clean_pair, dedup_key, pair_id
     from paracorpus.config import PRESETS
     from paracorpus.paraphrasing import CleanPair, paraphrase_batch
@@ -306,8 +306,8 @@ def bench_matmul(model_dir: str, rows=(20, 138, 500), repeats: int = 30) -> list
     """Both products on the same weights and inputs, interleaved, best of 3 rounds each."""
     import torch
     import torch.nn.functional as F
-    from models.nmt.translator import load_translator
-    from models.nmt.prefix_decoder import decoder_linears
+    from models.nmt.engines.fairseq_engine import load_translator
+    from models.nmt.decoding.prefix_decoder import decoder_linears
 
     t = load_translator(model_dir, device="cpu")
     lin = decoder_linears(t.model.decoder)
@@ -336,7 +336,7 @@ def bench_scoring(model_dir: str, pairs: list[tuple[str, str]], rounds: int = 3)
     both give the same per-token NLLs (the largest difference is printed)."""
     import torch
     from fairseq.sequence_scorer import SequenceScorer
-    from models.nmt.translator import load_translator
+    from models.nmt.engines.fairseq_engine import load_translator
 
     t = load_translator(model_dir, device="cpu")
     english, foreign = [e for _, e in pairs], [f for f, _ in pairs]
@@ -364,7 +364,7 @@ def bench_scoring(model_dir: str, pairs: list[tuple[str, str]], rounds: int = 3)
 def bench_topk(vocab: int, rows: int = 138, ks=(10, 15), rounds: int = 9, repeats: int = 30) -> list[dict]:
     """torch.topk vs topk_rows on the same log-probabilities, interleaved; median of the rounds."""
     import torch
-    from models.nmt.topk import topk_rows
+    from models.nmt.decoding.topk import topk_rows
 
     x = torch.log_softmax(torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
     out = []
@@ -446,7 +446,7 @@ def main() -> None:
         print()
 
     if "matmul" not in skip:
-        print("## Matrix products: F.linear (MKL) vs prepacked oneDNN (models/nmt/onednn.py Linear)\n")
+        print("## Matrix products: F.linear (MKL) vs prepacked oneDNN (models/nmt/decoding/onednn.py Linear)\n")
         print("| product | F.linear ms | oneDNN ms | F.linear GFLOP/s | oneDNN GFLOP/s | speed-up |\n|---|---|---|---|---|---|")
         for r in bench_matmul(os.path.join(args.models, "cs-en")):
             note = "" if r["packed"] else " (oneDNN unavailable: F.linear both)"
@@ -463,10 +463,10 @@ def main() -> None:
               f"{r['max_diff']:.1e} |\n")
 
     if "topk" not in skip:
-        from models.nmt.translator import load_translator
+        from models.nmt.engines.fairseq_engine import load_translator
 
         vocab = len(load_translator(os.path.join(args.models, "cs-en"), device="cpu").tgt_dict)
-        print("## Top-k over the vocabulary: torch.topk vs models/nmt/topk.py (median of 9 interleaved rounds)\n")
+        print("## Top-k over the vocabulary: torch.topk vs models/nmt/decoding/topk.py (median of 9 interleaved rounds)\n")
         print("| log-probabilities | torch.topk ms | topk_rows ms | speed-up |\n|---|---|---|---|")
         for r in bench_topk(vocab):
             print(f"| {r['shape']} | {r['torch_ms']:.3f} | {r['ours_ms']:.3f} | {r['speedup']:.2f}x |")

@@ -31,7 +31,7 @@ Without a GPU it prints the CPU proxies and exits 0: the tensor operations of a 
 the code paths a GPU takes (its kernel launches: what a launch-bound step's time follows), by
 name, for the tree loop and the fixed-shape step, and the calls a compiled step makes a step
 (inductor's fused kernels and the library calls it keeps: on a GPU each is a launch); host<->device round trips during sample() and score() and the tensor operations per
-decoder step on the CPU's own paths (models/nmt/round_trips.py), the host milliseconds per pair to find banned phrases (two units of
+decoder step on the CPU's own paths (models/nmt/decoding/round_trips.py), the host milliseconds per pair to find banned phrases (two units of
 up to 500 of the --pairs), and the job's host milliseconds per pair by stage, outside the engines'
 calls (the given models on this CPU).
 """
@@ -117,7 +117,7 @@ def timed_samples(engine, runs: dict, rounds: int = 3) -> dict:
 # ---------------------------------------------------------------------------- on a GPU
 def bench_engines(args, sources_pairs, emit) -> None:
     from bench_generation import fairseq_generate, fairseq_generate_sampling
-    from models.nmt.translator import Translator
+    from models.nmt.engines.fairseq_engine import Translator
 
     n = len(sources_pairs)
     sources = [s for s, _ in sources_pairs]
@@ -169,8 +169,8 @@ def bench_syncs(args, sources_pairs, emit) -> None:
 
     import torch
 
-    from models.nmt.round_trips import count_decoder_steps, count_round_trips
-    from models.nmt.translator import Translator
+    from models.nmt.decoding.round_trips import count_decoder_steps, count_round_trips
+    from models.nmt.engines.fairseq_engine import Translator
 
     engine = Translator(args.forward_model, device=args.device, precision="fp32")
     engine.sample_batch_tokens = 10**9
@@ -202,7 +202,7 @@ def bench_profile(args, sources_pairs, emit, top: int = 12) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from models.nmt.translator import Translator
+    from models.nmt.engines.fairseq_engine import Translator
 
     engine = Translator(args.forward_model, device=args.device, precision="fp32")
     engine.sample_batch_tokens = 10**9
@@ -262,14 +262,14 @@ def compiled_calls(prof) -> int:
 
 
 def bench_steps(args, sources_pairs, emit) -> None:
-    """The decoder step modes on one sample() call each (models/nmt/fixed_sampler.py): time,
+    """The decoder step modes on one sample() call each (models/nmt/decoding/fixed_sampler.py): time,
     compile time, device kernels and ms a step, host launch calls a step, samples unlike the
     first mode's (the tree loop's)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops
-    from models.nmt.translator import Translator
+    from models.nmt.decoding.round_trips import computing_ops, count_decoder_steps, count_device_ops
+    from models.nmt.engines.fairseq_engine import Translator
 
     cuda = args.device == "cuda"
     pairs = sources_pairs[:100]
@@ -329,7 +329,7 @@ def bench_steps(args, sources_pairs, emit) -> None:
 def bench_precision(args, pairs, emit) -> None:
     """Dual scores in each precision: their distance from fp32's and the time of one score()
     call of 150 candidates a source (the job's parabank2 load), after a warm-up."""
-    from models.nmt.translator import Translator
+    from models.nmt.engines.fairseq_engine import Translator
 
     english = [t for _, t in pairs for _ in range(150)]
     foreign = [s for s, _ in pairs for _ in range(150)]
@@ -504,7 +504,8 @@ def gpu_paths():
     """The code paths a GPU takes, on this CPU, for counting its kernel launches: the products
     unpacked (oneDNN is the CPU's), the logits in one block (the CPU's are cache-sized) and fused
     attention (the GPU's default)."""
-    from models.nmt import fixed_step, onednn, prefix_decoder, translator
+    from models.nmt.decoding import fixed_step, onednn, prefix_decoder
+    from models.nmt.engines import fairseq_engine as translator
 
     saved = onednn._onednn_pack, translator._LOGIT_ROWS, prefix_decoder.PrefixDecoder.__init__, fixed_step.FUSED_ON_CPU
     init = saved[2]
@@ -528,8 +529,8 @@ def gpu_launches(args, sources_pairs, top: int = 12) -> list[dict]:
     import torch._inductor.config as inductor_config
     from torch.profiler import profile
 
-    from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops
-    from models.nmt.translator import Translator
+    from models.nmt.decoding.round_trips import computing_ops, count_decoder_steps, count_device_ops
+    from models.nmt.engines.fairseq_engine import Translator
 
     rows = []
     requests = (("30 samples", free_requests(sources_pairs[:100], 30)),
@@ -561,8 +562,8 @@ def gpu_launches(args, sources_pairs, top: int = 12) -> list[dict]:
 
 
 def cpu_proxies(args, sources_pairs, emit, unit_pairs=()) -> None:
-    from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops, count_round_trips
-    from models.nmt.translator import load_translator
+    from models.nmt.decoding.round_trips import computing_ops, count_decoder_steps, count_device_ops, count_round_trips
+    from models.nmt.engines.fairseq_engine import load_translator
 
     emit("gpu_launches_per_step", gpu_launches(args, sources_pairs))
     fwd = load_translator(args.forward_model, device="cpu")

@@ -45,7 +45,7 @@ def read_lines(split: str, lang: str, n: int | None = None) -> list[str]:
 def _fairseq(command: str, args: list[str], log: str) -> None:
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with open(log, "w") as f:
-        done = subprocess.run([sys.executable, "-m", "models.nmt.fairseq_compat", command, *args], cwd=ROOT, env=env,
+        done = subprocess.run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", command, *args], cwd=ROOT, env=env,
                               stdout=f, stderr=subprocess.STDOUT)
     if done.returncode:
         raise SystemExit(f"fairseq-{command} failed; see {log}")
@@ -113,7 +113,7 @@ def prepare(work: str, layers: int, dim: int, updates: int, merges: int) -> dict
 # ------------------------------------------------------------------ 1. tokenization
 def bench_tokenization(work: str, sentences: list[str], repeats: int) -> list[tuple]:
     from common.text import train_spm
-    from models.nmt.tokenization import Tokenization
+    from models.nmt.model_files.tokenization import Tokenization
     from tests.fairseq_fixtures import learn_subword_nmt, moses_tokenize, train_sentencepiece
 
     codes = os.path.join(work, "codes.subword_nmt")
@@ -153,7 +153,7 @@ def _sampling_round(model_dir: str, pairs: list, mode: str) -> dict:
     import torch
 
     from models.nmt.engine import SampleRequest
-    from models.nmt.loading import load_engine
+    from models.nmt.engines.loading import load_engine
     from paracorpus.constraints import draw_constraint_sets
 
     torch.set_num_threads(1)
@@ -183,7 +183,7 @@ def fairseq_generate_sampling(archive: str, members: str, model_dir: str, source
     """fairseq-generate --sampling with the archive's checkpoints MEMBERS ('model1.pt:model2.pt': its
     own ensemble), on the same sources tokenized as the imported model does; checks it returned
     every hypothesis."""
-    from models.nmt.loading import load_engine
+    from models.nmt.engines.loading import load_engine
 
     engine = load_engine(model_dir, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,7 +194,7 @@ def fairseq_generate_sampling(archive: str, members: str, model_dir: str, source
                         "--testpref", os.path.join(tmp, "test"), "--destdir", os.path.join(tmp, "bin"),
                         "--srcdict", os.path.join(archive, "dict.cs.txt"), "--tgtdict",
                         os.path.join(archive, "dict.en.txt"), "--workers", "1"], check=True, capture_output=True)
-        cmd = [sys.executable, "-m", "models.nmt.fairseq_compat", "generate", os.path.join(tmp, "bin"), "--path",
+        cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", os.path.join(tmp, "bin"), "--path",
                ":".join(os.path.join(archive, m) for m in members.split(":")), "--gen-subset", "test", "--sampling",
                "--sampling-topk", str(topk), "--beam", str(samples), "--nbest", str(samples),
                "--max-len-a", str(engine.max_len_a), "--max-len-b", str(engine.max_len_b), "--batch-size", "16",
@@ -221,7 +221,7 @@ def ours_sampling(model_dir: str, sources: list[str], samples: int, topk: int) -
     import torch
 
     from models.nmt.engine import SampleRequest
-    from models.nmt.loading import load_engine
+    from models.nmt.engines.loading import load_engine
 
     torch.set_num_threads(1)
     engine = load_engine(model_dir, device="cpu")

@@ -75,7 +75,7 @@ def plain_loop(model_dir: str, units: int, per_unit: int, release: bool, workdir
     import torch
 
     from common.memory import release_memory
-    from models.nmt.loading import load_engine
+    from models.nmt.engines.loading import load_engine
     from paracorpus.cleaning import pair_id
     from paracorpus.config import PRESETS
     from paracorpus.paraphrasing import piece_limits

@@ -167,7 +167,8 @@ def train(source, out: str, cfg: TrainConfig, dev_sts: str | None = None, log=pr
             losses += megabatch_step(encoder, optimizer, toks, cfg.batch_size, cfg.delta)
             done += len(mega)
             bar.update(len(mega))
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", pairs_s=f"{done / (time.time() - start):.0f}")
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", pairs_s=f"{done / (time.time() - start):.0f}",
+                            refresh=False)      # drawn at the bar's mininterval, not at every batch
         bar.close()
         seconds = time.time() - start
         entry = {"epoch": epoch, "loss": float(np.mean(losses)) if losses else None, "pairs": done,

@@ -169,7 +169,7 @@ def _setup(work: str, models: str) -> None:
     import pyarrow.parquet as pq
     import torch
 
-    from models.nmt.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
     with open(EXAMPLE, encoding="utf-8") as f:
         lines = f.readlines()[:20]
@@ -255,7 +255,7 @@ class _Pickled:
 def _skip(case: Case) -> str | None:
     import torch
 
-    from models.nmt.translator import cpu_has_native_bf16
+    from models.nmt.engines.fairseq_engine import cpu_has_native_bf16
 
     if case.when == "no_gpu" and torch.cuda.is_available():
         return "this machine has a GPU"

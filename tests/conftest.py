@@ -36,14 +36,14 @@ def tiny_nmt_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fwd(tiny_nmt_models):
     """The tiny cs-en model, loaded once (the process-wide cache the job uses too)."""
-    from models.nmt.translator import load_translator
+    from models.nmt.engines.fairseq_engine import load_translator
 
     return load_translator(os.path.join(tiny_nmt_models, "cs-en"), device="cpu")
 
 
 @pytest.fixture(scope="session")
 def bwd(tiny_nmt_models):
-    from models.nmt.translator import load_translator
+    from models.nmt.engines.fairseq_engine import load_translator
 
     return load_translator(os.path.join(tiny_nmt_models, "en-cs"), device="cpu")
 
@@ -76,7 +76,7 @@ def transformers_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hub():
     """LAYOUT -> fairseq's GeneratorHubInterface for it, loaded once, as users load it."""
-    from models.nmt.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     from fairseq.models.transformer import TransformerModel

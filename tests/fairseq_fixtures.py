@@ -1,7 +1,7 @@
 """Tiny real fairseq translation models (cs -> en) in the layouts fairseq users bring.
 
 Every model is trained here, offline, with fairseq's own command-line tools
-(``python -m models.nmt.fairseq_compat preprocess|train``) on 1,400 pairs of the synthetic bitext
+(``python -m models.nmt.model_files.fairseq_compat preprocess|train``) on 1,400 pairs of the synthetic bitext
 of tests/toydata.py (its canonical English renderings only, see :func:`toy_data`): a 1-2 layer
 d64 transformer, 450 updates, 15-30 s each. :func:`build_all` builds them all under one ROOT, two
 fairseq processes side by side, in about 80-120 s on 2 CPU cores. On the 12 held-out test
@@ -78,7 +78,7 @@ has one, ``fairseq_layouts``, to copy or import)::
 ``layouts_for_tests`` honours PARAGEN_TEST_FAIRSEQ_LAYOUTS: a directory that holds a complete build
 is reused as it is; a directory without one is built into (so the next session reuses it).
 Before loading a checkpoint with fairseq in a test process, call
-``models.nmt.checkpoint.allow_fairseq_checkpoints()`` (torch >= 2.6 refuses argparse.Namespace).
+``models.nmt.model_files.checkpoint.allow_fairseq_checkpoints()`` (torch >= 2.6 refuses argparse.Namespace).
 """
 from __future__ import annotations
 
@@ -254,14 +254,14 @@ def _write_split(prefix: str, src_lines: list[str], tgt_lines: list[str]) -> Non
 # ----------------------------------------------------------------------------------- fairseq CLI
 
 def run_fairseq(command: str, args: list[str], log_path: str) -> float:
-    """``python -m models.nmt.fairseq_compat COMMAND ARGS`` from the repository root, one thread;
+    """``python -m models.nmt.model_files.fairseq_compat COMMAND ARGS`` from the repository root, one thread;
     returns its wall seconds, raises with the log's tail when it fails."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     start = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "models.nmt.fairseq_compat", command, *args],
+        proc = subprocess.run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", command, *args],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         with open(log_path, errors="replace") as log:
@@ -294,7 +294,7 @@ def train(data_bin: str, save_dir: str, log_path: str, model_args: list[str], se
 def _load(path: str) -> dict:
     import torch
 
-    from models.nmt.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -548,7 +548,7 @@ def beam_margins(info: dict) -> list[float]:
     hub interface decodes them."""
     from fairseq.models.transformer import TransformerModel
 
-    from models.nmt.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     model = TransformerModel.from_pretrained(**info["hub_kwargs"]).eval()

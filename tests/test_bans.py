@@ -1,10 +1,10 @@
-"""models/nmt/bans.py: the banned tokens its tensors find for each row are exactly those a direct
+"""models/nmt/decoding/bans.py: the banned tokens its tensors find for each row are exactly those a direct
 check of the row's last tokens against each phrase finds."""
 import random
 
 import torch
 
-from models.nmt.bans import BanTable, PhrasePack, compact
+from models.nmt.decoding.bans import BanTable, PhrasePack, compact
 
 
 def _direct(phrases, history):

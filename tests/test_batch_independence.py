@@ -1,7 +1,7 @@
 """A pair's output depends on nothing but the pair: not on the pairs decoded in the same batch, the
 work unit it falls in, or the batch size. fairseq's SequenceGenerator takes one length limit from
 a batch's padded source length, so a short source's hypothesis that runs to its limit used to get
-more steps beside a long source (models/nmt/beam.py gives each source its own)."""
+more steps beside a long source (models/nmt/decoding/beam.py gives each source its own)."""
 import json
 import os
 import subprocess
@@ -106,7 +106,7 @@ def test_job_rows_do_not_depend_on_unit_or_batch_size(mixed_input, tiny_nmt_mode
 
 
 def test_the_fixed_shape_step_eager_and_compiled_writes_the_tree_loops_rows(mixed_input, tiny_nmt_models, tmp_path):
-    """--decode_step fixed and compiled (models/nmt/fixed_sampler.py: rows padded to buckets of
+    """--decode_step fixed and compiled (models/nmt/decoding/fixed_sampler.py: rows padded to buckets of
     sources, nodes and lengths) in other unit and batch layouts: the tree loop's rows, scores to
     float rounding."""
     models = {"forward": os.path.join(tiny_nmt_models, "cs-en"), "backward": os.path.join(tiny_nmt_models, "en-cs")}

@@ -121,7 +121,7 @@ def test_generation_on_a_dask_cluster_with_a_bucket(bucket, local_runs, dask_clu
 def test_a_model_changed_in_the_bucket_during_a_run_is_refused(bucket, tmp_path):
     """Workers check the copies they load against the sha256 the driver recorded."""
     from models.safety import UnsafeModelError
-    from models.nmt.model_dir import check_model_dir, local_model_dir
+    from models.nmt.model_files.model_dir import check_model_dir, local_model_dir
 
     model = f"{bucket}/models/cs-en"
     recorded = check_model_dir(model)["sha256"]

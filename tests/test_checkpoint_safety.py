@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-from models.nmt.checkpoint import (UnsafeModelError, build_translation_model, check_checkpoint, load_state,
+from models.nmt.model_files.checkpoint import (UnsafeModelError, build_translation_model, check_checkpoint, load_state,
                                    validate_model_config)
-from models.nmt.model_dir import check_model_dir
-from models.nmt.checkpoint import allow_fairseq_checkpoints
+from models.nmt.model_files.model_dir import check_model_dir
+from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -164,13 +164,13 @@ def test_model_json_languages_cannot_name_other_files(tiny_nmt_models, tmp_path)
 
 @pytest.mark.slow
 def test_fairseq_cli_wrapper_hands_fairseq_a_sanitized_checkpoint(tiny_nmt_models, tmp_path):
-    """fairseq-generate through models.nmt.fairseq_compat (the benchmark's baseline): a hostile
+    """fairseq-generate through models.nmt.model_files.fairseq_compat (the benchmark's baseline): a hostile
     checkpoint is refused with one line; a good one is sanitized and decodes."""
     marker = tmp_path / "ran"
     model = hostile_model(os.path.join(tiny_nmt_models, "cs-en"), tmp_path / "m",
                           set_model_field("adaptive_softmax_cutoff", _payload(marker)))
     data = os.path.join(tiny_nmt_models, "data-bin")
-    cmd = [sys.executable, "-m", "models.nmt.fairseq_compat", "generate", data, "--gen-subset", "valid",
+    cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", data, "--gen-subset", "valid",
            "--source-lang", "cs", "--target-lang", "en", "--cpu", "--beam", "2", "--max-sentences", "4",
            "--max-len-b", "5"]
     bad = subprocess.run(cmd + ["--path", os.path.join(model, "model.pt")], cwd=ROOT, capture_output=True, text=True)

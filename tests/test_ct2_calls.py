@@ -1,8 +1,8 @@
-"""How the CTranslate2 engine splits sampling requests into calls (models/nmt/ct2.py): a request
+"""How the CTranslate2 engine splits sampling requests into calls (models/nmt/engines/ct2_engine.py): a request
 with banned words alone, since suppress_sequences applies to a whole call; requests without
 batched only when their sample count and length limit agree, so that no sample depends on what it
 was batched with."""
-from models.nmt.ct2 import _call_groups, _never_generated
+from models.nmt.engines.ct2_engine import _call_groups, _never_generated
 from models.nmt.engine import SampleRequest
 
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from models.nmt.ct2 import CT2Engine
+from models.nmt.engines.ct2_engine import CT2Engine
 from models.nmt.engine import SampleRequest
-from models.nmt.loading import load_engine
+from models.nmt.engines.loading import load_engine
 from paracorpus.paraphrasing import violates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from models.nmt.engine import SampleRequest
-from models.nmt.loading import load_engine
+from models.nmt.engines.loading import load_engine
 from paracorpus.paraphrasing import violates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

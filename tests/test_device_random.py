@@ -1,4 +1,4 @@
-"""models/nmt/device_random.py: the sampler's random numbers, computed on the device, are those of a
+"""models/nmt/decoding/device_random.py: the sampler's random numbers, computed on the device, are those of a
 uint64 SplitMix64 in numpy (the implementation the sampler used before it ran on the device), so a
 pair's samples did not change when the loop moved there."""
 import hashlib
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.nmt.device_random import gumbel, gumbel_steps, row_seed, splitmix64
+from models.nmt.decoding.device_random import gumbel, gumbel_steps, row_seed, splitmix64
 
 
 def _np_splitmix64(x):

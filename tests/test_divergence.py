@@ -12,11 +12,14 @@ import pytest
 import torch
 
 from models.safety import UnsafeModelError
-from models.bitext.divergence import (Dictionary, DivergenceConfig, InteractionModel, bilingual_dictionary, coverage,
-                               dictionary_from_counts, embedding_cosine_scores, greedy_matching, length_ratio,
-                               length_ratio_scores, link_counts, load_divergence_detector, macro_f1,
-                               partial_divergence, synthetic_examples, tokenize, train_divergence, tune_threshold, word_alignments,
-                               WeightMean)
+from models.bitext.divergence import (DivergenceConfig, embedding_cosine_scores, length_ratio_scores,
+                                      load_divergence_detector, macro_f1, tokenize, train_divergence, tune_threshold,
+                                      word_alignments)
+from models.bitext.divergence.lexicon import (Dictionary, bilingual_dictionary, coverage, dictionary_from_counts,
+                                              length_ratio, link_counts)
+from models.bitext.divergence.model import InteractionModel, greedy_matching
+from models.bitext.divergence.negatives import partial_divergence, synthetic_examples
+from models.bitext.divergence.training import WeightMean
 from common.cli import UsageError
 
 WORDS = [f"w{i}" for i in range(30)]
@@ -575,7 +578,7 @@ def test_an_ensemble_averages_members_that_single_trainings_reproduce(tmp_path):
     stored once) loads to the same scores."""
     from dataclasses import replace
 
-    from models.bitext.divergence import InteractionEnsemble, member_seed
+    from models.bitext.divergence.model import InteractionEnsemble, member_seed
 
     torch.set_num_threads(1)
     src, tgt = substitution_corpus(160, seed=11, vocab=12)

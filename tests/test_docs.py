@@ -205,7 +205,7 @@ def _names_something(path: str) -> bool:
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_every_repository_path_a_page_names_exists(page):
-    """`deploy/slurm/cluster.sbatch`, `models/nmt/round_trips.count_device_ops`, `bench/*.py`: a
+    """`deploy/slurm/cluster.sbatch`, `models/nmt/decoding/round_trips.count_device_ops`, `bench/*.py`: a
     path into the repository that a page names exists (a function reference, in the module named)."""
     text = _read(page)
     wrong = [f"{_rel(page)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(1)}"
@@ -272,3 +272,28 @@ def test_contract_doc_generator_refuses_a_key_without_a_meaning(monkeypatch):
     monkeypatch.setitem(module.KEY_LISTS, "manifest", (*module.KEY_LISTS["manifest"], "new_key"))
     with pytest.raises(SystemExit, match="new_key"):
         module.key_table("manifest")
+
+
+# ------------------------------------------------------------------ the models map
+
+
+def test_the_models_map_names_every_module_of_models_and_nothing_else():
+    """docs/architecture.md's tree of models/: each line's indentation is its depth; every module
+    (but __init__.py) is in it, and everything in it exists."""
+    text = _read(os.path.join(ROOT, "docs", "architecture.md"))
+    block = text.split("## The models map\n", 1)[1].split("```\n", 2)[1]
+    named, stack = set(), []
+    for line in block.splitlines():
+        m = re.match(r"( *)([\w./]+(?:, [\w./]+)*)(?=\s{2,}|$)", line)
+        if not m or not m.group(2).strip():
+            continue                                    # a description's second line
+        depth = len(m.group(1)) // 2
+        names = m.group(2).split(", ")
+        stack[depth:] = [names[0].rstrip("/")]
+        for name in names:
+            named.add("/".join(stack[:depth] + [name.rstrip("/")]))
+    modules = {os.path.relpath(os.path.join(d, n), ROOT) for d, _, ns in os.walk(os.path.join(ROOT, "models"))
+               for n in ns if n.endswith(".py") and n != "__init__.py"}
+    folders = {os.path.dirname(p) for p in modules}
+    assert not modules - named, f"modules the map leaves out: {sorted(modules - named)}"
+    assert not named - modules - folders, f"the map names what does not exist: {sorted(named - modules - folders)}"

@@ -27,7 +27,7 @@ MIN_MARGIN = ff.MIN_MARGIN
 def _state(path):
     import torch
 
-    from models.nmt.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,14 +1,14 @@
-"""The fixed-shape sampling step (models/nmt/fixed_step.py, fixed_sampler.py), eager and compiled,
-against the eager tree loop (models/nmt/sampler.py) on the tiny models: the same tokens for the
+"""The fixed-shape sampling step (models/nmt/decoding/fixed_step.py, fixed_sampler.py), eager and compiled,
+against the eager tree loop (models/nmt/decoding/sampler.py) on the tiny models: the same tokens for the
 same seeds, a step that never reads from the device, shapes from a few buckets, and a compiled
 step with no graph break that does not recompile when the node bucket or the batch changes."""
 import pytest
 import torch
 
-from models.nmt.device_random import gumbel, gumbel_at, row_seeds
-from models.nmt.fixed_sampler import CompiledStep, bucket, fixed_step_of, resolve_step_mode
-from models.nmt.round_trips import computing_ops, count_device_ops, count_round_trips
-from models.nmt.translator import SampleRequest, Translator
+from models.nmt.decoding.device_random import gumbel, gumbel_at, row_seeds
+from models.nmt.decoding.fixed_sampler import CompiledStep, bucket, fixed_step_of, resolve_step_mode
+from models.nmt.decoding.round_trips import computing_ops, count_device_ops, count_round_trips
+from models.nmt.engines.fairseq_engine import SampleRequest, Translator
 
 
 def test_buckets_are_two_sizes_an_octave_and_hold_the_count():
@@ -91,7 +91,7 @@ def test_a_rows_samples_do_not_depend_on_its_batch_mates_or_the_batch_size(fixed
 def test_a_step_never_reads_from_the_device_and_its_ops_do_not_grow_with_the_batch(fixed):
     """Inside a step: no host round trip (each would be a GPU sync); its tensor operations are
     the same count whatever the rows, bans and node bucket."""
-    from models.nmt.fixed_sampler import FixedBatch
+    from models.nmt.decoding.fixed_sampler import FixedBatch
 
     step = fixed_step_of(fixed)
     per_step = {}

@@ -145,7 +145,7 @@ def _hostile_line(seed=0, chars=19_000):
 _RSS_SCRIPT = r"""
 import json, os, resource, sys
 sys.path.insert(0, os.environ["ROOT"])
-from models.nmt.translator import load_translator
+from models.nmt.engines.fairseq_engine import load_translator
 from paracorpus.cleaning import CleanPair
 from paracorpus.paraphrasing import piece_limits
 from paracorpus.steps import DualXentStep, PieceLimitStep
@@ -247,7 +247,7 @@ def test_output_below_a_file_is_refused(tmp_path, tiny_nmt_models):
 def test_device_and_precision_are_checked_for_local_workers(monkeypatch):
     import torch
 
-    import models.nmt.translator
+    import models.nmt.engines.fairseq_engine
 
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="no CUDA GPU"):
@@ -258,17 +258,17 @@ def test_device_and_precision_are_checked_for_local_workers(monkeypatch):
     with pytest.raises(UsageError, match="tf32 is a GPU's"):
         resolve_device("cpu", "tf32", "DirectRunner")
     # the CPU's bf16 support decides; simulate both kinds of CPU
-    monkeypatch.setattr(models.nmt.translator, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(models.nmt.engines.fairseq_engine, "cpu_has_native_bf16", lambda: False)
     with pytest.raises(UsageError, match="AVX512-BF16"):
         resolve_device("cpu", "bf16", "DirectRunner")
-    monkeypatch.setattr(models.nmt.translator, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(models.nmt.engines.fairseq_engine, "cpu_has_native_bf16", lambda: True)
     assert resolve_device("cpu", "bf16", "DirectRunner") == ("cpu", "bf16")
     # remote workers resolve for themselves
     assert resolve_device(None, "bf16", "DataflowRunner") == (None, "bf16")
 
 
 def test_this_cpus_bf16_answer_matches_its_flags():
-    from models.nmt.translator import cpu_has_native_bf16
+    from models.nmt.engines.fairseq_engine import cpu_has_native_bf16
 
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else None
     if flags is None:

@@ -127,3 +127,50 @@ def test_every_model_subpackage_says_what_it_holds():
         init = os.path.join(ROOT, "models", part, "__init__.py")
         doc = ast.get_docstring(ast.parse(open(init, encoding="utf-8").read()))
         assert doc and len(doc) > 80, init
+
+
+# models.nmt.<part> -> the parts it may import: the map in models/nmt/__init__.py, lowest first
+NMT_LAYERS = {
+    "model_files": set(),
+    "engine": set(),
+    "devices": set(),
+    "decoding": {"engine", "devices"},
+    "engines": {"decoding", "model_files", "engine", "devices"},
+}
+NMT_COMMANDS = {"train", "importing", "translate"}        # may import every part
+
+
+def test_nmt_parts_import_only_the_parts_below_them():
+    parts = set(NMT_LAYERS) | NMT_COMMANDS
+    wrong = []
+    for module, deps in _module_imports().items():
+        names = module.split(".")
+        if names[:2] != ["models", "nmt"] or len(names) < 3:
+            continue
+        assert names[2] in parts, f"{module}: a part of models/nmt that the map does not name"
+        allowed = parts if names[2] in NMT_COMMANDS else NMT_LAYERS[names[2]] | {names[2]}
+        wrong += [f"{module} -> {d}" for d in sorted(deps) if d.split(".")[:2] == ["models", "nmt"]
+                  and len(d.split(".")) > 2 and d.split(".")[2] not in allowed]
+    assert not wrong, wrong
+
+
+MAX_MODEL_MODULE_LINES = 600      # a module a reader holds at once (models/bitext/divergence.py was 1,089)
+
+
+def _model_modules():
+    for dirpath, _, names in os.walk(os.path.join(ROOT, "models")):
+        for name in sorted(names):
+            if name.endswith(".py"):
+                yield os.path.join(dirpath, name)
+
+
+def test_every_module_in_models_says_what_it_holds_and_is_short():
+    problems = []
+    for path in _model_modules():
+        source = open(path, encoding="utf-8").read()
+        doc = ast.get_docstring(ast.parse(source)) or ""
+        if len(doc) < 80:
+            problems.append(f"{os.path.relpath(path, ROOT)}: a docstring of {len(doc)} characters")
+        if source.count("\n") > MAX_MODEL_MODULE_LINES:
+            problems.append(f"{os.path.relpath(path, ROOT)}: {source.count(chr(10))} lines")
+    assert not problems, problems

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from models.nmt.engine import SampleRequest
-from models.nmt.loading import load_engine
+from models.nmt.engines.loading import load_engine
 from paracorpus.paraphrasing import violates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -253,7 +253,7 @@ def _archive_copy(info, dst, models: dict):
 def _state(path):
     import torch
 
-    from models.nmt.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     return torch.load(path, map_location="cpu", weights_only=True)

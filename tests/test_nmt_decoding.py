@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from models.nmt.translator import SampleRequest, Translator, load_translator
+from models.nmt.engines.fairseq_engine import SampleRequest, Translator, load_translator
 
 
 def _contains(seq, phrase):
@@ -111,7 +111,7 @@ def _reference_nll(t, source: str, target: str) -> float:
 
 @pytest.mark.slow
 def test_score_equals_fairseq_forward_with_padding_and_blocks(bwd, sources, monkeypatch):
-    import models.nmt.translator as nmt
+    import models.nmt.engines.fairseq_engine as nmt
 
     # Candidates of very different lengths in one batch (padded), and blocks of 7 positions so
     # the projection runs in several blocks with a short last one.
@@ -176,7 +176,7 @@ def test_missing_model_dir_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_precision_is_validated(tiny_nmt_models):
-    from models.nmt.translator import resolve_precision
+    from models.nmt.engines.fairseq_engine import resolve_precision
 
     assert resolve_precision("auto", "cpu") == "fp32"
     assert resolve_precision("auto", "cuda") == "fp32"          # fastest measured on an H100 (benchmarks.md)
@@ -198,7 +198,7 @@ def test_tf32_is_on_for_a_tf32_engine_s_calls_only():
     back what was there, also when the call fails, so an fp32 engine beside it stays exact."""
     import torch
 
-    from models.nmt.translator import tf32_matmuls
+    from models.nmt.engines.fairseq_engine import tf32_matmuls
 
     flag = torch.backends.cuda.matmul
     assert flag.allow_tf32 is False                          # torch's default

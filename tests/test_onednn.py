@@ -1,9 +1,9 @@
-"""models/nmt/onednn.py: oneDNN products with prepacked weights give F.linear's results."""
+"""models/nmt/decoding/onednn.py: oneDNN products with prepacked weights give F.linear's results."""
 import copy
 
 import torch
 
-from models.nmt.onednn import Linear, pack_linears
+from models.nmt.decoding.onednn import Linear, pack_linears
 
 
 def test_packed_linear_equals_f_linear():

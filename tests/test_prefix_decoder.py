@@ -1,12 +1,12 @@
-"""models/nmt/prefix_decoder.py against fairseq's own decoder, on a tiny model trained in this session."""
+"""models/nmt/decoding/prefix_decoder.py against fairseq's own decoder, on a tiny model trained in this session."""
 import copy
 
 import pytest
 import torch
 
-from models.nmt.translator import SampleRequest
-from models.nmt import prefix_decoder as prefix_decoder_module
-from models.nmt.prefix_decoder import FairseqPrefixDecoder, PrefixDecoder, prefix_decoder, unsupported_reason
+from models.nmt.engines.fairseq_engine import SampleRequest
+from models.nmt.decoding import prefix_decoder as prefix_decoder_module
+from models.nmt.decoding.prefix_decoder import FairseqPrefixDecoder, PrefixDecoder, prefix_decoder, unsupported_reason
 
 pytestmark = pytest.mark.slow    # every test needs the tiny NMT models (trained once per session)
 
@@ -58,7 +58,7 @@ def test_features_match_fairseq_full_forward_through_splits_and_deaths(fwd, sour
 def test_fused_attention_launches_fewer_kernels_a_step(fwd, sources):
     """On a GPU a step's time follows its kernel launches: each fused attention replaces the
     products, the mask and the softmax (at least three operations a layer fewer)."""
-    from models.nmt.round_trips import computing_ops, count_device_ops
+    from models.nmt.decoding.round_trips import computing_ops, count_device_ops
 
     model = fwd.model
     src_tokens, src_lengths = fwd._collate_src([fwd._ids(fwd.src_dict, s, "src") for s in sources])

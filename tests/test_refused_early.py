@@ -111,7 +111,7 @@ def test_a_filter_config_nested_too_deeply_is_one_line(tmp_path):
 
 def test_a_model_json_nested_too_deeply_is_one_line(tmp_path):
     from models.safety import UnsafeModelError
-    from models.nmt.model_dir import read_model_meta
+    from models.nmt.model_files.model_dir import read_model_meta
 
     for name in ("model.pt", "spm.model"):
         (tmp_path / name).write_bytes(b"x")
@@ -122,7 +122,7 @@ def test_a_model_json_nested_too_deeply_is_one_line(tmp_path):
 
 def test_garbage_sentencepiece_and_dictionary_files_are_named(tmp_path):
     from common.text import load_sentencepiece
-    from models.nmt.model_dir import dictionary_size
+    from models.nmt.model_files.model_dir import dictionary_size
 
     garbage = tmp_path / "spm.model"
     garbage.write_bytes(b"\x00not a model" * 10)

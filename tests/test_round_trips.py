@@ -1,11 +1,11 @@
-"""Host<->device round trips while decoding (models/nmt/round_trips.py), the CPU proxy for a GPU
+"""Host<->device round trips while decoding (models/nmt/decoding/round_trips.py), the CPU proxy for a GPU
 left idle: a constant number per decoder step in sample(), whatever the rows and banned phrases,
 and a constant number per call in score(). These tests fail when a change brings per-row or
 per-phrase round trips back."""
 import pytest
 
-from models.nmt.round_trips import computing_ops, count_decoder_steps, count_device_ops, count_round_trips
-from models.nmt.translator import SampleRequest
+from models.nmt.decoding.round_trips import computing_ops, count_decoder_steps, count_device_ops, count_round_trips
+from models.nmt.engines.fairseq_engine import SampleRequest
 
 pytestmark = pytest.mark.slow      # the tiny NMT models are trained once per session
 
@@ -89,7 +89,7 @@ def test_sampling_ops_per_step_do_not_grow_with_rows(fwd, many_sources, monkeypa
     """On a GPU a host-bound step costs its kernel launches: their number per step must not grow
     with the rows (no per-row work) and bans must add only a few. The logits are taken in one
     block, as on a GPU (the CPU's cache-sized blocks add ops with the rows by design)."""
-    from models.nmt import translator
+    from models.nmt.engines import fairseq_engine as translator
 
     monkeypatch.setattr(fwd, "sample_batch_tokens", 10**9)
     monkeypatch.setattr(translator, "_LOGIT_ROWS", 10**9)

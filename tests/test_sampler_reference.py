@@ -1,4 +1,4 @@
-"""The sampler (models/nmt/sampler.py: a tree of shared prefixes on the device, one read-back per
+"""The sampler (models/nmt/decoding/sampler.py: a tree of shared prefixes on the device, one read-back per
 step) against the plainest sampler that could be written: one row at a time, fairseq's own full
 forward pass over the whole prefix at every step, its banned tokens found by comparing its last
 tokens with each phrase in Python, top k, then Gumbel-max with the same noise. Same tokens, same
@@ -6,8 +6,8 @@ scores."""
 import pytest
 import torch
 
-from models.nmt.device_random import gumbel, row_seed
-from models.nmt.translator import SampleRequest
+from models.nmt.decoding.device_random import gumbel, row_seed
+from models.nmt.engines.fairseq_engine import SampleRequest
 
 pytestmark = pytest.mark.slow      # the tiny NMT models are trained once per session
 

@@ -1,4 +1,4 @@
-"""models/nmt/tokenization.py against fairseq's own hub pipeline (hub_utils.GeneratorHubInterface's
+"""models/nmt/model_files/tokenization.py against fairseq's own hub pipeline (hub_utils.GeneratorHubInterface's
 encode/decode over fairseq's encoders), string for string, on toy bitext and hostile text; codes
 files told apart and refused; banned phrases in every segmentation a vocabulary allows."""
 import pickle
@@ -6,7 +6,7 @@ from argparse import Namespace
 
 import pytest
 
-from models.nmt.tokenization import (BPES, MAX_SEGMENTATIONS, TOKENIZERS, Tokenization, check_codes,
+from models.nmt.model_files.tokenization import (BPES, MAX_SEGMENTATIONS, TOKENIZERS, Tokenization, check_codes,
                                      detect_bpe, surface_forms)
 from tests.toydata import toy_bitext
 

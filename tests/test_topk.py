@@ -1,8 +1,8 @@
-"""models/nmt/topk.py: the blocked top-k gives torch.topk's values and indices."""
+"""models/nmt/decoding/topk.py: the blocked top-k gives torch.topk's values and indices."""
 import pytest
 import torch
 
-from models.nmt.topk import block_size, topk_rows
+from models.nmt.decoding.topk import block_size, topk_rows
 
 
 @pytest.mark.parametrize("width", [8008, 8000, 8011, 3000])

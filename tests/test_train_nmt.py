@@ -45,7 +45,7 @@ def test_cli_rejects_half_given_files(tmp_path):
 
 
 def test_fairseq_compat_usage_error():
-    r = subprocess.run([sys.executable, "-m", "models.nmt.fairseq_compat", "bogus"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "bogus"], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode != 0 and "usage" in r.stderr
 
@@ -134,7 +134,7 @@ def test_output_layout(tiny_nmt_models):
 def test_checkpoint_loads_with_weights_only(tiny_nmt_models):
     import torch
 
-    from models.nmt.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
     path = os.path.join(tiny_nmt_models, "cs-en", "model.pt")
     # The one non-tensor class a fairseq-fixed checkpoint pickles is argparse.Namespace.

@@ -55,7 +55,7 @@ class UnitTranslatorHandler(ModelHandler):
                  expected_pairs: int | None = None, bitext=None, langs: tuple[str, str] = ("", ""),
                  processes_per_gpu: int = 1, decode_step: str = "auto"):
         super().__init__()
-        self.decode_step = decode_step               # how the forward model samples (models/nmt/fixed_sampler.py)
+        self.decode_step = decode_step               # how the forward model samples (models/nmt/decoding/fixed_sampler.py)
         self.processes_per_gpu = processes_per_gpu   # this machine's GPUs are shared by this many processes each
         self.bitext, self.langs = bitext, langs      # a paracorpus.steps.BitextFilterConfig, or None
         self.forward_model, self.backward_model = forward_model, backward_model
@@ -67,7 +67,7 @@ class UnitTranslatorHandler(ModelHandler):
 
     def load_model(self) -> _Models:
         from models.nmt.devices import worker_device
-        from models.nmt.loading import load_engine
+        from models.nmt.engines.loading import load_engine
 
         if self.torch_threads:      # several worker processes share this machine's cores
             import torch

@@ -70,7 +70,7 @@ class Job:
     requested_precision: str
     threads: int | None              # torch threads per worker process
     processes_per_gpu: int
-    decode_step: str                 # --decode_step (models/nmt/fixed_sampler.py), as given
+    decode_step: str                 # --decode_step (models/nmt/decoding/fixed_sampler.py), as given
     mps: str                         # --mps: auto, on or off (beam_pipelines/generation/mps.py)
 
     @property

@@ -18,7 +18,7 @@ def resolve_device(device: str | None, precision: str, runner: str) -> tuple[str
     Elsewhere the workers resolve 'auto' themselves and the manifest's counters say what they used."""
     import torch
 
-    from models.nmt.translator import cpu_has_native_bf16, gpu_capability, resolve_precision
+    from models.nmt.engines.fairseq_engine import cpu_has_native_bf16, gpu_capability, resolve_precision
 
     if not is_local(runner):
         return device, precision

@@ -21,7 +21,7 @@ def measure_rate(shard, job: Job) -> tuple[float, int]:
     """(pairs per second, pairs timed) of one worker on this machine: the first DRY_RUN_SAMPLE clean
     pairs of SHARD through JOB's decoding steps, after one pair of warm-up."""
     from common.shards import read_shard
-    from models.nmt.loading import load_engine
+    from models.nmt.engines.loading import load_engine
     from paracorpus.cleaning import Rejection, clean_pair, pair_id
     from paracorpus.paraphrasing import piece_limits
     from paracorpus.steps import decoding_steps

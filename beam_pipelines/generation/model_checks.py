@@ -13,11 +13,11 @@ from common.names import check_lang_code
 
 def check_models(forward: str, backward: str | None, src_lang: str, tgt_lang: str):
     """(forward meta, backward meta or None, src_lang, tgt_lang) after checking each model
-    directory (files, checkpoint config: models/nmt/checkpoint.py) and that the forward model translates
+    directory (files, checkpoint config: models/nmt/model_files/checkpoint.py) and that the forward model translates
     src_lang -> tgt_lang and the backward one tgt_lang -> src_lang. The languages are always
     explicit (with defaults) rather than read from the models: read from a swapped forward model,
     they would make the swap look right."""
-    from models.nmt.model_dir import check_model_dir
+    from models.nmt.model_files.model_dir import check_model_dir
 
     metas = {}
     for option, path in (("--forward_model", forward), ("--backward_model", backward)):

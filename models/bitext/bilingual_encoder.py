@@ -477,7 +477,8 @@ def _train_epoch(enc: BilingualEncoder, optimizer: tuple, src_ids, tgt_ids, src_
         bar.update(len(tb))
         bar.set_postfix(tr=f"{np.mean(losses['translation'][-50:]):.3f}",
                         ae=f"{np.mean(losses['autoencoding'][-50:]):.3f}",
-                        **({"al": f"{np.mean(losses['alignment'][-50:]):.3f}"} if losses["alignment"] else {}))
+                        **({"al": f"{np.mean(losses['alignment'][-50:]):.3f}"} if losses["alignment"] else {}),
+                        refresh=False)          # drawn at the bar's mininterval, not at every batch
     bar.close()
     out = {"translation_loss": float(np.mean(losses["translation"])),
            "autoencoding_loss": float(np.mean(losses["autoencoding"])),

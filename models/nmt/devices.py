@@ -23,13 +23,13 @@ import tempfile
 
 log = logging.getLogger("paragen")
 
-# The engines' --precision choices (models/nmt/translator.py resolves them); here, without torch,
+# The engines' --precision choices (models/nmt/engines/fairseq_engine.py resolves them); here, without torch,
 # so that the command lines can offer them without importing it.
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
-# ... and sampling's step modes (models/nmt/fixed_sampler.py).
+# ... and sampling's step modes (models/nmt/decoding/fixed_sampler.py).
 STEP_MODES = ("auto", "tree", "fixed", "compiled", "graphs")
 CPU_SCORE_TOKENS = 24_000         # beam search and forced decoding: source + output tokens per batch
-# Sampled rows share prefixes (models/nmt/prefix_decoder.py): a sampling batch holds far fewer
+# Sampled rows share prefixes (models/nmt/decoding/prefix_decoder.py): a sampling batch holds far fewer
 # decoder states than rows, so it gets a larger budget (one batch for a typical 64-pair call).
 CPU_SAMPLE_TOKENS = 200_000
 MAX_SCORE_TOKENS = 2_000_000      # beyond these a batch is no faster, only harder to retry

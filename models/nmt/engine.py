@@ -1,7 +1,7 @@
 """The interface the generation job decodes through, whatever runs the model.
 
 An engine is one direction of translation (``src_lang`` -> ``tgt_lang``) loaded from a model
-directory (models/nmt/model_dir.py). The job's steps (paracorpus/steps.py,
+directory (models/nmt/model_files/model_dir.py). The job's steps (paracorpus/steps.py,
 paracorpus/paraphrasing.py) use only what is here:
 
 * :meth:`Engine.sample`: top-k samples per request, each request with its own banned words, which
@@ -16,8 +16,8 @@ paracorpus/paraphrasing.py) use only what is here:
 * :meth:`Engine.start_unit`: a work unit starts (per-unit randomness, for engines that need it);
 * :meth:`Engine.warm_up`: a process's first calls made on made-up text, before any unit.
 
-Text in and out is plain text: each engine tokenizes and detokenizes (models/nmt/tokenization.py).
-The fairseq engine is models/nmt/translator.py; models/nmt/loading.py's ``load_engine`` picks the
+Text in and out is plain text: each engine tokenizes and detokenizes (models/nmt/model_files/tokenization.py).
+The fairseq engine is models/nmt/engines/fairseq_engine.py; models/nmt/engines/loading.py's ``load_engine`` picks the
 engine a model directory names.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ every ``model*.pt``) or a checkpoint file whose dictionaries are in ``--data`` (
 Everything is checked before anything is written, and a refusal is one line (exit status 2):
 
 * each checkpoint is unpickled weights-only (a file holding other Python objects is refused) and
-  its model config validated against the allowlist of models/nmt/checkpoint.py (code in a
+  its model config validated against the allowlist of models/nmt/model_files/checkpoint.py (code in a
   config field is refused); only fairseq ``translation`` transformers are taken, and each member
   is built and its tensors loaded strictly, as the jobs will;
 * members must be one architecture with one pair of dictionaries, and translate SRC -> TGT where
@@ -23,7 +23,7 @@ Everything is checked before anything is written, and a refusal is one line (exi
   from the checkpoint's own settings, and must be stated (``--tokenizer``, ``--bpe``) otherwise;
   given codes must be codes of the kind stated.
 
-The directory written (models/nmt/model_dir.py, format 2) holds per member ``memberN.pt`` (named
+The directory written (models/nmt/model_files/model_dir.py, format 2) holds per member ``memberN.pt`` (named
 tensors only: the Namespace and training state fairseq pickles are not carried over) and
 ``memberN.json`` (the checked config), the dictionaries, the codes (``bpecodes`` or
 ``sentencepiece.bpe.model``) and, last, ``model.json``: direction, members, tokenization, where it
@@ -44,10 +44,10 @@ import tempfile
 import time
 
 from common.cli import UsageError, cli_main, configure_logging
-from models.nmt.checkpoint import load_state, model_config_of, weights_of
-from models.nmt.model_dir import (COMPUTE_TYPES, FORMAT_IMPORTED, META, MAX_MEMBERS, check_members, ct2_files,
+from models.nmt.model_files.checkpoint import load_state, model_config_of, weights_of
+from models.nmt.model_files.model_dir import (COMPUTE_TYPES, FORMAT_IMPORTED, META, MAX_MEMBERS, check_members, ct2_files,
                                   publish_dir, write_meta)
-from models.nmt.tokenization import BPES, TOKENIZERS, check_codes, detect_bpe
+from models.nmt.model_files.tokenization import BPES, TOKENIZERS, check_codes, detect_bpe
 from models.safety import UnsafeModelError
 
 log = logging.getLogger("paragen.import")
@@ -233,7 +233,7 @@ def import_model(source: str, src_lang: str, tgt_lang: str, output: str, checkpo
     model.json. Nothing is written when a check fails."""
     from common.cli import check_output_location
     from common.names import check_lang_code
-    from models.nmt.model_dir import check_model_dir
+    from models.nmt.model_files.model_dir import check_model_dir
 
     src_lang, tgt_lang = check_lang_code(src_lang, "--src_lang"), check_lang_code(tgt_lang, "--tgt_lang")
     if src_lang == tgt_lang:
@@ -305,7 +305,7 @@ def _clean_checkpoint(model_dir: str, member: dict, path: str) -> None:
     CTranslate2's converter loads, with torch's weights-only unpickler)."""
     import torch
 
-    from models.nmt.model_dir import member_config
+    from models.nmt.model_files.model_dir import member_config
     from models.safety import load_tensor_file
 
     config = member_config(model_dir, member)
@@ -319,8 +319,8 @@ def import_fairseq_to_ct2(source: str, src_lang: str, tgt_lang: str, output: str
     """A fairseq model (anything import_model takes, one member) converted to CTranslate2 with its
     own converter, from the checked tensors and config only (never the original pickle)."""
     from common.cli import check_output_location
-    from models.nmt.checkpoint import allow_fairseq_checkpoints
-    from models.nmt.model_dir import check_model_dir, member_config
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
+    from models.nmt.model_files.model_dir import check_model_dir, member_config
 
     output = check_output_location(output)
     if os.path.exists(output) and os.listdir(output) and not overwrite:
@@ -415,7 +415,7 @@ def run(argv=None) -> dict:
         return meta
     compute_type = a.compute_type or "int8"
     if os.path.isfile(os.path.join(a.source, "config.json")) and not os.path.isfile(os.path.join(a.source, META)):
-        from models.nmt.transformers_import import import_transformers
+        from models.nmt.model_files.transformers_import import import_transformers
 
         for option in ("checkpoints", "data", "tokenizer", "bpe", "bpe_codes"):
             if getattr(a, option) is not None:

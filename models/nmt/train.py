@@ -71,12 +71,12 @@ def _read_tsv_lines(path):  # tabs survive: _lines() collapses whitespace, so sp
 
 
 def _fairseq(command: str, args: list[str], log_path: str, cpu_threads: int | None = None) -> None:
-    """Run a fairseq CLI through models.nmt.fairseq_compat (safe checkpoint loading), streaming its log.
+    """Run a fairseq CLI through models.nmt.model_files.fairseq_compat (safe checkpoint loading), streaming its log.
 
-    ``python -m models.nmt.fairseq_compat`` runs with the interpreter of this process (sys.executable),
+    ``python -m models.nmt.model_files.fairseq_compat`` runs with the interpreter of this process (sys.executable),
     so it is the fairseq of this virtualenv; the console scripts fairseq-train / fairseq-preprocess
     next to it run the same code but would load checkpoints without the allowlist."""
-    cmd = [sys.executable, "-m", "models.nmt.fairseq_compat", command, *args]
+    cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", command, *args]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if cpu_threads:
@@ -96,7 +96,7 @@ def evaluate_bleu(model_dir: str, sources: list[str], references: list[str], bea
     against the untokenised REFERENCES. Returns bleu, signature, sentences and 5 examples."""
     import sacrebleu
 
-    from models.nmt.translator import Translator
+    from models.nmt.engines.fairseq_engine import Translator
 
     t = Translator(model_dir, device=None)
     hyps = [h[0].text if h else "" for h in t.beam_search(sources, beam=beam, nbest=1)]
@@ -294,7 +294,7 @@ def _export_checkpoint(src: str, dst: str) -> None:
     that its config passes the same validation as every model the jobs load."""
     import torch
 
-    from models.nmt.checkpoint import load_state, model_config_of
+    from models.nmt.model_files.checkpoint import load_state, model_config_of
 
     state = load_state(src)
     model_config_of(state)

@@ -10,7 +10,7 @@ Reads lines on stdin and writes one line per input line on stdout:
 * ``--beam K`` (default 5): the detokenized best translation;
 * ``--sample``: ``--num_samples`` top-``--topk`` samples separated by tabs; a second
   tab-separated column lists that line's banned words (space-separated), which no sample contains
-  (the generation job's sampler: models/nmt/translator.py);
+  (the generation job's sampler: models/nmt/engines/fairseq_engine.py);
 * ``--score``: each line is ``source<TAB>target``; writes the per-token NLL of the target (natural
   log, ``</s>`` included: minus fairseq's score, in nats rather than fairseq-interactive's bits).
 
@@ -112,8 +112,8 @@ def translate_batch(engine, batch: list, a) -> list[str]:
 
 
 def run(argv=None, stdin=None, stdout=None) -> int:
-    from models.nmt.loading import load_engine
-    from models.nmt.model_dir import check_model_dir
+    from models.nmt.engines.loading import load_engine
+    from models.nmt.model_files.model_dir import check_model_dir
 
     a = build_parser().parse_args(argv)
     for name in ("beam", "topk", "num_samples", "batch_lines"):

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 from common.cli import UsageError
-from models.nmt.model_dir import FORMAT_IMPORTED, META
+from models.nmt.model_files.model_dir import FORMAT_IMPORTED, META
 from models.safety import UnsafeModelError
 
 log = logging.getLogger("paragen.import")
@@ -100,12 +100,12 @@ def _lang_codes(family: str, src_lang: str, tgt_lang: str, src_code: str | None,
 def import_transformers(source: str, src_lang: str, tgt_lang: str, output: str, compute_type: str,
                         src_code: str | None = None, tgt_code: str | None = None, overwrite: bool = False) -> dict:
     """Check the transformers directory SOURCE, convert it for CTranslate2 and write the model
-    directory OUTPUT (models/nmt/model_dir.py); returns its model.json. Nothing is written when a
+    directory OUTPUT (models/nmt/model_files/model_dir.py); returns its model.json. Nothing is written when a
     check fails."""
     from common.cli import check_output_location
     from common.names import check_lang_code
-    from models.nmt.model_dir import check_model_dir, ct2_files, ct2_vocabulary, publish_dir, write_meta
-    from models.nmt.tokenization import check_codes
+    from models.nmt.model_files.model_dir import check_model_dir, ct2_files, ct2_vocabulary, publish_dir, write_meta
+    from models.nmt.model_files.tokenization import check_codes
 
     src_lang, tgt_lang = check_lang_code(src_lang, "--src_lang"), check_lang_code(tgt_lang, "--tgt_lang")
     if src_lang == tgt_lang:

@@ -27,7 +27,7 @@ import os
 import shutil
 
 from common import storage
-from models.nmt.checkpoint import check_checkpoint, validate_model_config
+from models.nmt.model_files.checkpoint import check_checkpoint, validate_model_config
 from models.safety import UnsafeModelError, sha256_local, weights_only_load
 
 META = "model.json"
@@ -79,7 +79,7 @@ def read_model_meta(model_dir: str) -> dict:
     {"format", "engine", "src_lang", "tgt_lang", "members": [{"weights", "config"}], "tokenization":
     {"tokenizer", "bpe", "codes"}, "files": [...]} plus what model.json said besides."""
     from common.names import check_lang_code
-    from models.nmt.tokenization import BPES, TOKENIZERS
+    from models.nmt.model_files.tokenization import BPES, TOKENIZERS
 
     if not storage.isdir(model_dir):
         raise FileNotFoundError(f"{model_dir}: no such model directory (train one with paragen-train-nmt, or "
@@ -265,7 +265,7 @@ def check_model_dir(model_dir: str) -> dict:
     Returns read_model_meta's description plus max_source_positions, max_target_positions
     (of the most limited member) and sha256 (file name -> digest) of the local copy that was
     checked (the copy in the cache for a bucket URL)."""
-    from models.nmt.tokenization import check_codes
+    from models.nmt.model_files.tokenization import check_codes
 
     meta = read_model_meta(model_dir)
     local = local_model_dir(model_dir)
@@ -294,7 +294,7 @@ def check_model_dir(model_dir: str) -> dict:
 def _check_ct2_dir(model_dir: str, local: str, meta: dict) -> dict:
     """check_model_dir for a CTranslate2 model: the tokenization's files, the vocabulary the
     language codes must be in, CTranslate2's own config.json parses."""
-    from models.nmt.tokenization import check_codes
+    from models.nmt.model_files.tokenization import check_codes
 
     tok = meta["tokenization"]
     for key in ("codes", "source_codes"):
@@ -345,7 +345,7 @@ def build_members(local: str, meta: dict) -> tuple[list, object]:
     caller moves the models."""
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-    from models.nmt.checkpoint import load_state, model_config_of, weights_of
+    from models.nmt.model_files.checkpoint import load_state, model_config_of, weights_of
     from models.safety import load_tensor_file
 
     task = TranslationTask.setup_task(TranslationConfig(data=local, source_lang=meta["src_lang"],

@@ -1,7 +1,7 @@
 """The CTranslate2 engine (models/nmt/engine.py): pretrained Marian/OPUS-MT, M2M-100 and NLLB
 models, and fairseq transformers, converted to CTranslate2 and run with its int8 or float kernels.
 
-A model directory (models/nmt/model_dir.py, ``"engine": "ctranslate2"``) holds the converted model
+A model directory (models/nmt/model_files/model_dir.py, ``"engine": "ctranslate2"``) holds the converted model
 (``model.bin``, CTranslate2's ``config.json`` and vocabulary files), the tokenizer files of its
 family and ``model.json`` (family, compute type, language codes, sha256 of every file):
 
@@ -20,7 +20,7 @@ The ParaBank 2 recipe, as the fairseq engine runs it:
 * **Banned words per pair.** CTranslate2's ``suppress_sequences`` applies to a whole call and
   blocks token sequences, not words, so every (pair, constraint set) request is its own call,
   with every form and segmentation of its words the target vocabulary can spell
-  (models/nmt/tokenization.py, the fairseq engine's rule; a piece outside the vocabulary would
+  (models/nmt/model_files/tokenization.py, the fairseq engine's rule; a piece outside the vocabulary would
   be an error, so such sequences are dropped: they cannot be generated anyway).
 * **Randomness per work unit.** CTranslate2 has no per-call seed: ``set_random_seed`` is global
   and each thread seeds once, at its first sampling call. So the engine runs one decoding thread
@@ -48,11 +48,11 @@ import re
 import threading
 
 from models.nmt.engine import Engine, Hypothesis, SampleRequest
-from models.nmt.model_dir import read_model_meta
-from models.nmt.tokenization import Tokenization
+from models.nmt.model_files.model_dir import read_model_meta
+from models.nmt.model_files.tokenization import Tokenization
 
 log = logging.getLogger("paragen.ct2")
-MAX_LEN_A, MAX_LEN_B = 1.5, 10          # as the fairseq engine (models/nmt/translator.py)
+MAX_LEN_A, MAX_LEN_B = 1.5, 10          # as the fairseq engine (models/nmt/engines/fairseq_engine.py)
 BATCH = 32                              # sources per beam / scoring call
 
 
@@ -137,7 +137,7 @@ class CT2Engine(Engine):
 
     # ---------------------------------------------------------------- model and randomness
     def _target_vocabulary(self) -> list[str]:
-        from models.nmt.model_dir import ct2_vocabulary
+        from models.nmt.model_files.model_dir import ct2_vocabulary
 
         return ct2_vocabulary(self.model_dir, "target")
 

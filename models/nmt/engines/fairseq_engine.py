@@ -1,22 +1,22 @@
 """The fairseq engine (models/nmt/engine.py): a fairseq transformer, or an ensemble of them,
 wrapped for the generation job: sampling with negative constraints, beam search, and
 forced-decoding scores, with fairseq hub's text pipeline around them (Moses and BPE, or
-sentencepiece: models/nmt/tokenization.py).
+sentencepiece: models/nmt/model_files/tokenization.py).
 
-Model directory: models/nmt/model_dir.py (``paragen-train-nmt``'s, or ``paragen-import-model``'s
+Model directory: models/nmt/model_files/model_dir.py (``paragen-train-nmt``'s, or ``paragen-import-model``'s
 with several members).
 
-Sampling is our own incremental decoding loop (models/nmt/sampler.py) over fairseq's encoders and
-the decoders of models/nmt/prefix_decoder.py, which run once per distinct prefix of a source's
+Sampling is our own incremental decoding loop (models/nmt/decoding/sampler.py) over fairseq's encoders and
+the decoders of models/nmt/decoding/prefix_decoder.py, which run once per distinct prefix of a source's
 samples (fairseq-generate refuses constraints with sampling, and its constraints are positive
 only). Each hypothesis carries its own banned phrases: a single-piece phrase is masked at every
 step, a multi-piece phrase's last piece is masked whenever the hypothesis ends with the phrase's
 prefix, so a banned phrase can never be completed. Randomness is counter-based (Gumbel-max with a
-hash of (seed, request key, sample, step): models/nmt/device_random.py), so a pair's samples do
+hash of (seed, request key, sample, step): models/nmt/decoding/device_random.py), so a pair's samples do
 not depend on how pairs were batched, on which worker decoded them, or on the device.
 
 Ensembles combine their members as fairseq's ``EnsembleModel`` and ``SequenceScorer`` do
-(models/nmt/ensemble.py), and the banned phrases apply to that combined distribution.
+(models/nmt/decoding/ensemble.py), and the banned phrases apply to that combined distribution.
 """
 from __future__ import annotations
 
@@ -31,16 +31,16 @@ import warnings
 import numpy as np
 import torch
 
-from models.nmt.bans import PhrasePack
+from models.nmt.decoding.bans import PhrasePack
 from models.nmt.devices import PRECISIONS, batch_budgets, gpu_memory_share
 from models.nmt.engine import Engine, Hypothesis, SampleRequest
-from models.nmt.ensemble import mean_probability
-from models.nmt.fixed_sampler import fixed_step_of, resolve_step_mode, sample_batch_fixed
-from models.nmt.model_dir import build_members, read_model_meta
-from models.nmt.onednn import pack_linears
-from models.nmt.sampler import sample_batch
-from models.nmt.tokenization import Tokenization
-from models.nmt.topk import topk_rows
+from models.nmt.decoding.ensemble import mean_probability
+from models.nmt.decoding.fixed_sampler import fixed_step_of, resolve_step_mode, sample_batch_fixed
+from models.nmt.model_files.model_dir import build_members, read_model_meta
+from models.nmt.decoding.onednn import pack_linears
+from models.nmt.decoding.sampler import sample_batch
+from models.nmt.model_files.tokenization import Tokenization
+from models.nmt.decoding.topk import topk_rows
 
 log = logging.getLogger(__name__)
 # fairseq 0.12 passes a bool key-padding mask with a float attention mask; torch warns on every
@@ -189,7 +189,7 @@ class Translator(Engine):
         """BATCH_TOKENS (beam search, scoring) and SAMPLE_BATCH_TOKENS: padded source plus output
         tokens per batch; None sizes them for the device (models/nmt/devices.py), on a GPU for
         this process's share of its memory when PROCESSES_PER_GPU processes share it. STEP_MODE:
-        how sampling runs its decoder steps (models/nmt/fixed_sampler.py: tree, fixed, compiled,
+        how sampling runs its decoder steps (models/nmt/decoding/fixed_sampler.py: tree, fixed, compiled,
         graphs; auto is tree)."""
         self.model_dir = model_dir
         self.meta = read_model_meta(model_dir)
@@ -206,7 +206,7 @@ class Translator(Engine):
             if self.precision in _DTYPES:
                 model.to(_DTYPES[self.precision])
             if self.device.type == "cpu":
-                pack_linears(model)                         # oneDNN products: see models/nmt/onednn.py
+                pack_linears(model)                         # oneDNN products: see models/nmt/decoding/onednn.py
             self.models.append(model)
         self.model = self.models[0]
         self.src_dict, self.tgt_dict = task.source_dictionary, task.target_dictionary
@@ -227,7 +227,7 @@ class Translator(Engine):
         self._vocabulary = frozenset(d.symbols)
         self._word_bans_memo: dict[str, tuple[tuple[int, ...], ...]] = {}
         self._word_packs_memo: dict[str, PhrasePack] = {}
-        # Sampling decodes with models/nmt/prefix_decoder.py's PrefixDecoder where the model's
+        # Sampling decodes with models/nmt/decoding/prefix_decoder.py's PrefixDecoder where the model's
         # configuration allows it (False: fairseq's own incremental decoder, the reference).
         self.fast_decoder = True
 
@@ -260,7 +260,7 @@ class Translator(Engine):
     def warm_up(self, mode: str = "sample") -> float:
         """Engine.warm_up, and with a fixed-shape step also a sample under banned words: the step
         has a graph for batches with bans and one for batches without, and both are compiled
-        here, not in the first unit (models/nmt/fixed_sampler.py). The memo of spelled words is
+        here, not in the first unit (models/nmt/decoding/fixed_sampler.py). The memo of spelled words is
         left as it was."""
         seconds = super().warm_up(mode)
         if mode != "sample" or self.step_mode == "tree":
@@ -316,7 +316,7 @@ class Translator(Engine):
     def banned_phrases(self, words) -> list[tuple[int, ...]]:
         """Target-token sequences to ban for these words: every form (as written, lower-cased,
         capitalised, upper-cased) in every segmentation the dictionary can spell it with
-        (models/nmt/tokenization.py), so a sample cannot write the word another way."""
+        (models/nmt/model_files/tokenization.py), so a sample cannot write the word another way."""
         phrases = []
         for word in words:
             phrases += self._word_bans(word)
@@ -451,13 +451,13 @@ class Translator(Engine):
     def beam_search(self, sources: list[str], beam: int = 12, nbest: int = 1) -> list[list[Hypothesis]]:
         """fairseq's own SequenceGenerator (the reference engine), n-best per source; an ensemble
         through fairseq's EnsembleModel. Each source ends at its own length limit
-        (models/nmt/beam.py), so its hypotheses do not depend on the sources batched with it."""
+        (models/nmt/decoding/beam.py), so its hypotheses do not depend on the sources batched with it."""
         with tf32_matmuls(self.precision == "tf32"):
             return self._beam_search(sources, beam, nbest)
 
     @torch.inference_mode()
     def _beam_search(self, sources: list[str], beam: int, nbest: int) -> list[list[Hypothesis]]:
-        from models.nmt.beam import beam_generator
+        from models.nmt.decoding.beam import beam_generator
 
         src_ids = [self._ids(self.src_dict, s, "src") for s in sources]
         results: list[list[Hypothesis]] = [[] for _ in sources]
@@ -540,8 +540,8 @@ def load_translator(model_dir: str, device: str | None = None, sha256: dict | No
                     **kwargs) -> Translator:
     """Load a model once per process: Beam may create many DoFn instances in one worker.
     MODEL_DIR may be a bucket URL: it is copied to a local cache first and checked against
-    SHA256 ({file: digest}, recorded by the driver), see models/nmt/model_dir.py."""
-    from models.nmt.model_dir import local_model_dir
+    SHA256 ({file: digest}, recorded by the driver), see models/nmt/model_files/model_dir.py."""
+    from models.nmt.model_files.model_dir import local_model_dir
     from common import storage
 
     key = (storage.absolute(model_dir), device, tuple(sorted(kwargs.items())))

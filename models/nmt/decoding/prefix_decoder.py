@@ -23,7 +23,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from models.nmt.onednn import Linear, linear_of
+from models.nmt.decoding.onednn import Linear, linear_of
 
 log = logging.getLogger("paragen.decoder")
 

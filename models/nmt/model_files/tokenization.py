@@ -11,7 +11,7 @@ so that models come as fairseq users have them: hub archives (transformer.wmt19.
 fastBPE codes; transformer.wmt16.en-de: Moses and subword-nmt codes), fairseq-train output with
 a ``sentencepiece.bpe.model`` (fairseq's ``sentencepiece`` bpe), and our own paragen-train-nmt
 directories (``spm``: ``spm.model`` applied with ``sp.encode(text, out_type=str)`` and undone with
-``sp.decode_pieces``, as models/nmt/translator.py does).
+``sp.decode_pieces``, as models/nmt/engines/fairseq_engine.py does).
 
 Codes files are hostile input: they are checked before a library reads them (subword-nmt calls
 ``sys.exit`` on a bad line, fastBPE indexes past the end of a short one) and never read unbounded.

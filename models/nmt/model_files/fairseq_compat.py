@@ -1,5 +1,5 @@
 """fairseq's command-line tools (train, preprocess, generate, interactive) run with checkpoints
-loaded safely (models/nmt/checkpoint.py: allow_fairseq_checkpoints, validated configs).
+loaded safely (models/nmt/model_files/checkpoint.py: allow_fairseq_checkpoints, validated configs).
 
 Loading fairseq checkpoints under torch >= 2.6 without turning safe loading off.
 
@@ -31,8 +31,8 @@ def _option(argv: list[str], name: str, default=None):
 def _checked_argv(command: str, argv: list[str], workdir: str) -> list[str]:
     """ARGV with every checkpoint fairseq would load replaced by a sanitized copy in WORKDIR
     (generate, interactive: --path) or validated in place (train: the checkpoint it resumes from),
-    so fairseq's own loader never sees an unvalidated model config (see models/nmt/checkpoint.py)."""
-    from models.nmt.checkpoint import check_checkpoint, sanitized_copy
+    so fairseq's own loader never sees an unvalidated model config (see models/nmt/model_files/checkpoint.py)."""
+    from models.nmt.model_files.checkpoint import check_checkpoint, sanitized_copy
 
     argv = list(argv)
     if command in ("generate", "interactive"):
@@ -55,17 +55,17 @@ def _checked_argv(command: str, argv: list[str], workdir: str) -> list[str]:
 
 
 def main(argv=None) -> None:
-    """`python -m models.nmt.fairseq_compat train|preprocess|generate|interactive ARGS`: fairseq's CLI
+    """`python -m models.nmt.model_files.fairseq_compat train|preprocess|generate|interactive ARGS`: fairseq's CLI
     with checkpoints loaded safely: weights-only unpickling, and model configs validated first."""
     import importlib
     import sys
     import tempfile
 
-    from models.nmt.checkpoint import UnsafeModelError, allow_fairseq_checkpoints
+    from models.nmt.model_files.checkpoint import UnsafeModelError, allow_fairseq_checkpoints
 
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in _COMMANDS:
-        raise SystemExit(f"usage: python -m models.nmt.fairseq_compat {{{','.join(_COMMANDS)}}} [fairseq args]")
+        raise SystemExit(f"usage: python -m models.nmt.model_files.fairseq_compat {{{','.join(_COMMANDS)}}} [fairseq args]")
     allow_fairseq_checkpoints()
     with tempfile.TemporaryDirectory(prefix="paragen-ckpt-") as workdir:
         try:

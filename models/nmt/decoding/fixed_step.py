@@ -1,7 +1,7 @@
 """One sampling step with fixed shapes: the unit that ``torch.compile`` fuses and a GPU can replay
-as a CUDA graph (models/nmt/fixed_sampler.py drives it).
+as a CUDA graph (models/nmt/decoding/fixed_sampler.py drives it).
 
-The eager loop (models/nmt/sampler.py) changes every tensor's shape at every step: the prefix
+The eager loop (models/nmt/decoding/sampler.py) changes every tensor's shape at every step: the prefix
 tree's node count, the self-attention caches that grow by a position and are gathered on every
 split, the finished rows that are dropped. A compiled or captured step needs the opposite: a few
 shapes, buffers written in place, no host read inside. Here:
@@ -12,32 +12,32 @@ shapes, buffers written in place, no host read inside. Here:
   once per batch and written in place at the step's position (a device tensor): no cache is ever
   gathered or copied when the tree splits.
 * **Attention runs per row, everything else per node.** Rows with the same prefix share a node
-  (the tree of models/nmt/prefix_decoder.py), and the products that cost (projections,
+  (the tree of models/nmt/decoding/prefix_decoder.py), and the products that cost (projections,
   feed-forward, output projection, softmax, top-k) run once per node. A node's queries are copied
   to its rows, attention runs over each row's own cache (the rows of a node hold the same keys, so
   any one of them gives the node's output) and over its source's keys (rows are grouped by source,
   so cross-attention is one batched product with no scatter), and the node takes the output of
   one of its rows (``rep``). Attention is a small part of a step's arithmetic.
 * **Node counts come in buckets.** The node buffers are as long as the rows; a step reads the
-  first ``n_nodes`` (a bucket: models/nmt/fixed_sampler.py ``bucket``), the only shape that
+  first ``n_nodes`` (a bucket: models/nmt/decoding/fixed_sampler.py ``bucket``), the only shape that
   changes during a batch.
 * **The step never reads from the device.** The step index, the rows' state, the tree and the
-  banned-phrase state (models/nmt/bans.py, its width fixed per batch) stay device tensors and are
+  banned-phrase state (models/nmt/decoding/bans.py, its width fixed per batch) stay device tensors and are
   updated in place; the step returns ``[rows still decoding, nodes of the next step]``, which
   the host reads once to pick the next bucket (or stop).
 
 The arithmetic is the eager loop's: the same log-probabilities (up to the last bits of a float:
 attention here runs over the padded cache with masked positions, and products over padded
 nodes), the same top-k after bans, the same counter-based Gumbel noise
-(models/nmt/device_random.py), so a row draws the same tokens (tests/test_fixed_sampler.py).
+(models/nmt/decoding/device_random.py), so a row draws the same tokens (tests/test_fixed_sampler.py).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from models.nmt.device_random import gumbel_at
-from models.nmt.ensemble import mean_probability
+from models.nmt.decoding.device_random import gumbel_at
+from models.nmt.decoding.ensemble import mean_probability
 
 _NEG_INF = float("-inf")
 _SENTINEL = torch.iinfo(torch.int64).max
@@ -67,13 +67,13 @@ def attention(q, k, v, mask):
 
 def _linear(module, x):
     """The module's product by its weights (not its forward: on a CPU Translator the forward is a
-    oneDNN packed product, models/nmt/onednn.py, which the compiler cannot trace)."""
+    oneDNN packed product, models/nmt/decoding/onednn.py, which the compiler cannot trace)."""
     return F.linear(x, module.weight, module.bias)
 
 
 class MemberStep(torch.nn.Module):
     """One fairseq ``TransformerDecoder``'s incremental step in the fixed layout, on the module's
-    own weights (layers that models/nmt/prefix_decoder.py ``unsupported_reason`` accepts)."""
+    own weights (layers that models/nmt/decoding/prefix_decoder.py ``unsupported_reason`` accepts)."""
 
     def __init__(self, decoder, max_positions: int):
         super().__init__()
@@ -176,7 +176,7 @@ class FixedStep(torch.nn.Module):
     """The whole sampling step of an ensemble's members (one MemberStep each): decoder, next-token
     log-probabilities with the engine's masks, each node's top (k + ban width), each row's bans
     removed, Gumbel-max, the rows' state and the next tree, all in place in the batch's
-    buffers (models/nmt/fixed_sampler.py ``FixedBatch``)."""
+    buffers (models/nmt/decoding/fixed_sampler.py ``FixedBatch``)."""
 
     def __init__(self, decoders: list, vocab: int, eos: int, never: list[int], max_positions: int):
         super().__init__()
@@ -233,7 +233,7 @@ class FixedStep(torch.nn.Module):
         s["length"].copy_(torch.where(done, pos, s["length"]))
         still = active & ~done
         active.copy_(still)
-        if "ban_state" in s:                       # each row's trie state after its token (models/nmt/bans.py)
+        if "ban_state" in s:                       # each row's trie state after its token (models/nmt/decoding/bans.py)
             state = s["ban_state"]
             parent = torch.cat([(s["row_req"] + 1)[:, None], state[:, :-1]], dim=1)
             key = parent * self.vocab + tok[:, None]

@@ -1,6 +1,6 @@
-"""Top-k sampling under banned phrases with a fixed-shape step (models/nmt/fixed_step.py), run
+"""Top-k sampling under banned phrases with a fixed-shape step (models/nmt/decoding/fixed_step.py), run
 eagerly or compiled by ``torch.compile``: the same samples as the eager tree loop
-(models/nmt/sampler.py), in a form whose step can be fused and replayed.
+(models/nmt/decoding/sampler.py), in a form whose step can be fused and replayed.
 
 A batch's shapes are set once (rows, sources, source length, cache length, the banned-phrase
 tables); during the batch only the node count changes, in buckets (:func:`bucket`: two sizes an
@@ -11,7 +11,7 @@ ends, as the eager loop does.
 
 Step modes (``Translator(step_mode=...)``, the jobs' ``--decode_step``):
 
-* ``tree``: the eager tree loop (models/nmt/sampler.py): the CPU's fastest, and the default;
+* ``tree``: the eager tree loop (models/nmt/decoding/sampler.py): the CPU's fastest, and the default;
 * ``fixed``: this module's step, eager (the reference the compiled step is tested against);
 * ``compiled``: the step compiled by inductor (``fullgraph=True``: no graph breaks, no host read
   inside), the small operations of a step fused into few kernels;
@@ -33,12 +33,12 @@ import weakref
 import numpy as np
 import torch
 
-from models.nmt.bans import BanTable
-from models.nmt.device_random import row_seed
+from models.nmt.decoding.bans import BanTable
+from models.nmt.decoding.device_random import row_seed
 from models.nmt.devices import STEP_MODES
 from models.nmt.engine import Hypothesis, SampleRequest
-from models.nmt.fixed_step import FixedStep
-from models.nmt.prefix_decoder import unsupported_reason
+from models.nmt.decoding.fixed_step import FixedStep
+from models.nmt.decoding.prefix_decoder import unsupported_reason
 
 log = logging.getLogger("paragen.decoder")
 
@@ -268,7 +268,7 @@ class FixedBatch:
 
 
 def _ban_tensors(table: BanTable, rows: int) -> dict:
-    """TABLE's tensors (models/nmt/bans.py) for ROWS rows, every dimension padded to a bucket of
+    """TABLE's tensors (models/nmt/decoding/bans.py) for ROWS rows, every dimension padded to a bucket of
     at least 4 with entries that change nothing: a ban of -1 (no token), a trie column that stays
     DEAD (no prefix is longer than the table's depth), edges whose key no (node, token) has.
     Every batch with bans is then one graph of the compiled step, never specialised on a size
@@ -294,7 +294,7 @@ def _ban_tensors(table: BanTable, rows: int) -> dict:
 
 def sample_batch_fixed(engine, step: CompiledStep, reqs: list[SampleRequest], src_ids: dict, topk: int, seed: int,
                        min_len: int) -> list[list[Hypothesis]]:
-    """REQS' samples, as models/nmt/sampler.py ``sample_batch`` gives them, through STEP."""
+    """REQS' samples, as models/nmt/decoding/sampler.py ``sample_batch`` gives them, through STEP."""
     with step.lock:
         b = FixedBatch(engine, step, reqs, src_ids, seed)
         if not b.n_rows:

@@ -1,6 +1,6 @@
 """Which engine runs a model directory (its model.json says), loaded once per process
-(models/nmt/engine.py): the fairseq engine (models/nmt/translator.py) or CTranslate2
-(models/nmt/ct2.py)."""
+(models/nmt/engine.py): the fairseq engine (models/nmt/engines/fairseq_engine.py) or CTranslate2
+(models/nmt/engines/ct2_engine.py)."""
 from __future__ import annotations
 
 import threading
@@ -18,14 +18,14 @@ def load_engine(model_dir: str, device: str | None = None, sha256: dict | None =
     engine's (a CTranslate2 model's compute type was chosen at import); THREADS the CPU threads
     of a CTranslate2 model (the fairseq engine's follow torch's setting)."""
     from common import storage
-    from models.nmt.model_dir import local_model_dir, read_model_meta
+    from models.nmt.model_files.model_dir import local_model_dir, read_model_meta
 
     meta = read_model_meta(model_dir)
     if meta["engine"] == "fairseq":
-        from models.nmt.translator import load_translator
+        from models.nmt.engines.fairseq_engine import load_translator
 
         return load_translator(model_dir, device=device, sha256=sha256, precision=precision, **kwargs)
-    from models.nmt.ct2 import CT2Engine
+    from models.nmt.engines.ct2_engine import CT2Engine
 
     key = (storage.absolute(model_dir), device, threads)
     with _LOCK:

@@ -14,7 +14,7 @@ def mean_probability(log_probs: torch.Tensor) -> torch.Tensor:
 
 
 class EnsembleDecoder:
-    """The prefix decoders (models/nmt/prefix_decoder.py) of an ensemble's members driven together:
+    """The prefix decoders (models/nmt/decoding/prefix_decoder.py) of an ensemble's members driven together:
     one tree of nodes, each member's state reordered alike, next-token log-probabilities combined.
     Features are one tensor per member (their sizes may differ); `log_probs` takes a row slice."""
 

@@ -69,7 +69,7 @@ def _counting(original, name: str, trips: RoundTrips):
 def count_decoder_steps():
     """Count the samplers' decoder steps (EnsembleDecoder.step calls of the tree loop, CompiledStep
     calls of the fixed-shape one) while the block runs."""
-    from models.nmt import ensemble, fixed_sampler
+    from models.nmt.decoding import ensemble, fixed_sampler
 
     steps = RoundTrips()
     saved = [(ensemble.EnsembleDecoder, "step"), (fixed_sampler.CompiledStep, "__call__")]

@@ -1,10 +1,10 @@
 """Top-k sampling under per-request banned phrases, with the decoding loop on the model's device.
 
 One batch of requests (models/nmt/engine.py SampleRequest) decodes as one tree of prefixes
-(models/nmt/prefix_decoder.py): rows (one per sample) with the same source and prefix share a
+(models/nmt/decoding/prefix_decoder.py): rows (one per sample) with the same source and prefix share a
 node, and the decoder, output projection, softmax and top-k run once per node. Everything the
 loop needs is put on the device once per batch (sources, each row's request, seed and length
-limit, the banned phrases: models/nmt/bans.py), and each step reads back from the device once: a
+limit, the banned phrases: models/nmt/decoding/bans.py), and each step reads back from the device once: a
 handful of integers (rows finished, nodes of the next step, whether the tree changed, the most
 bans a row has, the most nodes of one source) that size the next step's tensors. Finished rows
 stay on the device until the batch ends and are read back in one transfer. So the host round
@@ -12,7 +12,7 @@ trips of a step are a constant, whatever the rows, samples and banned phrases: o
 trip waits for the device to drain, and one per row or per phrase left it idle.
 
 Each step, per row: the node's top (k + bans) tokens, the row's banned tokens removed, the top k of
-the rest, then Gumbel-max with counter-based noise (models/nmt/device_random.py), so a row's
+the rest, then Gumbel-max with counter-based noise (models/nmt/decoding/device_random.py), so a row's
 sample depends only on its seed, its request key and its sample index.
 """
 from __future__ import annotations
@@ -20,14 +20,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models.nmt.bans import BanTable, compact
-from models.nmt.device_random import gumbel_steps, row_seed, row_seeds
+from models.nmt.decoding.bans import BanTable, compact
+from models.nmt.decoding.device_random import gumbel_steps, row_seed, row_seeds
 from models.nmt.engine import Hypothesis, SampleRequest
-from models.nmt.ensemble import EnsembleDecoder
-from models.nmt.prefix_decoder import prefix_decoder
+from models.nmt.decoding.ensemble import EnsembleDecoder
+from models.nmt.decoding.prefix_decoder import prefix_decoder
 
 _NEG_INF = float("-inf")
-# Gumbel noise is made for up to this many steps at a time (models/nmt/device_random.py), within
+# Gumbel noise is made for up to this many steps at a time (models/nmt/decoding/device_random.py), within
 # about this many numbers (its int64 and float64 temporaries are 8 bytes each).
 _NOISE_STEPS = 8
 _NOISE_NUMBERS = 1 << 22
@@ -91,7 +91,7 @@ class _Batch:
 def sample_batch(engine, reqs: list[SampleRequest], src_ids: dict, topk: int, seed: int,
                  min_len: int) -> list[list[Hypothesis]]:
     """REQS' samples (each request's list in the order its rows finished); SRC_IDS maps each
-    source to its token ids. ENGINE is a models.nmt.translator.Translator."""
+    source to its token ids. ENGINE is a models.nmt.engines.fairseq_engine.Translator."""
     outs: list[list[Hypothesis]] = [[] for _ in reqs]
     b = _Batch(engine, reqs, src_ids, seed)
     if not b.n_rows:
