@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--decode_step", default="tree", help="the sampler's step mode (models/nmt/decoding/fixed_sampler.py)")
+    ap.add_argument("--decode_step", default="tree",
+                    help="the sampler's step mode (models/nmt/decoding/fixed_sampler.py)")
     args = ap.parse_args(argv)
 
     import torch

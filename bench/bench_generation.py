@@ -191,7 +191,8 @@ def fairseq_generate(t, sources: list[str], search: list[str], per_source: int, 
                         os.path.join(t.model_dir, f"dict.{t.tgt_lang}.txt"), "--workers", "1"],
                        check=True, capture_output=True)
         # models.nmt.model_files.fairseq_compat hands fairseq-generate a sanitized copy of the checkpoint
-        cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", os.path.join(tmp, "bin"), "--path",
+        cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", os.path.join(tmp, "bin"),
+               "--path",
                os.path.join(t.model_dir, "model.pt"), "--gen-subset", "test", *search,
                "--max-len-a", str(t.max_len_a), "--max-len-b", str(t.max_len_b), "--batch-size", str(batch_size),
                # fairseq drops the last partial batch without this (fairseq #5036, #5351)
@@ -466,7 +467,8 @@ def main() -> None:
         from models.nmt.engines.fairseq_engine import load_translator
 
         vocab = len(load_translator(os.path.join(args.models, "cs-en"), device="cpu").tgt_dict)
-        print("## Top-k over the vocabulary: torch.topk vs models/nmt/decoding/topk.py (median of 9 interleaved rounds)\n")
+        print("## Top-k over the vocabulary: torch.topk vs models/nmt/decoding/topk.py "
+              "(median of 9 interleaved rounds)\n")
         print("| log-probabilities | torch.topk ms | topk_rows ms | speed-up |\n|---|---|---|---|")
         for r in bench_topk(vocab):
             print(f"| {r['shape']} | {r['torch_ms']:.3f} | {r['ours_ms']:.3f} | {r['speedup']:.2f}x |")

@@ -30,10 +30,11 @@ every section, so a run stopped by a time limit keeps what it measured):
 Without a GPU it prints the CPU proxies and exits 0: the tensor operations of a decoder step on
 the code paths a GPU takes (its kernel launches: what a launch-bound step's time follows), by
 name, for the tree loop and the fixed-shape step, and the calls a compiled step makes a step
-(inductor's fused kernels and the library calls it keeps: on a GPU each is a launch); host<->device round trips during sample() and score() and the tensor operations per
-decoder step on the CPU's own paths (models/nmt/decoding/round_trips.py), the host milliseconds per pair to find banned phrases (two units of
-up to 500 of the --pairs), and the job's host milliseconds per pair by stage, outside the engines'
-calls (the given models on this CPU).
+(inductor's fused kernels and the library calls it keeps: on a GPU each is a launch); host<->device
+round trips during sample() and score() and the tensor operations per decoder step on the CPU's own
+paths (models/nmt/decoding/round_trips.py), the host milliseconds per pair to find banned phrases
+(two units of up to 500 of the --pairs), and the job's host milliseconds per pair by stage, outside
+the engines' calls (the given models on this CPU).
 """
 from __future__ import annotations
 

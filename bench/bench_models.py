@@ -45,7 +45,8 @@ def read_lines(split: str, lang: str, n: int | None = None) -> list[str]:
 def _fairseq(command: str, args: list[str], log: str) -> None:
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with open(log, "w") as f:
-        done = subprocess.run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", command, *args], cwd=ROOT, env=env,
+        done = subprocess.run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", command, *args],
+                              cwd=ROOT, env=env,
                               stdout=f, stderr=subprocess.STDOUT)
     if done.returncode:
         raise SystemExit(f"fairseq-{command} failed; see {log}")
@@ -194,7 +195,8 @@ def fairseq_generate_sampling(archive: str, members: str, model_dir: str, source
                         "--testpref", os.path.join(tmp, "test"), "--destdir", os.path.join(tmp, "bin"),
                         "--srcdict", os.path.join(archive, "dict.cs.txt"), "--tgtdict",
                         os.path.join(archive, "dict.en.txt"), "--workers", "1"], check=True, capture_output=True)
-        cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", os.path.join(tmp, "bin"), "--path",
+        cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", os.path.join(tmp, "bin"),
+               "--path",
                ":".join(os.path.join(archive, m) for m in members.split(":")), "--gen-subset", "test", "--sampling",
                "--sampling-topk", str(topk), "--beam", str(samples), "--nbest", str(samples),
                "--max-len-a", str(engine.max_len_a), "--max-len-b", str(engine.max_len_b), "--batch-size", "16",

@@ -14,9 +14,8 @@ import random
 import numpy as np
 import torch
 
-from models.safety import load_tensor_file
+from models.safety import load_tensor_file, save_torch_file
 from models.sentence.sentence_encoder import SentenceEncoder, load_encoder
-from common.atomic import replacing
 
 
 class ReferenceClassifier:
@@ -40,8 +39,7 @@ class ReferenceClassifier:
 
     def save(self, path: str) -> None:
         self.encoder.save(path)
-        with replacing(os.path.join(path, "head.pt")) as tmp:
-            torch.save({k: v.detach().cpu() for k, v in self.head.state_dict().items()}, tmp)
+        save_torch_file({k: v.detach().cpu() for k, v in self.head.state_dict().items()}, os.path.join(path, "head.pt"))
 
 
 def load_classifier(path: str) -> ReferenceClassifier:

@@ -17,6 +17,7 @@ import re
 import zipfile
 
 from common import storage
+from common.atomic import replacing
 from common.cli import UsageError
 
 
@@ -51,6 +52,18 @@ def load_tensor_file(path: str) -> dict:
                                               for k, v in state.items()):
         raise UnsafeModelError(f"{path}: not a state dict of named tensors")
     return state
+
+
+def save_torch_file(obj, path: str) -> str:
+    """torch.save(OBJ) at PATH, whole or not at all (a temporary file renamed), and the same bytes
+    for the same tensors: given a file name, torch names the archive's folder after it, so the
+    temporary name would make every save's bytes, and the sha256 a manifest records, differ."""
+    import torch
+
+    with replacing(path) as tmp:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)             # a file object: the archive is always named "archive"
+    return path
 
 
 def sha256_local(path: str) -> str:

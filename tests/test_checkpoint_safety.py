@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from models.nmt.model_files.checkpoint import (UnsafeModelError, build_translation_model, check_checkpoint, load_state,
-                                   validate_model_config)
+                                               validate_model_config)
 from models.nmt.model_files.model_dir import check_model_dir
 from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
 
@@ -180,3 +180,20 @@ def test_fairseq_cli_wrapper_hands_fairseq_a_sanitized_checkpoint(tiny_nmt_model
                           capture_output=True, text=True)
     assert good.returncode == 0, good.stderr[-2000:]
     assert sum(line.startswith("H-") for line in good.stdout.splitlines()) > 0
+
+
+def test_a_saved_model_file_has_the_same_bytes_for_the_same_tensors(tmp_path):
+    """Model files are written whole (a temporary name, then a rename) and their bytes depend on
+    the tensors only: a manifest's sha256 of a retrained model is the same when its weights are.
+    torch.save given the temporary file's name would name the archive's folder after it."""
+    import hashlib
+
+    from models.safety import load_tensor_file, save_torch_file
+
+    state = {"w": torch.arange(12.0).reshape(3, 4), "b": torch.zeros(4)}
+    first, second = tmp_path / "a" / "weights.pt", tmp_path / "b" / "weights.pt"
+    save_torch_file(state, str(first))
+    save_torch_file({k: v.clone() for k, v in state.items()}, str(second))
+    assert hashlib.sha256(first.read_bytes()).digest() == hashlib.sha256(second.read_bytes()).digest()
+    assert all(torch.equal(load_tensor_file(str(first))[k], v) for k, v in state.items())
+    assert sorted(p.name for p in first.parent.iterdir()) == ["weights.pt"]      # no temporary file left

@@ -7,7 +7,7 @@ from argparse import Namespace
 import pytest
 
 from models.nmt.model_files.tokenization import (BPES, MAX_SEGMENTATIONS, TOKENIZERS, Tokenization, check_codes,
-                                     detect_bpe, surface_forms)
+                                                 detect_bpe, surface_forms)
 from tests.toydata import toy_bitext
 
 HOSTILE = [

@@ -45,7 +45,8 @@ def test_cli_rejects_half_given_files(tmp_path):
 
 
 def test_fairseq_compat_usage_error():
-    r = subprocess.run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "bogus"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "bogus"], cwd=ROOT,
+                       capture_output=True,
                        text=True, timeout=60)
     assert r.returncode != 0 and "usage" in r.stderr
 

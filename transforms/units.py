@@ -55,7 +55,7 @@ class UnitTranslatorHandler(ModelHandler):
                  expected_pairs: int | None = None, bitext=None, langs: tuple[str, str] = ("", ""),
                  processes_per_gpu: int = 1, decode_step: str = "auto"):
         super().__init__()
-        self.decode_step = decode_step               # how the forward model samples (models/nmt/decoding/fixed_sampler.py)
+        self.decode_step = decode_step      # how the forward model samples (models/nmt/decoding/fixed_sampler.py)
         self.processes_per_gpu = processes_per_gpu   # this machine's GPUs are shared by this many processes each
         self.bitext, self.langs = bitext, langs      # a paracorpus.steps.BitextFilterConfig, or None
         self.forward_model, self.backward_model = forward_model, backward_model

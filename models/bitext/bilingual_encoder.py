@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from models.safety import UnsafeModelError, load_tensor_file
+from models.safety import UnsafeModelError, load_tensor_file, save_torch_file
 from common.atomic import replacing, write_json
 
 FORMAT_VERSION = 1
@@ -262,8 +262,8 @@ class BilingualEncoder:
         config_path = os.path.join(path, "config.json")
         if os.path.exists(config_path):
             os.remove(config_path)
-        with replacing(os.path.join(path, "weights.pt")) as tmp:
-            torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, tmp)
+        save_torch_file({k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+                        os.path.join(path, "weights.pt"))
         with replacing(os.path.join(path, "spm.model")) as tmp:
             with open(tmp, "wb") as f:
                 f.write(self.sp.serialized_model_proto())

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from models.safety import load_tensor_file
-from common.atomic import replacing, write_json
+from models.safety import load_tensor_file, save_torch_file
+from common.atomic import write_json
 from common.cli import UsageError
 
 FORMAT_VERSION = 1
@@ -131,8 +131,8 @@ class PairClassifier:
     def save(self, path: str) -> None:
         """Write the model directory; files are renamed into place, config.json last (it marks a
         whole model)."""
-        with replacing(os.path.join(path, "weights.pt")) as tmp:
-            torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, tmp)
+        save_torch_file({k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+                        os.path.join(path, "weights.pt"))
         write_json(os.path.join(path, "config.json"), self.config())
 
 

@@ -45,10 +45,10 @@ import time
 
 from common.cli import UsageError, cli_main, configure_logging
 from models.nmt.model_files.checkpoint import load_state, model_config_of, weights_of
-from models.nmt.model_files.model_dir import (COMPUTE_TYPES, FORMAT_IMPORTED, META, MAX_MEMBERS, check_members, ct2_files,
-                                  publish_dir, write_meta)
+from models.nmt.model_files.model_dir import (COMPUTE_TYPES, FORMAT_IMPORTED, META, MAX_MEMBERS, check_members,
+                                              ct2_files, publish_dir, write_meta)
 from models.nmt.model_files.tokenization import BPES, TOKENIZERS, check_codes, detect_bpe
-from models.safety import UnsafeModelError
+from models.safety import UnsafeModelError, save_torch_file
 
 log = logging.getLogger("paragen.import")
 CODES_NAMES = ("bpecodes", "code", "sentencepiece.bpe.model")      # what fairseq's hub picks up
@@ -218,12 +218,7 @@ def _build_and_load(config, weights, data: str, src_lang: str, tgt_lang: str, wh
 
 
 def _save_tensors(weights: dict, path: str) -> None:
-    import torch
-
-    from common.atomic import replacing
-
-    with replacing(path) as tmp:           # tied embeddings stay one storage in the file
-        torch.save({name: t.detach() for name, t in weights.items()}, tmp)
+    save_torch_file({name: t.detach() for name, t in weights.items()}, path)   # tied embeddings: one storage
 
 
 def import_model(source: str, src_lang: str, tgt_lang: str, output: str, checkpoints: str | None = None,

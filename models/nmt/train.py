@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from common.atomic import copy_file, replacing, write_json
+from common.atomic import copy_file, write_json
 from common.cli import UsageError
 from common.shards import bounded_lines, open_binary
 from common.text import train_spm
@@ -292,15 +292,13 @@ def _clean(pairs) -> list[tuple[str, str]]:
 def _export_checkpoint(src: str, dst: str) -> None:
     """Copy the best checkpoint without its optimizer state (a third of the size), after checking
     that its config passes the same validation as every model the jobs load."""
-    import torch
-
     from models.nmt.model_files.checkpoint import load_state, model_config_of
+    from models.safety import save_torch_file
 
     state = load_state(src)
     model_config_of(state)
     state.pop("last_optimizer_state", None)
-    with replacing(dst) as tmp:
-        torch.save(state, tmp)
+    save_torch_file(state, dst)
 
 
 def build_parser() -> argparse.ArgumentParser:

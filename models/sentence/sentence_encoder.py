@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from common.text import MAX_TOKENS, Vocabulary, sentence_trigrams, tokenize
-from models.safety import load_tensor_file
+from models.safety import load_tensor_file, save_torch_file
 from models.sentence.encoders import Features, build_module, parse_spec
-from common.atomic import replacing, write_json, write_text
+from common.atomic import write_json, write_text
 
 FORMAT_VERSION = 1
 FILES = ("config.json", "words.json", "trigrams.json", "weights.pt")
@@ -110,8 +110,8 @@ class SentenceEncoder:
         """Write the model directory; files are renamed into place so a reader never sees half a model."""
         write_text(os.path.join(path, "words.json"), self.words.to_json())
         write_text(os.path.join(path, "trigrams.json"), self.trigrams.to_json())
-        with replacing(os.path.join(path, "weights.pt")) as tmp:
-            torch.save({k: v.detach().cpu() for k, v in self.module.state_dict().items()}, tmp)
+        save_torch_file({k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+                        os.path.join(path, "weights.pt"))
         write_json(os.path.join(path, "config.json"), self.config())   # last: marks a whole model
 
 

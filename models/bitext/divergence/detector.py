@@ -15,13 +15,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.atomic import replacing, write_json, write_text
+from common.atomic import write_json, write_text
 from common.cli import UsageError
 from common.text import Vocabulary
 from models.bitext.divergence.config import DivergenceConfig
 from models.bitext.divergence.lexicon import tokenize
 from models.bitext.divergence.model import InteractionEnsemble, member_seed, new_model
-from models.safety import load_tensor_file
+from models.safety import load_tensor_file, save_torch_file
 
 FORMAT_VERSION = 1
 FILES = ("config.json", "src_words.json", "tgt_words.json", "weights.pt")
@@ -127,8 +127,7 @@ class DivergenceDetector:
             if key not in on_cpu:
                 on_cpu[key] = v.detach().cpu()
             state[k] = on_cpu[key]
-        with replacing(os.path.join(path, "weights.pt")) as tmp:
-            torch.save(state, tmp)
+        save_torch_file(state, os.path.join(path, "weights.pt"))
         write_json(os.path.join(path, "config.json"), self.config())
 
 

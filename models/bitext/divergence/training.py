@@ -130,7 +130,8 @@ def train_divergence(src_tok: Sequence[Sequence[str]], tgt_tok: Sequence[Sequenc
         det.threshold, f = tune_threshold(scores, [y for _, _, y in dev])
         report["dev"] = {"pairs": len(dev), "threshold": det.threshold, "macro_f1": f}
         log(f"threshold {det.threshold:.4f} tuned on {len(dev)} dev pairs"
-            + (f" (the mean P(equivalent) of {cfg.members} members)" if cfg.members > 1 else "") + f": macro F1 {f:.3f}")
+            + (f" (the mean P(equivalent) of {cfg.members} members)" if cfg.members > 1 else "")
+            + f": macro F1 {f:.3f}")
     report["train_seconds"] = round(time.time() - t0, 1)
     det.extra = {"training": report}
     return TrainedDivergence(det, embeddings, dictionary, report)

@@ -30,7 +30,7 @@ import os
 import zipfile
 from dataclasses import dataclass
 
-from models.safety import UnsafeModelError, weights_only_load
+from models.safety import UnsafeModelError, save_torch_file, weights_only_load
 
 ARCHS = frozenset({"transformer", "transformer_tiny", "transformer_iwslt_de_en", "transformer_wmt_en_de",
                    "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
@@ -265,10 +265,6 @@ def build_translation_model(model_dir: str, src_lang: str, tgt_lang: str):
 def sanitized_copy(src: str, dst: str) -> None:
     """Write to DST a checkpoint holding only SRC's validated model config and its tensors, in
     fairseq's layout, for fairseq's own tools (fairseq-generate, converters) to load."""
-    import torch
-
-    from common.atomic import replacing
-
     state = load_state(src)
     args = model_config_of(state)
     args.task = "translation"
@@ -277,5 +273,4 @@ def sanitized_copy(src: str, dst: str) -> None:
              "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "FairseqAdam",
                                     "lr_scheduler_state": {}, "num_updates": 0}],
              "extra_state": {"train_iterator": None}}
-    with replacing(dst) as tmp:
-        torch.save(clean, tmp)
+    save_torch_file(clean, dst)

@@ -65,7 +65,8 @@ def main(argv=None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in _COMMANDS:
-        raise SystemExit(f"usage: python -m models.nmt.model_files.fairseq_compat {{{','.join(_COMMANDS)}}} [fairseq args]")
+        raise SystemExit(f"usage: python -m models.nmt.model_files.fairseq_compat {{{','.join(_COMMANDS)}}} "
+                         "[fairseq args]")
     allow_fairseq_checkpoints()
     with tempfile.TemporaryDirectory(prefix="paragen-ckpt-") as workdir:
         try:
