@@ -45,8 +45,8 @@ import sys
 from dataclasses import dataclass
 
 from common import storage
-from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, JobFailed, UsageError, check_output_location, cli_main,
-                        configure_logging)
+from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, USER_ERRORS, JobFailed, OutputBusy, UsageError,
+                        check_output_location, cli_main, configure_logging)
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping
@@ -202,6 +202,49 @@ def dry_run(req: RefreshRequest) -> dict:
                     + (["--previous", previous] if previous else []))
 
 
+def stopped_run(req: RefreshRequest, latest_id: str | None, previous: str | None) -> str | None:
+    """The run of a refresh stopped before it moved latest (the newest run newer than latest's),
+    when this refresh's generation job would finish it: the same plan (inputs, models, settings,
+    the previous run), committed with its clean-up or filter run left, or unfinished. Its id, so
+    that the same command continues it (its committed units kept) instead of decoding it again;
+    None otherwise (retention removes an unfinished one)."""
+    from beam_pipelines.generation.check import check as check_generation
+    from beam_pipelines.generation.plan import plan_inputs, run_to_finish
+
+    newer = [n for n in storage.listdir(storage.join(req.root, "runs")) if latest_id is None or n > latest_id]
+    if not newer:
+        return None
+    candidate = max(newer)
+    out = storage.join(req.root, "runs", candidate)
+    try:
+        request, job = check_generation([*req.job_args, "--output", out, "--run_id", candidate]
+                                        + (["--previous", previous] if previous else []))
+        inputs = plan_inputs(job, request.previous)
+    except USER_ERRORS as exc:              # the job itself says it better, in the log, if it still holds
+        log.warning("run %s of a stopped refresh not checked (%s); starting a new run", candidate, exc)
+        return None
+    if not inputs.nothing_to_do and run_to_finish(job, request, inputs) == candidate:
+        return candidate
+    _finish_cleanup(out)                # published, of another plan: kept by retention, finished here
+    return None
+
+
+def _finish_cleanup(run_dir: str) -> None:
+    """The clean-up of a published run that a stop cut short (its _work left), finished under the
+    run's own claim as the generation job's next start would; nothing for an unpublished run
+    (retention removes it) or one whose clean-up was done."""
+    from beam_pipelines.commit import finish_cleanup
+    from beam_pipelines.generate import TABLES
+
+    if not storage.isfile(storage.join(run_dir, MANIFEST)):
+        return
+    try:
+        with Claim(run_dir, new_run_id()) as claim:
+            finish_cleanup(run_dir, MANIFEST, TABLES, claim)
+    except OutputBusy as exc:            # its holder's claim not stale yet: the next refresh finishes it
+        log.warning("the clean-up of %s left for the next refresh: %s", run_dir, exc)
+
+
 def generate_run(req: RefreshRequest, run_id: str, previous: str | None, log_file, log_path: str) -> bool:
     """The generation job into ROOT/runs/RUN_ID on top of PREVIOUS: True when it published a run,
     False when nothing changed; RefreshFailed otherwise."""
@@ -267,6 +310,11 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
         latest = Latest(root)           # read under the lease: every write of latest is conditional on it
         previous = latest.run_dir
         latest.repair()                 # a refresh stopped while publishing: its view finished first
+        stopped = stopped_run(req, latest.run_id, previous)
+        if stopped:                     # the same command continues: its run, not a new one
+            print(f"refresh {run_id}: continuing run {stopped} of a refresh stopped before it moved latest",
+                  flush=True)
+            run_id = stopped
         out = storage.join(root, "runs", run_id)
         log_path = storage.join(root, "logs", f"{run_id}.log")
         print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)

@@ -85,3 +85,50 @@ def test_refreshes_with_keep_2_stopped_at_their_own_steps(tiny_nmt_models, tmp_p
     points = [sweep.point(*view[:3], "KILL"), sweep.point(*named[:3], "TERM")]
     _check(points)
     assert [p.seen for p in points] == ["previous", "previous"] and points[0].seen_view in ("previous", "partial")
+
+
+def test_a_stopped_refresh_is_continued_by_the_same_command(tiny_nmt_models, tmp_path):
+    """A refresh stopped (SIGTERM) while its generation job decodes, or after that job published
+    its run but before latest moved: the same command continues that run (its committed units
+    kept: the manifest says resumed) or finishes it (its clean-up, then latest), instead of
+    decoding again in a new run, and leaves nothing behind. (Before: a new run each time; the
+    stopped run's units were decoded again, and a published one kept its clean-up's files.)"""
+    from common import storage
+    from tests.crash_points import REFRESH, job, leftovers, rows
+
+    sweep = refresh_sweep(str(tmp_path), tiny_nmt_models, mode="filter_off")
+    ops = sweep.prepare()
+    second_unit = [o for o in ops if o[1] == "rename" and "/units/" in o[2]][1]     # one unit committed
+    manifest = _op(ops, lambda o: o[1] == "rename" and "/runs/" in o[2] and _manifest(o))
+    cleanup = _op(ops, lambda o: o[1] == "delete", after=manifest)
+    for op, resumed in ((second_unit, True), (cleanup, False)):
+        out = sweep.store.path(f"continued-{op[0]}")
+        sweep.store.copy(sweep.start, out)
+        args = sweep.args(out, sweep.command)
+        before = set(storage.listdir(storage.join(out, "runs")))
+        stopped = job(args, {**sweep.env, "PARAGEN_CRASH_AT": f"{op[0]}:TERM"}, which=REFRESH)
+        assert stopped.returncode == 143, stopped.stderr[-2000:]
+        (stopped_id,) = set(storage.listdir(storage.join(out, "runs"))) - before
+        again = job(args, sweep.env, which=REFRESH)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert f"continuing run {stopped_id}" in again.stdout, again.stdout
+        assert rows(out, REFRESH) == sweep.new_rows and not leftovers(out, REFRESH), leftovers(out, REFRESH)
+        latest = storage.read_json(storage.join(out, "latest.json"))
+        assert latest["run_id"] == stopped_id
+        manifest_of = storage.read_json(storage.join(out, "runs", stopped_id, "_manifest.json"))
+        assert manifest_of["resumed"] is resumed
+    # published, then new input arrives before the rerun: a new run (another plan); the stopped
+    # run is kept (a complete run, retention's to remove) with its clean-up finished
+    out = sweep.store.path("orphan")
+    sweep.store.copy(sweep.start, out)
+    args = sweep.args(out, sweep.command)
+    before = set(storage.listdir(storage.join(out, "runs")))
+    assert job(args, {**sweep.env, "PARAGEN_CRASH_AT": f"{cleanup[0]}:TERM"}, which=REFRESH).returncode == 143
+    (stopped_id,) = set(storage.listdir(storage.join(out, "runs"))) - before
+    more = os.path.join(args[args.index("--input") + 1], "d.tsv")
+    with open(more, "w", encoding="utf-8") as f:
+        f.write("Muž jede na kole.\tA man rides a bike.\n")
+    again = job(args, sweep.env, which=REFRESH)
+    assert again.returncode == 0 and "continuing run" not in again.stdout, again.stderr[-3000:]
+    assert storage.read_json(storage.join(out, "latest.json"))["run_id"] != stopped_id
+    assert not leftovers(out, REFRESH), leftovers(out, REFRESH)

@@ -112,9 +112,7 @@ def plan_run(job: Job, request: Request, inputs: Inputs, new_id: str | None = No
       continued, its finished units kept (with --run_id, only a run of that id);
     - otherwise a new run (named NEW_ID, the id its claim was taken with, or --run_id). A committed
       run with another plan is only replaced with --overwrite (UsageError), --resume or not."""
-    args = (job.config_hash, inputs.decode, job.unit_pairs, inputs.reuse.previous_run_id, inputs.capacity)
-    key = _plan_key(*args)
-    same = _same_plan(key, lambda: _plan_key(*args, version=1))
+    key, same = _plan_identity(job, inputs)
     output = request.output
     committed, version = read_manifest_versioned(output, MANIFEST)     # under the claim: no one publishes now
     if committed is not None and same(committed) and not request.overwrite:
@@ -138,6 +136,25 @@ def plan_run(job: Job, request: Request, inputs: Inputs, new_id: str | None = No
     return Plan(request.run_id or new_id or new_run_id(), output, plan_units(inputs.per_shard, job.unit_pairs),
                 job.lang_pair, job.config_hash, inputs.bins, carries(inputs.reuse, inputs.bins), key, False, job.unit_pairs,
                 committed_version=version)
+
+
+def _plan_identity(job: Job, inputs: Inputs):
+    """(this run's plan key, a test of whether a plan record or manifest has the same plan)."""
+    args = (job.config_hash, inputs.decode, job.unit_pairs, inputs.reuse.previous_run_id, inputs.capacity)
+    key = _plan_key(*args)
+    return key, _same_plan(key, lambda: _plan_key(*args, version=1))
+
+
+def run_to_finish(job: Job, request: Request, inputs: Inputs) -> str | None:
+    """The id of the run in REQUEST.output that this command would finish rather than start: the
+    committed run there when it has this plan (its clean-up may be left), else the newest
+    unfinished run of this plan; None. Read without the output's claim (a refresh choosing where
+    to continue): plan_run decides again under it."""
+    _key, same = _plan_identity(job, inputs)
+    committed, _version = read_manifest_versioned(request.output, MANIFEST)
+    if committed is not None:
+        return committed["run_id"] if same(committed) else None
+    return resumable_run(request.output, same)
 
 
 def refuse_other_plans_run(output: str, run_id: str, same) -> None:
