@@ -50,7 +50,7 @@ from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, USER_ERRORS, JobFaile
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping
-from paracorpus.commit import new_run_id
+from paracorpus.commit import OWNER, new_run_id
 from paracorpus.latest import Latest, filter_dir, latest_run, prune
 from paracorpus.schema import MANIFEST
 
@@ -205,9 +205,10 @@ def dry_run(req: RefreshRequest) -> dict:
 def stopped_run(req: RefreshRequest, latest_id: str | None, previous: str | None) -> str | None:
     """The run of a refresh stopped before it moved latest (the newest run newer than latest's),
     when this refresh's generation job would finish it: the same plan (inputs, models, settings,
-    the previous run), committed with its clean-up or filter run left, or unfinished. Its id, so
-    that the same command continues it (its committed units kept) instead of decoding it again;
-    None otherwise (retention removes an unfinished one)."""
+    the previous run), committed with its clean-up or filter run left, or unfinished, and its job
+    stopped (SIGTERM) so that it released its claim. Its id, so that the same command continues
+    it (its committed units kept) instead of decoding it again; None otherwise (retention removes
+    an unfinished one)."""
     from beam_pipelines.generation.check import check as check_generation
     from beam_pipelines.generation.plan import plan_inputs, run_to_finish
 
@@ -216,6 +217,11 @@ def stopped_run(req: RefreshRequest, latest_id: str | None, previous: str | None
         return None
     candidate = max(newer)
     out = storage.join(req.root, "runs", candidate)
+    if storage.isfile(storage.join(out, OWNER)):
+        # its job did not release its claim (killed, or paused past its lease and maybe resuming):
+        # a new run, as two processes in one run directory would be; retention removes this one
+        _finish_cleanup(out)
+        return None
     try:
         request, job = check_generation([*req.job_args, "--output", out, "--run_id", candidate]
                                         + (["--previous", previous] if previous else []))
@@ -306,6 +312,10 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
     storage.makedirs(root)
     run_id = new_run_id()
     with Claim(root, run_id, name=LOCK, on_lost=lambda why: stopping.end(why, 75)) as lease:   # 2. one refresh at a time
+        # named once the lease is held, so ids follow the order refreshes ran in: one that waited
+        # (paused) before its lease is newer than the run it then finds, and so is its no-op log
+        run_id = new_run_id()
+        lease.rename(run_id)
         stopping.watch(f"refresh {run_id}", lambda: "latest unchanged", lease.release)
         latest = Latest(root)           # read under the lease: every write of latest is conditional on it
         previous = latest.run_dir
