@@ -33,12 +33,11 @@ import logging
 import os
 import posixpath
 import re
-import socket
 import threading
 import time
 import uuid
 
-from common import storage
+from common import processes, storage
 from common.cli import OutputBusy, UsageError
 from common.names import check_run_id
 from common.settings import env_seconds
@@ -75,38 +74,12 @@ def work_dir(output: str, run_id: str) -> str:
     return storage.join(output, WORK, check_run_id(run_id))
 
 
-def _process_identity() -> dict:
-    """What tells this process apart from one with the same pid elsewhere: the host name, the
-    kernel's boot id and the pid namespace (pods with host networking share a host name, not
-    their pids)."""
-    ident = {"host": socket.gethostname(), "pid": os.getpid()}
-    with contextlib.suppress(OSError):
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            ident["boot_id"] = f.read().strip()
-    with contextlib.suppress(OSError):
-        ident["pid_ns"] = os.stat("/proc/self/ns/pid").st_ino
-    return ident
-
-
-def _same_pid_space(owner: dict) -> bool:
-    """True when OWNER's pid means a process of this machine's pid namespace."""
-    mine = _process_identity()
-    if owner.get("host") != mine["host"] or not owner.get("pid"):
-        return False
-    return all(owner.get(k) == mine.get(k) for k in ("boot_id", "pid_ns") if k in owner or k in mine)
-
-
 def _owner_alive(owner: dict, version: storage.Version) -> tuple[bool, str]:
     """(alive?, why) for the owner record OWNER at VERSION. Its age is the store's: now less the
     record's modification time as the store stamped it (a holder whose clock runs ahead or behind
     cannot make its record look fresh or stale)."""
-    if _same_pid_space(owner):
-        try:
-            os.kill(int(owner["pid"]), 0)
-        except ProcessLookupError:
-            return False, f"its process {owner['pid']} on this host has ended"
-        except PermissionError:
-            pass                   # alive, another user's
+    if processes.ended(owner):
+        return False, f"its process {owner['pid']} on this host has ended"
     stamped = version.mtime if version.mtime is not None else float(owner.get("heartbeat", 0))
     age = time.time() - stamped
     if age > lease_seconds():
@@ -144,7 +117,7 @@ class Claim:
         self._made: str | None = None                    # the local folder acquire() created, if it did
 
     def _record(self) -> bytes:
-        return json.dumps({"run_id": self.run_id, "token": self.token, **_process_identity(),
+        return json.dumps({"run_id": self.run_id, "token": self.token, **processes.identity(),
                            "started": self._started, "heartbeat": time.time()}, indent=2).encode()
 
     def _busy(self, owner: dict, why: str) -> OutputBusy:

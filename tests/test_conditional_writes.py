@@ -165,16 +165,18 @@ def test_a_writer_paused_inside_its_local_write_is_taken_over_and_then_refused(t
 def test_the_lock_of_a_killed_writer_is_taken_at_once(tmp_path):
     """A writer killed inside its conditional write leaves its lock file; the next writer of this
     machine sees its process is gone and takes the lock without waiting out LOCK_STALE_SECONDS."""
-    import socket
+    import json
     import subprocess
     import sys
     import time
+
+    from common import processes
 
     path = str(tmp_path / "record.json")
     version = conditional.create_new(path, b"one")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (tmp_path / conditional.LOCK_NAME).write_text(f"{socket.gethostname()} {dead.pid} abc")
+    (tmp_path / conditional.LOCK_NAME).write_text(json.dumps({**processes.identity(), "pid": dead.pid, "token": "abc"}))
     os.utime(tmp_path / conditional.LOCK_NAME, (time.time() - 1, time.time() - 1))
     started = time.monotonic()
     conditional.write_if(path, b"two", version)

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
-import socket
 import uuid
 from dataclasses import dataclass, field
 
+from common import processes
 from common.crash_points import storage_op
 from common.storage.paths import _gcs_emulator, _s3_endpoint, basename, is_url
 from common.storage.retries import StorageError, retrying, timeout_seconds
@@ -158,7 +159,7 @@ class _DirectoryLock:
 
     def __init__(self, directory: str):
         self.path = os.path.join(directory, LOCK_NAME)
-        self.token = f"{socket.gethostname()} {os.getpid()} {uuid.uuid4().hex}".encode()
+        self.token = json.dumps({**processes.identity(), "token": uuid.uuid4().hex}).encode()
 
     def __enter__(self):
         import time
@@ -180,10 +181,10 @@ class _DirectoryLock:
         try:
             age = now - os.stat(self.path).st_mtime
             with open(self.path, "rb") as f:
-                holder = f.read().split()
+                holder = f.read()
         except FileNotFoundError:
             return
-        if age > LOCK_STALE_SECONDS or (age > 0.5 and _gone(holder)):
+        if age > LOCK_STALE_SECONDS or (age > 0.5 and processes.ended(_holder(holder))):
             aside = f"{self.path}.stale.{uuid.uuid4().hex}"
             with contextlib.suppress(FileNotFoundError):        # another taker was first
                 os.rename(self.path, aside)
@@ -208,17 +209,13 @@ class _DirectoryLock:
             os.remove(self.path)
 
 
-def _gone(holder: list[bytes]) -> bool:
-    """True when HOLDER (a lock's host, pid, token) is a process of this machine that has ended."""
-    if len(holder) != 3 or holder[0].decode(errors="replace") != socket.gethostname():
-        return False
+def _holder(record: bytes) -> dict:
+    """The identity a lock file names ({} for one this code did not write whole)."""
     try:
-        os.kill(int(holder[1]), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
+        holder = json.loads(record)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 def release_held_locks() -> None:
