@@ -13,7 +13,6 @@ nats) and the count of rows each covers. Run it before and after: the digests mu
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import os
@@ -21,12 +20,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-
-def read_val(folder: str, n: int) -> list[tuple[str, str]]:
-    with gzip.open(os.path.join(folder, "val.cs.gz"), "rt", encoding="utf-8") as cs, \
-            gzip.open(os.path.join(folder, "val.en.gz"), "rt", encoding="utf-8") as en:
-        return [(c.strip(), e.strip()) for c, e, _ in zip(cs, en, range(n))]
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
 def digest(value) -> str:
@@ -47,11 +41,12 @@ def main(argv=None) -> int:
 
     import torch
 
+    from bench_gpu import read_pairs
     from models.nmt.engine import SampleRequest
     from models.nmt.engines.fairseq_engine import Translator
 
     torch.set_num_threads(1)
-    pairs = read_val(a.bitext, a.sources)
+    pairs = read_pairs(a.bitext, "val", a.sources)
     backward = Translator(a.backward_model, device="cpu", precision="fp32")
     out = {}
     for mode in ("tree", "fixed"):

@@ -428,8 +428,6 @@ def _beam_problems(where: str, extras: list[str], job_help: str) -> list[str]:
         _known, unknown = _parse(parser, args, False)
     except _ParseError as exc:
         return [f"{where}: {exc}"]
-    except Exception as exc:  # noqa: BLE001: the parser's one-line UsageError
-        return [f"{where}: {exc}"]
     if unknown:
         return [f"{where}: unknown option(s): {' '.join(unknown)}"]
     unnamed = sorted({a.split("=")[0] for a in extras if a.split("=")[0] in _project_beam_options()}

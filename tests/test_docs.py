@@ -16,36 +16,26 @@ import subprocess
 
 import pytest
 
-from tests.doc_commands import (check_commands, commands_in, documented_commands, packages, pages, shell_blocks,
-                                simple_commands, split_env)
+from tests.doc_commands import (ROOT, check_commands, commands_in, documented_commands, packages, pages, read, rel,
+                                shell_blocks, simple_commands, split_env)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 PAGES = pages()                 # README.md, deploy/README.md, docs/*.md
 README_MAX_LINES = 215         # a page a newcomer reads top to bottom; the rest is in docs/
-
-
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
-def _rel(path: str) -> str:
-    return os.path.relpath(path, ROOT)
 
 
 # ------------------------------------------------------------------ the README
 
 
 def test_readme_is_short():
-    lines = _read(README).count("\n")
+    lines = read(README).count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/ (at most {README_MAX_LINES})"
 
 
 def test_readme_gives_the_two_commands_and_both_test_tiers():
-    text = _read(README)
+    text = read(README)
     assert "bash scripts/quickstart.sh" in text
-    ci = [line for line in _read(os.path.join(ROOT, ".ci", "run")).splitlines() if "pytest" in line]
+    ci = [line for line in read(os.path.join(ROOT, ".ci", "run")).splitlines() if "pytest" in line]
     assert ci and ci[0].strip() in text, "the README's test command must be the one CI runs (.ci/run)"
     assert '-m "not slow"' in text, "the README must give the fast tier"
 
@@ -65,7 +55,7 @@ def _slug(heading: str) -> str:
 def _anchors(path: str) -> set[str]:
     anchors, seen = set(), {}
     in_code = False
-    for line in _read(path).splitlines():
+    for line in read(path).splitlines():
         if line.startswith("```"):
             in_code = not in_code
         if in_code:
@@ -80,12 +70,12 @@ def _anchors(path: str) -> set[str]:
 
 
 def _links(path: str) -> list[str]:
-    text = re.sub(r"```.*?```", "", _read(path), flags=re.S)        # not inside code blocks
+    text = re.sub(r"```.*?```", "", read(path), flags=re.S)        # not inside code blocks
     text = re.sub(r"`[^`\n]*`", "", text)                            # nor inline code
     return re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_rel)
+@pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_every_relative_link_points_to_a_file_and_heading_that_exist(page):
     broken = []
     for target in _links(page):
@@ -96,8 +86,8 @@ def test_every_relative_link_points_to_a_file_and_heading_that_exist(page):
         if not os.path.exists(full):
             broken.append(f"{target}: no such file")
         elif anchor and full.endswith(".md") and anchor not in _anchors(full):
-            broken.append(f"{target}: no heading #{anchor} in {_rel(full)}")
-    assert not broken, f"{_rel(page)}: " + "; ".join(broken)
+            broken.append(f"{target}: no heading #{anchor} in {rel(full)}")
+    assert not broken, f"{rel(page)}: " + "; ".join(broken)
 
 
 # ------------------------------------------------------------------ commands
@@ -127,7 +117,7 @@ def test_every_project_command_runs_from_a_fresh_shell():
                 project_python = (re.fullmatch(r"python(3(\.\d+)?)?", words[0]) and words[1:2] == ["-m"]
                                   and len(words) > 2 and words[2].split(".")[0] in packages())
                 if words[0].startswith("paragen-") or project_python:
-                    bare.append(f"{_rel(page)}:{line}: {' '.join(words)[:80]}")
+                    bare.append(f"{rel(page)}:{line}: {' '.join(words)[:80]}")
     assert not bare, "not found in a fresh shell (write .venv/bin/...):\n" + "\n".join(bare)
 
 
@@ -198,17 +188,17 @@ def _names_something(path: str) -> bool:
         return True
     module, dot, name = path.rpartition(".")
     if dot and os.path.isfile(os.path.join(ROOT, module + ".py")):
-        source = _read(os.path.join(ROOT, module + ".py"))
+        source = read(os.path.join(ROOT, module + ".py"))
         return re.search(rf"^\s*(def|class)\s+{re.escape(name)}\b|^{re.escape(name)}\s*[:=]", source, re.M) is not None
     return False
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_rel)
+@pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_every_repository_path_a_page_names_exists(page):
     """`deploy/slurm/cluster.sbatch`, `models/nmt/decoding/round_trips.count_device_ops`, `bench/*.py`: a
     path into the repository that a page names exists (a function reference, in the module named)."""
-    text = _read(page)
-    wrong = [f"{_rel(page)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(1)}"
+    text = read(page)
+    wrong = [f"{rel(page)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(1)}"
              for m in REPO_PATH.finditer(text) if not _names_something(m.group(1))]
     assert not wrong, "no such file (or name) in the repository:\n" + "\n".join(wrong)
 
@@ -227,7 +217,7 @@ def _exit_statuses_of_the_code() -> set[int]:
                                text=True, check=True).stdout.split():
         if path.startswith("tests/"):
             continue
-        source = _read(os.path.join(ROOT, path))
+        source = read(os.path.join(ROOT, path))
         for pattern in patterns:
             found |= {int(n) for n in re.findall(pattern, source, re.M)}
     return found
@@ -243,11 +233,11 @@ def test_every_exit_status_the_docs_name_is_one_the_code_gives():
     assert {1, 2, 3, 75} <= known, known
     wrong = []
     for page in PAGES:
-        text = _read(page)
+        text = read(page)
         for m in EXIT_MENTION.finditer(text):
             for number in [m.group(1), *re.findall(r"\d+", m.group(2))]:
                 if int(number) not in known:
-                    wrong.append(f"{_rel(page)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
+                    wrong.append(f"{rel(page)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
     assert not wrong, f"exit statuses the code never gives (it gives {sorted(known)}):\n" + "\n".join(wrong)
 
 
@@ -263,7 +253,7 @@ def _contract_doc():
 
 def test_contract_doc_is_what_the_generator_writes():
     expected = _contract_doc().render()
-    assert _read(os.path.join(ROOT, "docs", "contract.md")) == expected, \
+    assert read(os.path.join(ROOT, "docs", "contract.md")) == expected, \
         "docs/contract.md is stale: .venv/bin/python scripts/contract_doc.py --write docs/contract.md"
 
 
@@ -280,7 +270,7 @@ def test_contract_doc_generator_refuses_a_key_without_a_meaning(monkeypatch):
 def test_the_models_map_names_every_module_of_models_and_nothing_else():
     """docs/architecture.md's tree of models/: each line's indentation is its depth; every module
     (but __init__.py) is in it, and everything in it exists."""
-    text = _read(os.path.join(ROOT, "docs", "architecture.md"))
+    text = read(os.path.join(ROOT, "docs", "architecture.md"))
     block = text.split("## The models map\n", 1)[1].split("```\n", 2)[1]
     named, stack = set(), []
     for line in block.splitlines():

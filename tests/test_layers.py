@@ -122,13 +122,6 @@ def test_no_module_imports_itself_back():
     assert not cycles, cycles
 
 
-def test_every_model_subpackage_says_what_it_holds():
-    for part in (*sorted(MODEL_PARTS), ""):
-        init = os.path.join(ROOT, "models", part, "__init__.py")
-        doc = ast.get_docstring(ast.parse(open(init, encoding="utf-8").read()))
-        assert doc and len(doc) > 80, init
-
-
 # models.nmt.<part> -> the parts it may import: the map in models/nmt/__init__.py, lowest first
 NMT_LAYERS = {
     "model_files": set(),
@@ -169,7 +162,7 @@ def test_every_module_in_models_says_what_it_holds_and_is_short():
     for path in _model_modules():
         source = open(path, encoding="utf-8").read()
         doc = ast.get_docstring(ast.parse(source)) or ""
-        if len(doc) < 80:
+        if len(doc) <= 80:                             # subpackages' __init__.py included
             problems.append(f"{os.path.relpath(path, ROOT)}: a docstring of {len(doc)} characters")
         if source.count("\n") > MAX_MODEL_MODULE_LINES:
             problems.append(f"{os.path.relpath(path, ROOT)}: {source.count(chr(10))} lines")
