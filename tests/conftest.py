@@ -17,6 +17,33 @@ TINY = dict(vocab_size=200, layers=1, dim=64, ffn_dim=128, heads=2, max_epoch=8,
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: trains a model or runs a pipeline end to end (deselect with -m 'not slow')")
+    from tests.leaks import SESSION_ENV
+
+    if not hasattr(config, "workerinput"):          # the run's first process: xdist's workers inherit it
+        import uuid
+
+        os.environ[SESSION_ENV] = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A process a test started and left running fails the run (tests/leaks.py), once every
+    worker's fixtures are torn down."""
+    from tests.leaks import SESSION_ENV, end, leftovers
+
+    if hasattr(session.config, "workerinput") or not os.environ.get(SESSION_ENV):
+        return
+    left = leftovers(os.environ[SESSION_ENV])
+    if not left:
+        return
+    end(left)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"{len(left)} process(es) a test started were still running at the end (ended now):"]
+    lines += [f"  {pid}: {cmd}" for pid, cmd in sorted(left.items())]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

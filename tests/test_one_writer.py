@@ -18,7 +18,7 @@ import time
 import pytest
 
 from common.cli import OutputBusy
-from paracorpus.commit import Claim
+from paracorpus.commit import STAGED_LEFTOVER, Claim
 from tests.jobs import quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
@@ -106,7 +106,10 @@ def test_a_run_that_lost_its_claim_stops_before_its_manifest_touching_nothing(tm
     # another writer takes OUT over (alive: this test's process, a fresh heartbeat)
     owner.write_text(json.dumps({**record, "run_id": "the-other", "token": "theirs", "pid": os.getpid(),
                                  "heartbeat": time.time() + 3600}))
-    before = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    # What the job had written by then; not its staged temporaries (``.plan.json.<hex>.tmp``), which
+    # are still being written while this lists and which its rename turns into the real name.
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                    if p.is_file() and not STAGED_LEFTOVER.match(p.name))
     _, err = proc.communicate(timeout=600)
     err = err.decode(errors="replace")
     assert proc.returncode == 75, err[-3000:]

@@ -7,7 +7,8 @@
 - a node whose Python is broken: excluded after two failed starts, the run finishes elsewhere,
   the manifest records the jobs and what they cost;
 - a driver killed by SIGKILL and started again: it cancels the workers the first one left;
-- deploy/slurm/allocation.sbatch on two nodes, warned of its time limit: requeued, same rows.
+- deploy/slurm/allocation.sbatch on two nodes, warned of its time limit: requeued, same rows, and
+  nothing of either start left running.
 """
 import json
 import os
@@ -18,6 +19,7 @@ import time
 import pytest
 
 from tests.jobs import committed_rows, quick_args, units_committed
+from tests.leaks import running_with
 from tests.slurm_jobs import (completed, UNITS, alive, bitext, local_rows, local_run, login_node_job, slurm,  # noqa: F401
                               small, start_now, submit, wait_for)
 
@@ -143,3 +145,5 @@ def test_one_allocation_runs_driver_and_workers_together_and_continues_after_its
     assert (logs / f"allocation-{job}-1" / "worker-n2.log").exists()
     assert committed_rows(out) == local_rows
     assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
+    # the scheduler and workers of both starts ended with the job (they used to run on after it)
+    assert running_with(str(logs)) == {}
