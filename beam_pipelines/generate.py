@@ -27,7 +27,6 @@ import sys
 
 from beam_pipelines.commit import Claim, commit, finish_cleanup, unchanged
 from beam_pipelines.generation.check import check
-from beam_pipelines.generation.decode import decode
 from beam_pipelines.generation.dry_run import dry_run
 from beam_pipelines.generation.options import build_parser
 from beam_pipelines.generation.outcome import collect
@@ -72,6 +71,10 @@ def run(argv=None) -> dict:
             plan = dataclasses.replace(plan, claim_token=claim.token)      # its workers write under this claim
             stopping.watch(f"generation run {plan.run_id}", lambda: units_committed(plan), claim.release)
             finished = record_plan(plan, job, request, inputs)
+            # imported here: the decoding stages pull in torch (about 3 s), which a mistake refused
+            # by the check or a --dry_run never needs
+            from beam_pipelines.generation.decode import decode
+
             # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept
             counters, elapsed, sharing = decode(job, plan, inputs, finished, stopping)
             outcome = collect(job, request, inputs, plan, counters, elapsed, sharing, last_usage())

@@ -46,6 +46,21 @@ def pytest_sessionfinish(session, exitstatus):
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def built_once(tmp_path_factory, name: str, load, build):
+    """LOAD(folder) of what BUILD(folder) made under this test run's NAME, built by the first
+    process that asks: xdist's workers share one folder of the run (under a file lock), so the
+    tiny models and fixtures are made once per run, not once per worker."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent                  # the run's folder; each worker's is popen-gwN under it
+    folder = str(base / name)
+    with FileLock(folder + ".lock"):
+        got = load(folder)
+        return got if got is not None else build(folder)
+
+
 @pytest.fixture(scope="session")
 def tiny_nmt_models(tmp_path_factory):
     """OUT dir with cs-en/ and en-cs/ model dirs (python -m models.nmt.train layout)."""
@@ -55,9 +70,15 @@ def tiny_nmt_models(tmp_path_factory):
     reuse = os.environ.get("PARAGEN_TEST_MODELS")    # a directory this fixture made before (for development)
     if reuse and os.path.isfile(os.path.join(reuse, "cs-en", "model.pt")):
         return reuse
-    out = str(tmp_path_factory.mktemp("tiny-nmt"))
-    train_models(toy_bitext(1500, seed=0), out, "cs", "en", **TINY)
-    return out
+
+    def load(folder):
+        return folder if os.path.isfile(os.path.join(folder, ".built")) else None
+
+    def build(folder):
+        train_models(toy_bitext(1500, seed=0), folder, "cs", "en", **TINY)
+        open(os.path.join(folder, ".built"), "w").close()
+        return folder
+    return built_once(tmp_path_factory, "tiny-nmt", load, build)
 
 
 @pytest.fixture(scope="session")
@@ -86,18 +107,22 @@ def sources():
 @pytest.fixture(scope="session")
 def fairseq_layouts(tmp_path_factory):
     """{layout name: info dict} (tests/fairseq_fixtures.py), built once per session."""
-    from tests.fairseq_fixtures import layouts_for_tests
+    from tests.fairseq_fixtures import build_all, layouts_for_tests, load_built
 
-    return layouts_for_tests(tmp_path_factory)
+    if os.environ.get("PARAGEN_TEST_FAIRSEQ_LAYOUTS"):
+        return layouts_for_tests(tmp_path_factory)
+    return built_once(tmp_path_factory, "fairseq-layouts", load_built, build_all)
 
 
 @pytest.fixture(scope="session")
 def transformers_models(tmp_path_factory):
     """{name: info dict} of tiny Marian and M2M-100 models (tests/transformers_fixtures.py),
     built once per session."""
-    from tests.transformers_fixtures import layouts_for_tests
+    from tests.transformers_fixtures import build_all, layouts_for_tests, load_built
 
-    return layouts_for_tests(tmp_path_factory)
+    if os.environ.get("PARAGEN_TEST_TRANSFORMERS_MODELS"):
+        return layouts_for_tests(tmp_path_factory)
+    return built_once(tmp_path_factory, "transformers-models", load_built, build_all)
 
 
 @pytest.fixture(scope="session")

@@ -90,19 +90,40 @@ def assert_same_rows(rows: list[dict], want: list[dict], score_tolerance: float 
         assert [r[k] for k in SCORES] == pytest.approx([w[k] for k in SCORES], abs=score_tolerance)
 
 
-# Three unit sizes and two batch sizes (one run each with a different pair of them).
-LAYOUTS = [("--unit_pairs", "7", "--batch_pairs", "3"), ("--unit_pairs", "25", "--batch_pairs", "3"),
-           ("--unit_pairs", "5000", "--batch_pairs", "64")]
+# Three unit sizes, two batch sizes and one or two torch threads (one run each with a different
+# combination of them).
+LAYOUTS = [("--unit_pairs", "7", "--batch_pairs", "3", "--torch_threads", "1"),
+           ("--unit_pairs", "25", "--batch_pairs", "3", "--torch_threads", "2"),
+           ("--unit_pairs", "5000", "--batch_pairs", "64", "--torch_threads", "2")]
+
+
+def subprocess_rows(inp: str, out, models: dict, *extra) -> list[dict]:
+    """job_rows() of the same command run as a process of its own (a fresh interpreter: none of
+    this test process's torch settings, caches or loaded models), through JSON."""
+    rows = f"{out}.rows.json"
+    code = ("import json, sys; from tests.test_batch_independence import job_rows; "
+            "json.dump(job_rows(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *sys.argv[5:]), "
+            "open(sys.argv[4], 'w'), default=str)")
+    done = subprocess.run([sys.executable, "-c", code, inp, str(out), json.dumps(models), rows, *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(rows) as f:
+        return json.load(f)
 
 
 @pytest.mark.parametrize("mode", [("--preset", "paranmt", "--beam", "4"),
                                   ("--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples", "4")])
-def test_job_rows_do_not_depend_on_unit_or_batch_size(mixed_input, tiny_nmt_models, tmp_path, mode):
+def test_job_rows_do_not_depend_on_unit_batch_size_threads_or_process(mixed_input, tiny_nmt_models, tmp_path, mode):
+    """The rows of one input whatever the unit and batch sizes and torch threads (scores to 1e-5),
+    and, for one layout, exactly the rows of the same command in another process with another
+    thread count (rows compared as JSON: equal floats, equal bits)."""
     models = {"forward": os.path.join(tiny_nmt_models, "cs-en"), "backward": os.path.join(tiny_nmt_models, "en-cs")}
     runs = [job_rows(mixed_input, tmp_path / f"r{i}", models, *mode, *layout) for i, layout in enumerate(LAYOUTS)]
     assert len(runs[0]) >= 40
     for other in runs[1:]:
         assert_same_rows(other, runs[0])
+    elsewhere = subprocess_rows(mixed_input, tmp_path / "elsewhere", models, *mode, *LAYOUTS[1][:4], "--torch_threads", "1")
+    assert elsewhere == json.loads(json.dumps(runs[1], default=str))
 
 
 def test_the_fixed_shape_step_eager_and_compiled_writes_the_tree_loops_rows(mixed_input, tiny_nmt_models, tmp_path):

@@ -237,6 +237,18 @@ def test_resume_after_a_kill_gives_the_uninterrupted_rows(converted, job_input, 
     assert _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
 
 
+def test_sampled_rows_do_not_depend_on_threads_or_process(converted, job_input, uninterrupted, tmp_path):
+    """CTranslate2 draws per work unit (docs/contract.md): the same units and batches give the same
+    rows in another process with two intra-op threads as in this one with one."""
+    out = tmp_path / "two-threads"
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *_job_args(converted, job_input, out),
+                           "--torch_threads", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-3000:]
+    strip = [{k: v for k, v in r.items() if k != "config_hash"} for r in _rows(out)]
+    assert strip == [{k: v for k, v in r.items() if k != "config_hash"} for r in _rows(uninterrupted[0])]
+
+
 def test_a_dask_cluster_gives_the_same_rows(converted, job_input, uninterrupted, tmp_path, dask_cluster):
     from beam_pipelines.generate import run
 

@@ -13,7 +13,6 @@ import apache_beam as beam
 
 from common import storage
 from paracorpus.compaction import FileTarget, group_key
-from transforms.units import CompactGroup
 
 
 class Compact(beam.PTransform):
@@ -29,6 +28,8 @@ class Compact(beam.PTransform):
         self.fence = fence
 
     def expand(self, unit_records):
+        from transforms.units import CompactGroup    # here: it pulls in torch, which the commit phase never needs
+
         bins = self.bins
         by_group = unit_records | "KeyUnitsByGroup" >> beam.Map(
             lambda r: (group_key(bins[r["input_shard"]], r["shard"]), ("unit", r)))
