@@ -261,6 +261,28 @@ One row per paraphrase kept.
 
 {table_notes(p)}
 
+### What a pair's rows depend on
+
+With the fairseq engine a pair's rows depend on the pair, the two models, the settings in
+`config_hash` and `--seed`, and on nothing else: not on the pairs decoded beside it, the batch or
+work-unit size, torch's thread count, which process, worker or runner decoded it, or the load on
+the machine. Its samples are drawn from counter-based random numbers keyed by the pair id
+(models/nmt/decoding/device_random.py), and each source gets its own length limit in beam search.
+The float scores (`forward_nll`, `backward_nll`, `combined_score`) are sums computed in batches,
+and a batch of another shape may round them differently: they agree to 1e-5 nats (1.8e-7 measured
+on the tiny test models); in the same batches, another process or another thread count gives the
+same bits. Where it cannot hold exactly: two candidates of one pair whose combined scores differ by
+less than that rounding can swap `rank` (or which one represents a cluster) between runs with
+different batch sizes; everything else in the row is the same. tests/test_batch_independence.py
+checks all of this (three unit sizes, two batch sizes, one and two threads, another process;
+sampling and beam).
+
+With the CTranslate2 engine the randomness is per work unit (a fresh generator seeded by the seed
+and the unit: [models.md](models.md)): the same units and batches give the same rows whatever the
+thread count or process (tests/test_ct2_engine.py), but a pair's samples depend on the other pairs
+of its unit, so `--unit_pairs` and `--batch_pairs` are part of what a run's rows depend on. Beam
+search with it does not depend on batch-mates (int8 scores to 2e-3: it quantizes per batch).
+
 ## Table `{r.name}`
 
 One row per input record that did not yield a paraphrase.

@@ -23,6 +23,11 @@ def pytest_configure(config):
         import uuid
 
         os.environ[SESSION_ENV] = uuid.uuid4().hex
+        # One OpenMP/MKL thread a process unless a test asks for more (--torch_threads): two xdist
+        # workers share two cores, and a second thread per process only spin-waits for the other
+        # worker's (a job ran 25% faster, CPU time too, beside one busy process).
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 def pytest_sessionfinish(session, exitstatus):
