@@ -298,7 +298,8 @@ def score(job: FilterJob, fitted: Fitted, work: str, fence=None) -> tuple[dict, 
     before each write (paracorpus.commit.WriterFence)."""
     todo = list(zip(job.input.files, job.input.relatives))        # (file to read, its path inside the table)
     counters = run_pipeline(lambda p: p | "Files" >> beam.Create(todo)
-                            | "ScoreFiles" >> ScoreFiles(job, fitted, work, fence), list(job.beam_args))
+                            | "ScoreFiles" >> ScoreFiles(job, fitted, work, fence), list(job.beam_args),
+                            name=f"paragen-filter-{storage.basename(work.rstrip('/'))}")
     return storage.read_json(storage.join(work, "stats.json")), counters
 
 

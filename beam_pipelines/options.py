@@ -169,12 +169,21 @@ def torch_threads_for(requested: int, beam_args: list[str]) -> int | None:
                           os.cpu_count() or 1)
 
 
-def run_pipeline(build, beam_args: list[str]) -> dict:
+def run_pipeline(build, beam_args: list[str], name: str = "paragen") -> dict:
     """Build a pipeline with BUILD(pipeline), run it to the end, and return its counters in the
-    'paragen' and 'filter' namespaces ({} where the runner reports none, as the DaskRunner)."""
+    'paragen' and 'filter' namespaces ({} where the runner reports none, as the DaskRunner). On a
+    Flink cluster the Flink job is called NAME (unless --job_name is given) and a stop of this
+    process cancels it (beam_pipelines/flink.py)."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
+    from beam_pipelines.flink import cancel_jobs_named, flink_rest, named
+    from common.stopping import at_end
+
+    rest = flink_rest(beam_args)
+    if rest:
+        beam_args, job_name = named(beam_args, name)
+        at_end(lambda: cancel_jobs_named(rest, job_name))
     options = PipelineOptions(beam_args)
     options.view_as(SetupOptions).save_main_session = False
     p = beam.Pipeline(options=options)

@@ -49,3 +49,9 @@ fi
 if [ "${SKIP_SLURM:-0}" != 1 ]; then
   bash scripts/install_slurm.sh >/dev/null 2>&1 || echo "note: SLURM not installed (needs apt and root); its tests are skipped" >&2
 fi
+# Flink 1.19 (from the package index) and Beam's Flink job server (from Maven Central) in .flink/, for
+# the tests that run the jobs on a real Flink session cluster (tests/test_flink.py, skipped without
+# them); needs Java 17 and Maven.
+if [ "${SKIP_FLINK:-0}" != 1 ]; then
+  PYTHON="$VENV/bin/python" bash scripts/install_flink.sh || echo "note: Flink not installed (scripts/install_flink.sh, above); its tests are skipped" >&2
+fi

@@ -2,11 +2,12 @@
 each a JVM of its own started by Flink's own scripts (``bin/jobmanager.sh start-foreground``,
 ``bin/taskmanager.sh start-foreground``) from the Flink that scripts/install_flink.sh unpacked in
 .flink/, with a configuration written to a temporary folder (free loopback ports, memory sized for
-two cores and a few GB); and Beam's EXTERNAL worker pool (``python -m
-apache_beam.runners.worker.worker_pool_main``), the SDK harness a user without Docker runs beside
-each task manager: here both task managers are on one host and share one pool. The jobs are
-submitted through deploy/run_flink.sh, which starts Beam's Flink job server (the jar
-install_flink.sh built) itself. Everything is stopped by the test.
+two cores and a few GB). Each task manager starts the Python SDK workers of a job itself, as a
+user without Docker runs them: Beam's PROCESS environment with deploy/flink/sdk_worker.sh as its
+boot command (BOOT). (Beam's EXTERNAL worker pool does not do for two task managers of one
+machine: both number their workers from 1-1, and one pool mixes them up; on separate machines
+each has its own.) The jobs are submitted through deploy/run_flink.sh, which starts Beam's Flink
+job server (the jar install_flink.sh built) itself. Everything is stopped by the test.
 
 Each task manager has two slots and the cluster spreads a job's subtasks over the task managers
 (cluster.evenly-spread-out-slots), so a job of parallelism 2 runs on both, and the one left after
@@ -20,7 +21,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLINK_VERSION = "1.19.3"
 FLINK_HOME = os.path.join(ROOT, ".flink", f"flink-{FLINK_VERSION}")
 JOB_SERVER_JAR = os.path.join(ROOT, ".flink", "job-server", "beam-flink-job-server.jar")
+BOOT = os.path.join(ROOT, "deploy", "flink", "sdk_worker.sh")
 
 
 def missing() -> str | None:
@@ -103,12 +104,11 @@ class Flink:
         self.master = f"127.0.0.1:{self.rest_port}"
         self.jobmanager: subprocess.Popen | None = None
         self.taskmanagers: list[subprocess.Popen] = []
-        self.pool: subprocess.Popen | None = None
-        self.pool_address = ""
 
     # ---- processes
     def _env(self) -> dict:
-        return {**os.environ, "FLINK_CONF_DIR": self.conf, "FLINK_LOG_DIR": self.logs, "FLINK_PID_DIR": self.logs,
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}      # as a machine's daemon has it
+        return {**env, "FLINK_CONF_DIR": self.conf, "FLINK_LOG_DIR": self.logs, "FLINK_PID_DIR": self.logs,
                 "FLINK_HOME": FLINK_HOME}
 
     def _start(self, script: str, log: str) -> subprocess.Popen:
@@ -129,7 +129,6 @@ class Flink:
         for _ in range(taskmanagers):
             self.start_taskmanager()
         self.wait(lambda: self.overview().get("taskmanagers") == taskmanagers, f"{taskmanagers} task managers", 180)
-        self.start_pool()
         return self
 
     def start_taskmanager(self) -> subprocess.Popen:
@@ -143,26 +142,13 @@ class Flink:
             os.killpg(tm.pid, signal.SIGKILL)
         tm.wait(timeout=30)
 
-    def start_pool(self) -> None:
-        """Beam's EXTERNAL worker pool: it starts SDK harness processes as `python ...`, so this
-        interpreter's folder comes first on its PATH (the venv with the project installed)."""
-        port = _free_port()
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        log = open(os.path.join(self.logs, "worker_pool.out"), "w")
-        self.pool = subprocess.Popen([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
-                                      "--service_port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     cwd=self.dir, start_new_session=True)
-        self.pool_address = f"localhost:{port}"
-        self.wait(lambda: "worker pool servicer" in self.log("worker_pool.out"), "Beam's worker pool", 120)
-
     def stop(self) -> None:
-        for p in [self.pool, *self.taskmanagers, self.jobmanager]:
+        for p in [*self.taskmanagers, self.jobmanager]:
             if p is None or p.poll() is not None:
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
-        for p in [self.pool, *self.taskmanagers, self.jobmanager]:
+        for p in [*self.taskmanagers, self.jobmanager]:
             if p is None:
                 continue
             try:
@@ -197,12 +183,9 @@ class Flink:
                 used.add(tm.get("taskmanager-id") or tm.get("host"))
         return used
 
-    def attempts(self, jid: str) -> int:
-        """How many times job JID was (re)started: 1 + the restarts Flink made of it."""
-        detail = self.rest(f"/jobs/{jid}")
-        counts = [self.rest(f"/jobs/{jid}/vertices/{v['id']}/subtasks/0/attempts/0")
-                  for v in detail["vertices"][:1]]
-        return max([1, *[c.get("attempt", 0) + 1 for c in counts]])
+    def restarted(self, jid: str) -> bool:
+        """True when Flink restarted job JID at least once (its RESTARTING state has a time)."""
+        return bool(self.rest(f"/jobs/{jid}").get("timestamps", {}).get("RESTARTING"))
 
     def log(self, name: str) -> str:
         with contextlib.suppress(OSError), open(os.path.join(self.logs, name), errors="replace") as f:

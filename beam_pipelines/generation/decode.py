@@ -138,7 +138,8 @@ def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset,
     try:
         with mps, RunnerNoise(stopping.on_worker_lost(plan.work)) as noise:
             counters = run_pipeline(
-                lambda p: build(p, job, plan, inputs, finished, handler, use_run_inference=not dask), beam_args)
+                lambda p: build(p, job, plan, inputs, finished, handler, use_run_inference=not dask), beam_args,
+                name=f"paragen-generate-{plan.run_id}")
     except Exception as exc:  # noqa: BLE001: any failure of the pipeline is one line; its units are kept
         raise pipeline_failure(exc, plan.work, units_committed(plan), noise.kept, plan.output) from None
     sharing = {"processes_per_gpu": job.processes_per_gpu, "mps": mps.state.to_dict()} if job.device != "cpu" else None

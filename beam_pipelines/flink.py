@@ -1,0 +1,63 @@
+"""What a job does for a Flink cluster beyond Beam's FlinkRunner: the Flink job is named after the
+run, and a stopped job cancels it.
+
+Beam's FlinkRunner submits the pipeline through its Flink job server (a Java process the submitting
+job starts) to the cluster, and the Flink job then runs there on its own: if the submitting job
+stops (SIGTERM, Ctrl-C, a preempted pod), killing the job server does not stop it, and it would go
+on decoding for a run whose claim was just released (its workers' writes are refused by then:
+paracorpus.commit.WriterFence) until Flink gave up after its restarts. So a job submitted to a
+Flink cluster is named ``paragen-<job>-<run id>`` (unless ``--job_name`` is given), and a stop
+cancels the Flink jobs of that name through Flink's REST API (``PATCH /jobs/<id>?mode=cancel``), by
+the address ``--flink_master`` names; the same command then continues the run. A SIGKILL leaves the
+Flink job running: its workers keep writing units for the run under its claim, which the same
+command takes over once its lease ran out (its workers are refused from then on).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+
+log = logging.getLogger("paragen")
+MAGIC_MASTERS = ("[local]", "[auto]", "")       # Beam's embedded or automatic Flink: no REST address
+_ENDED = ("FINISHED", "CANCELED", "FAILED")
+
+
+def _value(beam_args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(beam_args):
+        if arg == name and i + 1 < len(beam_args):
+            return beam_args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def flink_rest(beam_args: list[str]) -> str | None:
+    """The REST address (http://host:port) of the Flink cluster BEAM_ARGS submit to, or None when
+    the runner is not Flink's or the cluster is Beam's embedded one."""
+    runner = (_value(beam_args, "--runner") or "").lower()
+    master = (_value(beam_args, "--flink_master") or "").strip()
+    if "flink" not in runner or master in MAGIC_MASTERS:
+        return None
+    return master.rstrip("/") if master.startswith(("http://", "https://")) else f"http://{master.rstrip('/')}"
+
+
+def named(beam_args: list[str], name: str) -> tuple[list[str], str]:
+    """(BEAM_ARGS with --job_name NAME unless one is given, the job name)."""
+    given = _value(beam_args, "--job_name")
+    return (list(beam_args), given) if given else ([*beam_args, "--job_name", name], name)
+
+
+def cancel_jobs_named(rest: str, name: str, timeout: float = 10.0) -> list[str]:
+    """Cancel every Flink job called NAME at REST that has not ended; their ids."""
+    with urllib.request.urlopen(f"{rest}/jobs/overview", timeout=timeout) as r:
+        jobs = json.load(r).get("jobs", [])
+    cancelled = []
+    for job in jobs:
+        if job.get("name") == name and job.get("state") not in _ENDED:
+            req = urllib.request.Request(f"{rest}/jobs/{job['jid']}?mode=cancel", method="PATCH")
+            with urllib.request.urlopen(req, timeout=timeout):
+                pass
+            cancelled.append(job["jid"])
+            log.info("cancelled Flink job %s (%s) at %s", job["jid"], name, rest)
+    return cancelled
