@@ -11,6 +11,11 @@ cancels the Flink jobs of that name through Flink's REST API (``PATCH /jobs/<id>
 the address ``--flink_master`` names; the same command then continues the run. A SIGKILL leaves the
 Flink job running: its workers keep writing units for the run under its claim, which the same
 command takes over once its lease ran out (its workers are refused from then on).
+
+A batch job restarts after a failed task (a lost task manager) only when the cluster's own
+configuration has a restart strategy: Beam's per-job restart options do not reach batch jobs of its
+Flink runner (beam_pipelines/runners.py). :func:`restarts_of` reads the cluster's setting, and the
+job says at its start when a lost task manager would end the run.
 """
 from __future__ import annotations
 
@@ -61,3 +66,26 @@ def cancel_jobs_named(rest: str, name: str, timeout: float = 10.0) -> list[str]:
             cancelled.append(job["jid"])
             log.info("cancelled Flink job %s (%s) at %s", job["jid"], name, rest)
     return cancelled
+
+
+NO_RESTART = ("", "none", "off", "disable")
+
+
+def restarts_of(rest: str, timeout: float = 10.0) -> str | None:
+    """The restart strategy of the Flink cluster at REST (its ``restart-strategy.type``, or the
+    legacy ``restart-strategy``), '' when it has none, None when the cluster did not say."""
+    try:
+        with urllib.request.urlopen(f"{rest}/jobmanager/config", timeout=timeout) as r:
+            config = {e.get("key"): e.get("value") for e in json.load(r)}
+    except (OSError, ValueError):
+        return None
+    return str(config.get("restart-strategy.type") or config.get("restart-strategy") or "").strip().lower()
+
+
+def warn_if_no_restarts(rest: str) -> None:
+    """One line when the cluster at REST restarts no failed batch job."""
+    strategy = restarts_of(rest)
+    if strategy is not None and strategy in NO_RESTART:
+        log.warning("the Flink cluster at %s has no restart strategy (restart-strategy.type): a failed task, a lost "
+                    "task manager, ends this run, and the same command then continues it; set "
+                    "restart-strategy.type: fixed-delay in the cluster's configuration to restart instead", rest)

@@ -177,13 +177,14 @@ def run_pipeline(build, beam_args: list[str], name: str = "paragen") -> dict:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
-    from beam_pipelines.flink import cancel_jobs_named, flink_rest, named
+    from beam_pipelines.flink import cancel_jobs_named, flink_rest, named, warn_if_no_restarts
     from common.stopping import at_end
 
     rest = flink_rest(beam_args)
     if rest:
         beam_args, job_name = named(beam_args, name)
         at_end(lambda: cancel_jobs_named(rest, job_name))
+        warn_if_no_restarts(rest)
     options = PipelineOptions(beam_args)
     options.view_as(SetupOptions).save_main_session = False
     p = beam.Pipeline(options=options)

@@ -8,11 +8,14 @@
   task has been on ``distributed.scheduler.allowed-failures`` (3) dead workers. With
   ``--slurm_workers N`` the runner submits its own workers as SLURM jobs for the pipeline and
   cancels them after it (beam_pipelines/slurm.py).
-- FlinkRunner: Beam leaves Flink's restart strategy unset, and Flink without checkpointing then
-  uses "no restart": the first failed task fails a batch job. ``--number_of_execution_retries``
-  and ``--execution_retry_delay`` (milliseconds) are Beam's Flink options (FlinkPipelineOptions)
-  for a fixed-delay restart strategy per job; deploy/run_flink.sh sets them (3, 30 s). A
-  cluster-wide ``restart-strategy.type`` in Flink's configuration is the other way.
+- FlinkRunner: a batch job restarts only if the cluster's configuration says so
+  (``restart-strategy.type: fixed-delay``, or exponential-delay): without checkpointing Flink
+  uses "no restart", and the first failed task (a lost task manager) fails the job. Beam's
+  per-job options (``--number_of_execution_retries``, ``--execution_retry_delay``, or a
+  restart strategy in ``--flink_conf_dir``) do not reach a batch job of Beam 2.62's Flink runner
+  on Flink 1.19 (seen on a real cluster: the job manager logs "NoRestartBackoffTimeStrategy"
+  with each of them), so the job says at its start when the cluster would not restart it
+  (beam_pipelines/flink.py), and the same command continues a failed run.
 - Dataflow retries a failed bundle 4 times (a dead worker uses up an attempt) and then fails the
   job; nothing to set.
 
@@ -46,10 +49,13 @@ class FlinkRestartOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser):
         parser.add_argument("--number_of_execution_retries", type=int, default=None,
-                            help="FlinkRunner: restarts of a failed job (a fixed-delay restart strategy; unset: the "
-                                 "cluster's restart-strategy, 'no restart' without checkpointing)")
+                            help="FlinkRunner: restarts of a failed streaming job (Beam's; its Flink runner ignores it "
+                                 "for these batch jobs: the cluster's restart-strategy decides, docs/operations.md)")
         parser.add_argument("--execution_retry_delay", type=int, default=None,
-                            help="FlinkRunner: milliseconds between restarts")
+                            help="FlinkRunner: milliseconds between those restarts")
+        parser.add_argument("--flink_conf_dir", default=None,
+                            help="FlinkRunner: a folder of Flink configuration (config.yaml) the job server applies "
+                                 "to this job's client side")
 
 
 class DaskRunner(dask_runner.DaskRunner):

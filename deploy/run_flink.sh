@@ -52,13 +52,13 @@ Environment:
                      the GPUs); Beam's DOCKER environment gives its containers no GPU. Not run on a
                      GPU cluster yet
   PROCESSES_PER_GPU  SDK worker processes per GPU (default 4)
-  RESTARTS           restarts of a failed job, RESTART_DELAY_MS apart (default 3 and 30000): a
-                     fixed-delay restart strategy for this job (--number_of_execution_retries,
-                     --execution_retry_delay). Beam sets none, and Flink without checkpointing then
-                     fails a batch job at its first failed task ("no restart"). 0: the cluster's
-                     restart-strategy.type decides. A restarted task's work units are written again
-                     under new names, never twice in the output (a lost task manager: the job
-                     restarts on the slots left and finishes with every row)
+  Restarts           a batch job is restarted after a failed task (a lost task manager) only if the
+                     cluster's configuration has a restart strategy (restart-strategy.type:
+                     fixed-delay, with attempts and a delay above heartbeat.timeout); Beam's per-job
+                     restart options do not reach batch jobs of its Flink runner. The job says at its
+                     start when the cluster would not restart it; a failed run is continued by the
+                     same command. A restarted task's work units are written again under new names,
+                     never twice in the output
   PYTHON             interpreter (default .venv/bin/python if there, else python3)
 USAGE
 }
@@ -89,9 +89,6 @@ if [ -n "$jar" ]; then
   [ -f "$jar" ] || { echo "run_flink.sh: JOB_SERVER_JAR $jar: no such file (scripts/install_flink.sh builds one)" >&2; exit 2; }
   args+=(--flink_job_server_jar "$jar")
 fi
-restarts=${RESTARTS:-3}
-case "$restarts${RESTART_DELAY_MS:-30000}" in *[!0-9]*) echo "run_flink.sh: RESTARTS and RESTART_DELAY_MS must be integers >= 0" >&2; exit 2;; esac
-[ "$restarts" -gt 0 ] && args+=(--number_of_execution_retries "$restarts" --execution_retry_delay "${RESTART_DELAY_MS:-30000}")
 if [ -n "${GPUS:-}" ]; then
   per=${PROCESSES_PER_GPU:-4}
   case "$GPUS$per" in *[!0-9]*) echo "run_flink.sh: GPUS and PROCESSES_PER_GPU must be positive integers" >&2; exit 2;; esac

@@ -11,7 +11,8 @@ job server (the jar install_flink.sh built) itself. Everything is stopped by the
 
 Each task manager has two slots and the cluster spreads a job's subtasks over the task managers
 (cluster.evenly-spread-out-slots), so a job of parallelism 2 runs on both, and the one left after
-the other is killed still has the slots to restart it."""
+the other is killed still has the slots to restart it, where the cluster's configuration has a
+restart strategy (``restarts``; heartbeat.timeout 12 s notices a lost task manager)."""
 from __future__ import annotations
 
 import contextlib
@@ -91,12 +92,19 @@ rest:
 parallelism:
   default: 2
 """
+RESTARTS = """restart-strategy:
+  type: fixed-delay
+  fixed-delay:
+    attempts: {attempts}
+    delay: {delay_ms} ms
+"""
 
 
 class Flink:
     """The cluster in FOLDER: :meth:`start`, :meth:`stop`, the REST API, the task managers."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, restarts: tuple[int, int] | None = None):
+        self.restarts = restarts          # (attempts, delay in ms) of a fixed-delay restart strategy, or none
         self.dir = folder
         self.conf = os.path.join(folder, "conf")
         self.logs = os.path.join(folder, "log")
@@ -125,6 +133,8 @@ class Flink:
                     dst.write(src.read())
         with open(os.path.join(self.conf, "config.yaml"), "w") as f:
             f.write(CONFIG.format(java_opts=_java_opts(), rpc=_free_port(), blob=_free_port(), rest=self.rest_port))
+            if self.restarts:
+                f.write(RESTARTS.format(attempts=self.restarts[0], delay_ms=self.restarts[1]))
         self.jobmanager = self._start("jobmanager.sh", "jobmanager.out")
         for _ in range(taskmanagers):
             self.start_taskmanager()
@@ -208,8 +218,10 @@ class Flink:
 
 
 @contextlib.contextmanager
-def flink_cluster(folder: str, taskmanagers: int = 2):
-    cluster = Flink(str(folder))
+def flink_cluster(folder: str, taskmanagers: int = 2, restarts: tuple[int, int] | None = None):
+    """A cluster in FOLDER; RESTARTS (attempts, delay ms): a fixed-delay restart strategy in its
+    configuration, else none (Flink's default: a failed task fails a batch job)."""
+    cluster = Flink(str(folder), restarts)
     try:
         yield cluster.start(taskmanagers)
     finally:

@@ -5,9 +5,10 @@ from JOB_SERVER_JAR.
 
 - the generation and filter jobs give the DirectRunner's rows, with subtasks on both task managers
   (Flink's REST API);
-- a task manager SIGKILLed mid-run: with RESTARTS the job restarts on the one left and finishes
-  with the rows of an uninterrupted run, nothing doubled or left over; with RESTARTS=0 the job
-  fails in one line and the same command continues the run;
+- a task manager SIGKILLed mid-run: on a cluster with a restart strategy the job restarts on the
+  one left and finishes with the rows of an uninterrupted run, nothing doubled or left over; on
+  one without (Flink's default) the job said so at its start, fails in one line, and the same
+  command continues the run;
 - the submitting process SIGTERMed mid-run: the Flink job is cancelled (beam_pipelines/flink.py),
   and the same command continues to the same rows: never two jobs writing one output;
 - a scheduled refresh whose jobs run on Flink (paragen-refresh ... -- with the Flink options).
@@ -124,17 +125,20 @@ def test_generation_and_filter_jobs_on_flink_give_the_direct_runners_rows_on_bot
 
 
 def test_a_task_manager_lost_mid_run_is_restarted_around_and_the_rows_are_whole(
-        flink, bitext, tiny_nmt_models, direct, tmp_path):
-    _two_taskmanagers(flink)
+        bitext, tiny_nmt_models, direct, tmp_path):
     out = tmp_path / "out"
-    proc = submit(flink, quick_args(bitext, out, tiny_nmt_models), RESTARTS="2", RESTART_DELAY_MS="1000")
-    _wait_for(lambda: units_committed(out) >= 2, proc, "two units committed")
-    flink.kill_taskmanager(flink.taskmanagers[0])
-    status, err = finish(proc)
-    assert status == 0, err[-3000:]
-    manifest = json.load(open(out / "_manifest.json"))
-    job = _job_of(flink, f"paragen-generate-{manifest['run_id']}")
-    assert job["state"] == "FINISHED" and flink.restarted(job["jid"])
+    # a cluster of its own whose configuration restarts a failed job (15 s apart: after the lost
+    # task manager's heartbeat timed out, 12 s)
+    with flink_cluster(tmp_path / "flink", restarts=(2, 15000)) as flink:
+        proc = submit(flink, quick_args(bitext, out, tiny_nmt_models))
+        _wait_for(lambda: units_committed(out) >= 2, proc, "two units committed")
+        flink.kill_taskmanager(flink.taskmanagers[0])
+        status, err = finish(proc)
+        assert status == 0, err[-3000:]
+        assert "has no restart strategy" not in err
+        manifest = json.load(open(out / "_manifest.json"))
+        job = _job_of(flink, f"paragen-generate-{manifest['run_id']}")
+        assert job["state"] == "FINISHED" and flink.restarted(job["jid"])
     assert manifest["counts"] == direct[1]["counts"]
     assert committed_rows(out) == committed_rows(direct[0])                       # nothing doubled, nothing lost
     assert not leftovers(str(out)) and not (out / "_work").exists()
@@ -145,17 +149,18 @@ def test_without_restarts_a_lost_task_manager_fails_the_job_in_one_line_and_the_
     _two_taskmanagers(flink)
     out = tmp_path / "out"
     args = quick_args(bitext, out, tiny_nmt_models)
-    proc = submit(flink, args, RESTARTS="0")
+    proc = submit(flink, args)
     _wait_for(lambda: units_committed(out) >= 2, proc, "two units committed")
     flink.kill_taskmanager(flink.taskmanagers[0])
     status, err = finish(proc)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert status == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
     assert "run the same command again to continue" in errors[0], errors
+    assert "has no restart strategy (restart-strategy.type)" in err           # said at the start
     done = units_committed(out)
     assert not (out / "_manifest.json").exists()
     _two_taskmanagers(flink)
-    status, err = finish(submit(flink, args, RESTARTS="0"))
+    status, err = finish(submit(flink, args))
     assert status == 0, err[-3000:]
     manifest = json.load(open(out / "_manifest.json"))
     assert manifest["resumed"] and manifest["units"]["reused_from_earlier_attempt"] == done
