@@ -28,6 +28,26 @@ def pytest_configure(config):
         # worker's (a job ran 25% faster, CPU time too, beside one busy process).
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("MKL_NUM_THREADS", "1")
+    # xdist hands out whole files (--dist loadfile); by default it starts with the files of most
+    # tests, which are quick, and leaves the slow ones of few tests to the end, where one worker
+    # then runs alone. Slowest first instead (pytest_collection_modifyitems).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+# Test files by their total time in a whole run (docs/testing.md, "Where the time goes"), slowest
+# first; a file not named here comes after them in its usual order. Only the run's length depends
+# on this list.
+SLOWEST_FIRST = ("test_flink", "test_faults", "test_crash_points", "test_slurm_workers", "test_incremental",
+                 "test_fairseq_fixtures", "test_slurm", "test_batch_independence", "test_model_import",
+                 "test_common_mistakes", "test_commit_and_resume", "test_generate_pipeline", "test_compaction",
+                 "test_generation_reruns", "test_worker_fencing", "test_ct2_engine", "test_unreachable_stores",
+                 "test_buckets_end_to_end", "test_stopping_instants", "test_one_writer", "test_checkpoint_safety")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: at for at, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))        # stable: keeps order within a file
 
 
 def pytest_sessionfinish(session, exitstatus):
