@@ -18,6 +18,7 @@ from common.storage import StorageError
 
 EXIT_USAGE = 2
 EXIT_EMPTY = 3      # the job ran, but its output has no row: every record rejected, or none read
+EXIT_STORE_AWAY = 1  # a store that answered before stayed away past PARAGEN_STORAGE_RETRY_SECONDS: retry later
 EXIT_BUSY = 75      # EX_TEMPFAIL: the output is being written by another live run; try again later
 
 
@@ -45,7 +46,9 @@ class OutputBusy(JobFailed):
 
 
 # Mistakes of the caller, not bugs: UsageError (and its subclasses, e.g. a refused model or a bad
-# --where clause) and the file errors a wrong path gives.
+# --where clause), the file errors a wrong path gives, and a store that refused or never answered
+# in this run (a wrong endpoint or credentials). A store that answered before and then stayed away
+# past its retry budget is not a mistake: exit 1, which a Kubernetes Job retries (_cli_main).
 USER_ERRORS = (UsageError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
                FileExistsError, pickle.UnpicklingError, StorageError)
 
@@ -75,24 +78,30 @@ def _cli_main(run: Callable[[list[str]], object], argv: list[str] | None) -> int
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         result = run(argv)
+    except StorageError as exc:
+        return _error(exc, EXIT_STORE_AWAY if exc.transient else EXIT_USAGE)
     except USER_ERRORS as exc:
-        if os.environ.get("PARAGEN_DEBUG"):
-            raise
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
-                            FileExistsError)) and exc.filename and exc.strerror:
-            message = f"{exc.filename}: {exc.strerror}"
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return _error(exc, EXIT_USAGE)
     except JobFailed as exc:
-        if os.environ.get("PARAGEN_DEBUG"):
-            raise
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return exc.code
+        return _error(exc, exc.code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
     return result if isinstance(result, int) else 0
+
+
+def _error(exc: Exception, code: int) -> int:
+    """EXC as one 'error: ...' line on stderr, and CODE; with PARAGEN_DEBUG=1 the traceback."""
+    if os.environ.get("PARAGEN_DEBUG"):
+        raise exc
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, JobFailed):
+        message = str(exc)
+    elif isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError,
+                        FileExistsError)) and exc.filename and exc.strerror:
+        message = f"{exc.filename}: {exc.strerror}"
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
 
 
 class _DropBeamImportNoise(logging.Filter):

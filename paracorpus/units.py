@@ -196,10 +196,17 @@ def unit_record_path(work: str, unit: int) -> str:
     return storage.join(work, "units", f"{unit_name(unit)}.json")
 
 
+def unit_of_record(name: str) -> int | None:
+    """The unit whose completion record is called NAME (``u000042.json``, ``u1250000.json``: six
+    digits at least, more past 999,999), or None for any other name (a staged ``.u….tmp``)."""
+    digits = name[1:-len(".json")] if name.startswith("u") and name.endswith(".json") else ""
+    return int(digits) if len(digits) >= 6 and digits.isascii() and digits.isdigit() else None
+
+
 def finished_units(work: str) -> set[int]:
     """Units of the run whose completion record exists (for --resume)."""
-    return {int(name[1:7]) for name in storage.listdir(storage.join(work, "units"))
-            if name.startswith("u") and name.endswith(".json")}
+    units = (unit_of_record(name) for name in storage.listdir(storage.join(work, "units")))
+    return {unit for unit in units if unit is not None}
 
 
 def sum_counts(records: list[dict], keys=("pairs_with_paraphrases", "paraphrase_rows", "rejected")) -> dict:
