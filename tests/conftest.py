@@ -42,6 +42,7 @@ SLOWEST_FIRST = ("test_flink", "test_faults", "test_crash_points", "test_slurm_w
                  "test_fairseq_fixtures", "test_slurm", "test_batch_independence", "test_model_import",
                  "test_common_mistakes", "test_commit_and_resume", "test_generate_pipeline", "test_compaction",
                  "test_generation_reruns", "test_worker_fencing", "test_ct2_engine", "test_unreachable_stores",
+                 "test_store_away_at_commit",
                  "test_buckets_end_to_end", "test_stopping_instants", "test_one_writer", "test_checkpoint_safety")
 
 
