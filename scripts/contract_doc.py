@@ -275,12 +275,15 @@ same bits. Where it cannot hold exactly: two candidates of one pair whose combin
 less than that rounding can swap `rank` (or which one represents a cluster) between runs with
 different batch sizes; everything else in the row is the same. tests/test_batch_independence.py
 checks all of this (three unit sizes, two batch sizes, one and two threads, another process;
-sampling and beam).
+sampling and beam). So `--batch_pairs` is hashed as its default (64) in `config_hash` with this
+engine: a run decoded with 64 pairs a batch on a CPU and continued with 256 on a GPU, or a refresh
+on either, is one plan, its units reused, not decoded again.
 
 With the CTranslate2 engine the randomness is per work unit (a fresh generator seeded by the seed
 and the unit: [models.md](models.md)): the same units and batches give the same rows whatever the
 thread count or process (tests/test_ct2_engine.py), but a pair's samples depend on the other pairs
-of its unit, so `--unit_pairs` and `--batch_pairs` are part of what a run's rows depend on. Beam
+of its unit, so `--unit_pairs` and `--batch_pairs` are part of what a run's rows depend on (and
+`--batch_pairs` of its `config_hash`). Beam
 search with it does not depend on batch-mates (int8 scores to 2e-3: it quantizes per batch).
 
 ## Table `{r.name}`

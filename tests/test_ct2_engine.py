@@ -162,6 +162,18 @@ def _job_args(converted, inp, out, *extra):
             "--num_output_shards", "2", *extra]
 
 
+def test_with_ctranslate2_the_batch_size_is_part_of_the_plan(converted, tmp_path):
+    # its samples depend on the other pairs of a unit's batch (docs/contract.md), unlike the
+    # project's engine, whose runs share a plan whatever --batch_pairs (tests/test_phases.py)
+    from beam_pipelines.generation.check import check
+
+    inp = tmp_path / "in.tsv"
+    inp.write_text("a b\tc d\n")
+    hashes = {check(_job_args(converted, inp, tmp_path / "out", "--batch_pairs", size))[1].config_hash
+              for size in ("4", "8")}
+    assert len(hashes) == 2
+
+
 @pytest.fixture(scope="module")
 def job_input(fairseq_layouts, tmp_path_factory):
     from tests.toydata import toy_bitext

@@ -48,6 +48,11 @@ def test_check_writes_nothing_and_hashes_settings_not_paths(tsv, tmp_path, tiny_
     assert again.config_hash == job.config_hash                 # the output is not a setting
     _r, other = check(_argv(tsv, out, tiny_nmt_models, "--topk", "3"))
     assert other.config_hash != job.config_hash
+    # a pair's rows do not depend on its batch with this engine: a CPU's 64 and a GPU's 256 are
+    # one plan, so a run continues (and a refresh reuses) what the other decoded
+    for size in ("3", "256"):
+        _r, batched = check(_argv(tsv, out, tiny_nmt_models, "--batch_pairs", size))
+        assert batched.config_hash == job.config_hash and batched.cfg.batch_pairs == int(size)
     with pytest.raises(UsageError, match="--unit_pairs must be >= 1"):
         check(_argv(tsv, out, tiny_nmt_models, "--unit_pairs", "0"))
     assert not out.exists()

@@ -218,6 +218,11 @@ def job_config_hash(job: Job, forward_tokenization: dict) -> str:
     """The hash of everything that decides JOB's rows: settings, model fingerprints, cleaning,
     precision, the bitext filter's thresholds and the versions of behaviours that changed rows."""
     cfg, bitext = job.cfg, job.bitext
+    if all(m.get("engine") == "fairseq" for m in job.models.values() if "engine" in m):
+        # The project's engine gives a pair the same rows whatever its batch (docs/contract.md,
+        # "What a pair's rows depend on"): --batch_pairs is hashed as its default, so a run
+        # continues, and a refresh reuses, what a CPU (64) or a GPU (256) decoded.
+        cfg = dataclasses.replace(cfg, batch_pairs=GenerationConfig().batch_pairs)
     return config_hash(cfg, {"models": {k: v["fingerprint"] for k, v in job.models.items()},
                              "cleaning": job.cleaning_dict, "preset": job.preset,
                              "precision": hashed_precision(job.requested_precision, job.device, job.precision),
