@@ -80,6 +80,35 @@ def test_the_daemon_quits_when_the_job_fails_inside(fake_control, tmp_path):
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ and sorted(os.listdir(tmp_path)) == ["bin", "calls.jsonl"]
 
 
+STOPPED_JOB = r"""
+import sys, time
+from common import stopping
+from beam_pipelines.generation.mps import MpsDaemon
+with stopping.Stopping("a job"), MpsDaemon("on", gpu=True, processes_per_gpu=2, temp_root=sys.argv[1]):
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_the_daemon_quits_when_the_job_is_stopped(fake_control, tmp_path, sig):
+    # a stop ends the job's process with os._exit, past the daemon's with-block: it must quit all the same
+    import signal
+
+    temp = tmp_path / "run-temp"
+    temp.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_JOB, str(temp)], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": root})
+    assert proc.stdout.readline() == "ready\n", proc.stderr.read()
+    proc.send_signal(getattr(signal, sig))
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    calls = fake_control()
+    assert [c["args"] for c in calls] == [["-d"], []], err[-2000:]
+    assert calls[1]["stdin"] == "quit\n" and os.listdir(temp) == []
+
+
 @pytest.mark.parametrize("mode, gpu, processes, why", [
     ("off", True, 4, "off"), ("auto", False, 4, "cpu"), ("auto", True, 1, "one process per GPU")])
 def test_no_daemon_where_it_is_not_wanted(fake_control, tmp_path, mode, gpu, processes, why):

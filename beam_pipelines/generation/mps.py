@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 
 from beam_pipelines.options import is_local
+from common import stopping
 from common.cli import UsageError
 
 log = logging.getLogger("paragen")
@@ -114,6 +115,9 @@ class MpsDaemon:
         self._saved = {name: os.environ.get(name) for name in ENV}
         os.environ.update(dirs)                   # the worker processes started from here inherit it
         self.state = MpsState(True, "started")
+        # a stop (SIGTERM, SIGINT, a dead worker) ends the process with os._exit, past this
+        # object's __exit__: the daemon, detached by -d, would outlive the job
+        stopping.at_end(self.__exit__)
         log.info("CUDA MPS control daemon started for the GPU worker processes (pipes in %s)", dirs[ENV[0]])
         return self
 
