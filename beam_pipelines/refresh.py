@@ -14,7 +14,7 @@ Layout under ROOT::
     latest/_manifest.json      the current run's manifest, its paths rewritten to open from latest/
     latest/filtered/_filter_manifest.json   the same for its filter run
     latest.json                written last: which run is current
-    logs/<run id>.log          each refresh's log
+    logs/<run id>.log          each refresh's log (in a bucket, a continued run's later attempts: <run id>.<n>.log)
     _refresh.lock              the lease of the refresh running now
 
 A refresh passes the run ``latest`` names to the generation job as ``--previous``: shards whose
@@ -49,7 +49,7 @@ from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, USER_ERRORS, JobFaile
                         check_output_location, cli_main, configure_logging)
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
-from common.stopping import Stopping
+from common.stopping import Stopping, at_end, not_at_end
 from paracorpus.commit import OWNER, new_run_id
 from paracorpus.latest import Latest, filter_dir, latest_run, prune
 from paracorpus.schema import MANIFEST
@@ -282,20 +282,40 @@ def filter_run(req: RefreshRequest, run_id: str, log_file, log_path: str) -> Non
         raise _failed("filter", rc, log_file, since, log_path)
 
 
+def attempt_log_path(root: str, run_id: str) -> str:
+    """Where this attempt of run RUN_ID logs: ``logs/<run id>.log``, appended to on a local disk;
+    in a bucket, whose objects cannot be appended to, a continued run's later attempts get
+    ``logs/<run id>.<n>.log`` (n = 2, 3, ...), so no attempt's log replaces another's."""
+    first = storage.join(root, "logs", f"{run_id}.log")
+    if storage.is_local(first):
+        return first
+    names = set(storage.listdir(storage.join(root, "logs"))) if storage.isdir(storage.join(root, "logs")) else set()
+    n = 1
+    while (f"{run_id}.log" if n == 1 else f"{run_id}.{n}.log") in names:
+        n += 1
+    return first if n == 1 else storage.join(root, "logs", f"{run_id}.{n}.log")
+
+
 @contextlib.contextmanager
 def run_log(log_path: str):
-    """The refresh's log file: a local one is written as the jobs run; a bucket's is uploaded at the end."""
+    """The refresh's log file: a local one is written as the jobs run; a bucket's is uploaded at
+    the end, and by a stop (SIGTERM, SIGINT) that ends the process before it."""
     local_log = storage.resolve(log_path)[1] if storage.is_local(log_path) else None
     if local_log:
         os.makedirs(os.path.dirname(local_log), exist_ok=True)
-    buffer = open(local_log, "a", encoding="utf-8") if local_log else io.StringIO()
+        with open(local_log, "a", encoding="utf-8") as f:
+            yield f
+        return
+    buffer = io.StringIO()
+
+    def upload():
+        storage.write_bytes(log_path, buffer.getvalue().encode("utf-8"))
+    at_end(upload)
     try:
         yield buffer
     finally:
-        if local_log:
-            buffer.close()
-        else:
-            storage.write_bytes(log_path, buffer.getvalue().encode("utf-8"))
+        not_at_end(upload)
+        upload()
 
 
 def run(argv=None) -> dict:
@@ -326,7 +346,7 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
                   flush=True)
             run_id = stopped
         out = storage.join(root, "runs", run_id)
-        log_path = storage.join(root, "logs", f"{run_id}.log")
+        log_path = attempt_log_path(root, run_id)
         print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)
         with run_log(log_path) as log_file:
             changed = generate_run(req, run_id, previous, log_file, log_path)  # 3. the generation job

@@ -51,6 +51,12 @@ def at_end(fn) -> None:
         _AT_END.append(fn)
 
 
+def not_at_end(fn) -> None:
+    """FN is done with: a later stop does not run it."""
+    with contextlib.suppress(ValueError):
+        _AT_END.remove(fn)
+
+
 def _run_at_end(seconds: float) -> None:
     def quietly(fn):
         with contextlib.suppress(Exception):

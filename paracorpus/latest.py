@@ -223,7 +223,9 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
             fence()
             storage.delete_tree(storage.join(root, "filtered", name))
     for log_name in storage.listdir(storage.join(root, "logs")):      # logs of runs gone, of no-op refreshes
-        if log_name.removesuffix(".log") not in kept | {log_of}:
+        # <run id>.log, or <run id>.<n>.log: a later attempt's in a bucket (refresh.attempt_log_path)
+        owner = log_name[:-len(".log")].split(".", 1)[0] if log_name.endswith(".log") else log_name
+        if owner not in kept | {log_of}:
             fence()
             storage.delete(storage.join(root, "logs", log_name))
     return removed

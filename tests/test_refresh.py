@@ -128,6 +128,38 @@ def test_refreshes_on_a_bucket(tmp_path, monkeypatch, tiny_nmt_models, s3_store)
     assert refresh(["--root", root, "--", *_job(f"{bucket}/in", f"{bucket}/models")])["noop"]
 
 
+@pytest.mark.slow
+def test_a_stopped_refresh_on_a_bucket_keeps_each_attempts_log(tmp_path, monkeypatch, tiny_nmt_models, s3_store):
+    """A bucket's objects cannot be appended to: the stop uploads the attempt's log, and the same
+    command, continuing the run, logs to <run id>.2.log beside it, replacing nothing."""
+    for k, v in s3_store.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PARAGEN_CACHE", str(tmp_path / "cache"))
+    bucket = f"s3://{s3_store.make_bucket()}"
+    for name in ("cs-en", "en-cs"):
+        for f in os.listdir(os.path.join(tiny_nmt_models, name)):
+            storage.copy_file(os.path.join(tiny_nmt_models, name, f), f"{bucket}/models/{name}/{f}")
+    storage.write_bytes(f"{bucket}/in/a.tsv", _lines(0, 8).encode())
+    root = f"{bucket}/corpus"
+    command = [sys.executable, "-m", "beam_pipelines.refresh", "--root", root, "--",
+               *_job(f"{bucket}/in", f"{bucket}/models")]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    # SIGTERM while the second of its two units is written: the first is committed
+    stopped = subprocess.run(command, env={**env, "PARAGEN_CRASH_AT": "*part-u000001-:TERM"}, cwd=ROOT,
+                             capture_output=True, text=True, timeout=900)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    logs = storage.listdir(f"{root}/logs")
+    assert len(logs) == 1 and logs[0].endswith(".log"), logs
+    run_id = logs[0][:-len(".log")]
+    first = storage.read_bytes(f"{root}/logs/{run_id}.log")
+    assert b"generation" in first, first[-2000:]
+    again = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and f"continuing run {run_id}" in again.stdout, again.stderr[-3000:]
+    assert _latest(root) == run_id
+    assert [n for n in storage.listdir(f"{root}/logs") if n.endswith(".log")] == [f"{run_id}.2.log", f"{run_id}.log"]
+    assert storage.read_bytes(f"{root}/logs/{run_id}.log") == first       # the first attempt's, kept
+
+
 def test_refresh_sh_hands_everything_to_paragen_refresh_without_a_shell(tmp_path):
     """FILTER_ARGS and the job commands reach paragen-refresh as single arguments (it splits them
     into words, never runs them through a shell)."""
