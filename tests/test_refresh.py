@@ -105,16 +105,23 @@ def test_refresh_refuses_options_it_sets(tmp_path):
             refresh(["--root", str(tmp_path), "--", "--input", "x", opt, "y"])
 
 
-@pytest.mark.slow
-def test_refreshes_on_a_bucket(tmp_path, monkeypatch, tiny_nmt_models, s3_store):
+def _bucket(s3_store, models, tmp_path, monkeypatch) -> str:
+    """A new bucket (its URL) holding the tiny MODELS and in/a.tsv (8 records); the environment
+    points at the S3 server."""
     for k, v in s3_store.env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("PARAGEN_CACHE", str(tmp_path / "cache"))
     bucket = f"s3://{s3_store.make_bucket()}"
     for name in ("cs-en", "en-cs"):
-        for f in os.listdir(os.path.join(tiny_nmt_models, name)):
-            storage.copy_file(os.path.join(tiny_nmt_models, name, f), f"{bucket}/models/{name}/{f}")
+        for f in os.listdir(os.path.join(models, name)):
+            storage.copy_file(os.path.join(models, name, f), f"{bucket}/models/{name}/{f}")
     storage.write_bytes(f"{bucket}/in/a.tsv", _lines(0, 8).encode())
+    return bucket
+
+
+@pytest.mark.slow
+def test_refreshes_on_a_bucket(tmp_path, monkeypatch, tiny_nmt_models, s3_store):
+    bucket = _bucket(s3_store, tiny_nmt_models, tmp_path, monkeypatch)
     root = f"{bucket}/corpus"
     r1 = refresh(["--root", root, "--", *_job(f"{bucket}/in", f"{bucket}/models")])
     storage.write_bytes(f"{bucket}/in/b.tsv", _lines(8, 8).encode())
@@ -132,14 +139,7 @@ def test_refreshes_on_a_bucket(tmp_path, monkeypatch, tiny_nmt_models, s3_store)
 def test_a_stopped_refresh_on_a_bucket_keeps_each_attempts_log(tmp_path, monkeypatch, tiny_nmt_models, s3_store):
     """A bucket's objects cannot be appended to: the stop uploads the attempt's log, and the same
     command, continuing the run, logs to <run id>.2.log beside it, replacing nothing."""
-    for k, v in s3_store.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("PARAGEN_CACHE", str(tmp_path / "cache"))
-    bucket = f"s3://{s3_store.make_bucket()}"
-    for name in ("cs-en", "en-cs"):
-        for f in os.listdir(os.path.join(tiny_nmt_models, name)):
-            storage.copy_file(os.path.join(tiny_nmt_models, name, f), f"{bucket}/models/{name}/{f}")
-    storage.write_bytes(f"{bucket}/in/a.tsv", _lines(0, 8).encode())
+    bucket = _bucket(s3_store, tiny_nmt_models, tmp_path, monkeypatch)
     root = f"{bucket}/corpus"
     command = [sys.executable, "-m", "beam_pipelines.refresh", "--root", root, "--",
                *_job(f"{bucket}/in", f"{bucket}/models")]

@@ -69,8 +69,8 @@ def bucket(s3_store, tiny_nmt_models):  # noqa: F811
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", ["generate", "filter", "refresh"])
-def test_a_store_away_at_the_commit_is_exit_1_in_one_line_and_the_same_command_publishes(job, bucket, s3_store,  # noqa: F811
-                                                                                           tmp_path, monkeypatch):
+def test_a_store_away_at_the_commit_is_exit_1_in_one_line_and_the_same_command_publishes(
+        job, bucket, s3_store, tmp_path, monkeypatch):  # noqa: F811
     command = _command(job, bucket)
     with FaultProxy(s3_store.endpoint) as proxy:
         env = {**s3_store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url,

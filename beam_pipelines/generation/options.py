@@ -50,8 +50,8 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
                         "(PREFIX.<src_lang> + PREFIX.<tgt_lang>); text may be .gz/.bz2/.xz/.zst; several after one "
                         "--input (what a shell glob gives), repeated, or comma-separated (required)")
     g.add_argument("--output", required=True, metavar="DIR",
-                   help="output directory: paraphrases/, rejects/ (Parquet in numbered partition folders, not Hive-style), _manifest.json "
-                        "(required)")
+                   help="output directory: paraphrases/, rejects/ (Parquet in numbered partition folders, not "
+                        "Hive-style), _manifest.json (required)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace the run committed in --output when this one commits, even one with the same "
                         "inputs, models and settings; until then it stays readable (default: refuse a committed "
