@@ -8,6 +8,7 @@ that ran but published nothing says why in one line too, with its own exit statu
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pickle
@@ -82,12 +83,28 @@ def _cli_main(run: Callable[[list[str]], object], argv: list[str] | None) -> int
         return _error(exc, EXIT_STORE_AWAY if exc.transient else EXIT_USAGE)
     except USER_ERRORS as exc:
         return _error(exc, EXIT_USAGE)
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS or os.environ.get("PARAGEN_DEBUG"):
+            raise
+        # a full disk or a failing one while the driver plans or commits (a worker's is said by
+        # the pipeline's failure line): one line, not a traceback; the committed run is untouched
+        print(f"error: {disk_error(exc.errno, exc.filename)}", file=sys.stderr, flush=True)
+        return 1
     except JobFailed as exc:
         return _error(exc, exc.code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
     return result if isinstance(result, int) else 0
+
+
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def disk_error(number: int, filename: str | None) -> str:
+    """'PATH: No space left on device (ENOSPC)': a disk error in words, with its errno's name."""
+    name = errno.errorcode.get(number, str(number))
+    return f"{filename + ': ' if filename else ''}{os.strerror(number)} ({name})"
 
 
 def _error(exc: Exception, code: int) -> int:

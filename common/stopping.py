@@ -30,7 +30,7 @@ import time
 import traceback
 
 from common import storage
-from common.cli import JobFailed
+from common.cli import DISK_ERRORS, JobFailed, disk_error
 
 log = logging.getLogger("paragen")
 GRACE_SECONDS = 20.0         # from the signal to the exit, at most (Kubernetes' default grace is 30 s)
@@ -474,7 +474,7 @@ def describe_failure(exc: BaseException, noise: list[str] = (), output: str | No
     for inner in _chain(exc):
         if isinstance(inner, storage.StorageError):
             return str(inner)
-        if isinstance(inner, OSError) and inner.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
+        if isinstance(inner, OSError) and inner.errno in DISK_ERRORS:
             return _os_error(inner.errno, inner.filename or output) + during
     for number, words in ((errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded"),
                           (errno.EIO, "Input/output error"), (errno.EROFS, "Read-only file system")):
@@ -505,8 +505,7 @@ def _exit_status(code: int) -> str:
 
 
 def _os_error(number: int, filename: str | None) -> str:
-    name = errno.errorcode.get(number, str(number))
-    return f"{filename + ': ' if filename else ''}{os.strerror(number)} ({name})"
+    return disk_error(number, filename)
 
 
 def _filename_in(text: str, number: int) -> str | None:

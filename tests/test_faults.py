@@ -15,6 +15,7 @@
   continues once it is back.
 The full table, with timings, is bench/bench_faults.py (docs/operations.md, "What survives what").
 """
+import contextlib
 import json
 import os
 import shutil
@@ -142,6 +143,28 @@ def small_disk(tmp_path):
             yield tmp_path / "disk"
     except Unavailable as exc:
         pytest.skip(str(exc))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("free_pages", [0, 1, 2, 4])
+def test_a_disk_full_while_the_driver_claims_or_plans_is_one_line(bitext, tiny_nmt_models, tmp_path, small_disk,
+                                                                  free_pages):
+    # the driver's own writes (its claim, plan.json, before any worker): one error line naming
+    # the file, exit 1, no traceback; the disk filled to leave FREE_PAGES pages of 4 KiB
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:
+        with contextlib.suppress(OSError):
+            f.write(b"\0" * (400 << 10))
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    os.truncate(filler, max(0, os.path.getsize(filler) + free - free_pages * 4096))
+    first = tmp_path / "first.tsv"
+    first.write_text("".join(open(bitext).readlines()[:4]))
+    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate",
+                           *_args(str(first), small_disk / "out", tiny_nmt_models)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+    errors = _error_lines(done.stderr)
+    assert done.returncode == 1 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "No space left on device (ENOSPC)" in errors[0] and str(small_disk / "out") in errors[0], errors
 
 
 @pytest.mark.slow

@@ -172,8 +172,13 @@ class _DirectoryLock:
                 self._take_if_stale(time.time())
                 time.sleep(0.005)
                 continue
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.token)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(self.token)
+            except OSError as exc:           # a full disk: no half-written lock left, and the file named
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path)
+                raise OSError(exc.errno, exc.strerror, self.path) from exc
             _HELD.add(self)
             return self
 

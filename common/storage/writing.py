@@ -108,6 +108,10 @@ def _staged(inner: str, place):
         storage_op("rename", inner)             # a crash point of its own: written and synced, not yet in place
         place(tmp, inner)
         _fsync_dir(directory)
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:      # a write's or flush's: name the file it was for
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), inner) from exc
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
