@@ -12,8 +12,15 @@ import sys
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.cli import UsageError
+from common.settings import env_seconds
 
 DEATH_TIMEOUT_S = 60         # a worker whose scheduler is gone that long stops (its job ends)
+
+
+def death_timeout_seconds() -> float:
+    """How long a worker job waits for a scheduler that is gone before it ends:
+    $PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS (default 60)."""
+    return env_seconds("PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS", DEATH_TIMEOUT_S, 10, 86400, UsageError)
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
 _NAMES_LIST = re.compile(r"^[A-Za-z0-9_.+-]{1,128}(,[A-Za-z0-9_.+-]{1,128}){0,31}$")    # -p a100,h100
 _DIRECTIVE = re.compile(r"^-{1,2}[A-Za-z][A-Za-z0-9-]*$")                            # --mem, -t
@@ -307,7 +314,7 @@ def cluster_kwargs(settings: SlurmSettings, exclude: tuple[str, ...] = ()) -> di
                   job_script_prologue=prologue(settings),
                   worker_extra_args=["--lifetime", f"{lifetime}m", "--lifetime-stagger", f"{stagger}m",
                                      "--no-dashboard"],
-                  python=shlex.quote(settings.python), death_timeout=DEATH_TIMEOUT_S,
+                  python=shlex.quote(settings.python), death_timeout=death_timeout_seconds(),
                   interface=settings.interface, log_directory=settings.log_folder)
     return kwargs
 
