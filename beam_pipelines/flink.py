@@ -23,25 +23,18 @@ import json
 import logging
 import urllib.request
 
+from beam_pipelines.options import option_value
+
 log = logging.getLogger("paragen")
 MAGIC_MASTERS = ("[local]", "[auto]", "")       # Beam's embedded or automatic Flink: no REST address
 _ENDED = ("FINISHED", "CANCELED", "FAILED")
 
 
-def _value(beam_args: list[str], name: str) -> str | None:
-    for i, arg in enumerate(beam_args):
-        if arg == name and i + 1 < len(beam_args):
-            return beam_args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def flink_rest(beam_args: list[str]) -> str | None:
     """The REST address (http://host:port) of the Flink cluster BEAM_ARGS submit to, or None when
     the runner is not Flink's or the cluster is Beam's embedded one."""
-    runner = (_value(beam_args, "--runner") or "").lower()
-    master = (_value(beam_args, "--flink_master") or "").strip()
+    runner = (option_value(beam_args, "--runner") or "").lower()
+    master = (option_value(beam_args, "--flink_master") or "").strip()
     if "flink" not in runner or master in MAGIC_MASTERS:
         return None
     return master.rstrip("/") if master.startswith(("http://", "https://")) else f"http://{master.rstrip('/')}"
@@ -49,7 +42,7 @@ def flink_rest(beam_args: list[str]) -> str | None:
 
 def named(beam_args: list[str], name: str) -> tuple[list[str], str]:
     """(BEAM_ARGS with --job_name NAME unless one is given, the job name)."""
-    given = _value(beam_args, "--job_name")
+    given = option_value(beam_args, "--job_name")
     return (list(beam_args), given) if given else ([*beam_args, "--job_name", name], name)
 
 

@@ -119,6 +119,16 @@ def check_beam_args(beam_args: list[str], job_parser: argparse.ArgumentParser) -
     return args
 
 
+def option_value(args: list[str], name: str) -> str | None:
+    """The value of option NAME in ARGS ('NAME VALUE' or 'NAME=VALUE'), or None."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def runner_name(beam_args: list[str]) -> str:
     """The runner BEAM_ARGS ask for, as given or qualified (default DirectRunner)."""
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -178,19 +188,26 @@ def run_pipeline(build, beam_args: list[str], name: str = "paragen") -> dict:
     from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
     from beam_pipelines.flink import cancel_jobs_named, flink_rest, named, warn_if_no_restarts
-    from common.stopping import at_end
+    from common.stopping import at_end, not_at_end
 
-    rest = flink_rest(beam_args)
+    rest, cancel = flink_rest(beam_args), None
     if rest:
         beam_args, job_name = named(beam_args, name)
-        at_end(lambda: cancel_jobs_named(rest, job_name))
+
+        def cancel():
+            cancel_jobs_named(rest, job_name)
+        at_end(cancel)
         warn_if_no_restarts(rest)
-    options = PipelineOptions(beam_args)
-    options.view_as(SetupOptions).save_main_session = False
-    p = beam.Pipeline(options=options)
-    build(p)
-    result = p.run()
-    result.wait_until_finish()
+    try:
+        options = PipelineOptions(beam_args)
+        options.view_as(SetupOptions).save_main_session = False
+        p = beam.Pipeline(options=options)
+        build(p)
+        result = p.run()
+        result.wait_until_finish()
+    finally:
+        if cancel is not None:          # the Flink job has ended: a later stop has nothing to cancel
+            not_at_end(cancel)
     return counters_of(result)
 
 

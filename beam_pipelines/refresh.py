@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from common import storage
 from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, USER_ERRORS, JobFailed, OutputBusy, UsageError,
                         check_output_location, cli_main, configure_logging)
+from beam_pipelines.options import option_value
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping, at_end, not_at_end
@@ -86,16 +87,6 @@ def _words(text: str, option: str) -> list[str]:
         return shlex.split(text)
     except ValueError as exc:
         raise UsageError(f"{option}: cannot split into words ({exc})") from None
-
-
-def _option_value(args: list[str], name: str) -> str | None:
-    """The value of option NAME in ARGS ('NAME VALUE' or 'NAME=VALUE'), or None."""
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def _run_job(module: str, cmd: list[str], args: list[str], log_file, env: dict | None = None) -> tuple[int, object]:
@@ -186,7 +177,7 @@ def check(argv) -> RefreshRequest:
     if filter_args:
         from beam_pipelines.filter import check_args
 
-        check_args(filter_args, _option_value(job_args, "--forward_model"))
+        check_args(filter_args, option_value(job_args, "--forward_model"))
     root = check_output_location(a.root.rstrip("/"), "--root")      # a store never reached: said now
     return RefreshRequest(root, a.keep, tuple(job_args), tuple(filter_args),
                           tuple(job_cmd), tuple(filter_cmd), a.dry_run)
@@ -286,14 +277,16 @@ def attempt_log_path(root: str, run_id: str) -> str:
     """Where this attempt of run RUN_ID logs: ``logs/<run id>.log``, appended to on a local disk;
     in a bucket, whose objects cannot be appended to, a continued run's later attempts get
     ``logs/<run id>.<n>.log`` (n = 2, 3, ...), so no attempt's log replaces another's."""
-    first = storage.join(root, "logs", f"{run_id}.log")
-    if storage.is_local(first):
-        return first
-    names = set(storage.listdir(storage.join(root, "logs"))) if storage.isdir(storage.join(root, "logs")) else set()
+    logs = storage.join(root, "logs")
+    if storage.is_local(logs):
+        return storage.join(logs, f"{run_id}.log")
+    taken = set(storage.listdir(logs))                  # [] where there is no logs/ yet
+    name = f"{run_id}.log"
     n = 1
-    while (f"{run_id}.log" if n == 1 else f"{run_id}.{n}.log") in names:
+    while name in taken:
         n += 1
-    return first if n == 1 else storage.join(root, "logs", f"{run_id}.{n}.log")
+        name = f"{run_id}.{n}.log"
+    return storage.join(logs, name)
 
 
 @contextlib.contextmanager

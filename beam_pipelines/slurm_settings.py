@@ -21,6 +21,8 @@ def death_timeout_seconds() -> float:
     """How long a worker job waits for a scheduler that is gone before it ends:
     $PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS (default 60)."""
     return env_seconds("PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS", DEATH_TIMEOUT_S, 10, 86400, UsageError)
+
+
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
 _NAMES_LIST = re.compile(r"^[A-Za-z0-9_.+-]{1,128}(,[A-Za-z0-9_.+-]{1,128}){0,31}$")    # -p a100,h100
 _DIRECTIVE = re.compile(r"^-{1,2}[A-Za-z][A-Za-z0-9-]*$")                            # --mem, -t

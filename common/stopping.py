@@ -20,7 +20,6 @@ goes to a file in the run's _work directory instead of the terminal.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -475,11 +474,10 @@ def describe_failure(exc: BaseException, noise: list[str] = (), output: str | No
         if isinstance(inner, storage.StorageError):
             return str(inner)
         if isinstance(inner, OSError) and inner.errno in DISK_ERRORS:
-            return _os_error(inner.errno, inner.filename or output) + during
-    for number, words in ((errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded"),
-                          (errno.EIO, "Input/output error"), (errno.EROFS, "Read-only file system")):
-        if f"[Errno {number}]" in text or words in text:
-            return _os_error(number, _filename_in(text, number) or output) + during
+            return disk_error(inner.errno, inner.filename or output) + during
+    for number in DISK_ERRORS:
+        if f"[Errno {number}]" in text or os.strerror(number) in text:
+            return disk_error(number, _filename_in(text, number) or output) + during
     if "the store at" in text and "PARAGEN_STORAGE_RETRY_SECONDS" in text:
         return next(line.strip() for line in text.splitlines() if "the store at" in line)
     if any(s in text for s in ("Channel closed prematurely", "Worker subprocess exited", "Stream removed",
@@ -502,10 +500,6 @@ def _exit_status(code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"exit status {code}: {signal.Signals(sig).name}"
     return f"exit status {code}"
-
-
-def _os_error(number: int, filename: str | None) -> str:
-    return disk_error(number, filename)
 
 
 def _filename_in(text: str, number: int) -> str | None:

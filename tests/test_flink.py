@@ -88,6 +88,14 @@ def _wait_for(predicate, proc, what: str, timeout: float = 600) -> None:
         time.sleep(0.2)
 
 
+def _started(cluster, args: list[str], out) -> subprocess.Popen:
+    """The generation job with ARGS submitted to CLUSTER, once two of its units are committed in OUT
+    (mid-run)."""
+    proc = submit(cluster, args)
+    _wait_for(lambda: units_committed(out) >= 2, proc, "two units committed")
+    return proc
+
+
 def _two_taskmanagers(cluster) -> None:
     """Back to two task managers after a test killed one (a supervisor restarting a lost machine)."""
     alive = [tm for tm in cluster.taskmanagers if tm.poll() is None]
@@ -132,8 +140,7 @@ def test_a_task_manager_lost_mid_run_is_restarted_around_and_the_rows_are_whole(
     # come before the job manager has given up on the lost task manager, and fail again there
     # (seen: two restarts under a load of 6 on 2 cores)
     with flink_cluster(tmp_path / "flink", restarts=(5, 15000)) as flink:
-        proc = submit(flink, quick_args(bitext, out, tiny_nmt_models))
-        _wait_for(lambda: units_committed(out) >= 2, proc, "two units committed")
+        proc = _started(flink, quick_args(bitext, out, tiny_nmt_models), out)
         flink.kill_taskmanager(flink.taskmanagers[0])
         status, err = finish(proc)
         assert status == 0, err[-3000:]
@@ -151,8 +158,7 @@ def test_without_restarts_a_lost_task_manager_fails_the_job_in_one_line_and_the_
     _two_taskmanagers(flink)
     out = tmp_path / "out"
     args = quick_args(bitext, out, tiny_nmt_models)
-    proc = submit(flink, args)
-    _wait_for(lambda: units_committed(out) >= 2, proc, "two units committed")
+    proc = _started(flink, args, out)
     flink.kill_taskmanager(flink.taskmanagers[0])
     status, err = finish(proc)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -175,8 +181,7 @@ def test_a_stopped_submission_cancels_its_flink_job_and_the_same_command_continu
     _two_taskmanagers(flink)
     out = tmp_path / "out"
     args = quick_args(bitext, out, tiny_nmt_models)
-    proc = submit(flink, args)
-    _wait_for(lambda: units_committed(out) >= 2, proc, "two units committed")
+    proc = _started(flink, args, out)
     run_id = os.listdir(out / "_work")[0]
     os.killpg(proc.pid, signal.SIGTERM)
     status, err = finish(proc)

@@ -122,6 +122,7 @@ class MpsDaemon:
         return self
 
     def __exit__(self, *exc) -> None:
+        stopping.not_at_end(self.__exit__)
         if self.folder is None:
             return
         env = dict(os.environ)
