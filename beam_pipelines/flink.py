@@ -23,7 +23,7 @@ import json
 import logging
 import urllib.request
 
-from beam_pipelines.options import option_value
+from common.cli import option_value
 
 log = logging.getLogger("paragen")
 MAGIC_MASTERS = ("[local]", "[auto]", "")       # Beam's embedded or automatic Flink: no REST address

@@ -119,16 +119,6 @@ def check_beam_args(beam_args: list[str], job_parser: argparse.ArgumentParser) -
     return args
 
 
-def option_value(args: list[str], name: str) -> str | None:
-    """The value of option NAME in ARGS ('NAME VALUE' or 'NAME=VALUE'), or None."""
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def runner_name(beam_args: list[str]) -> str:
     """The runner BEAM_ARGS ask for, as given or qualified (default DirectRunner)."""
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions

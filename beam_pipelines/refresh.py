@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from common import storage
 from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, USER_ERRORS, JobFailed, OutputBusy, UsageError,
                         check_output_location, cli_main, configure_logging)
-from beam_pipelines.options import option_value
+from common.cli import option_value
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping, at_end, not_at_end

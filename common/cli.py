@@ -229,3 +229,13 @@ def versions() -> dict:
 def command_line(argv: list[str]) -> list[str]:
     """The program and ARGV as they were given (recorded in manifests)."""
     return [os.path.basename(sys.argv[0]) or "python", *argv]
+
+
+def option_value(args: list[str], name: str) -> str | None:
+    """The value of option NAME in ARGS ('NAME VALUE' or 'NAME=VALUE'), or None."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
