@@ -25,11 +25,19 @@ case "$JOB" in generate|filter) ;; *) echo "JOB must be generate or filter, not 
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 pids=()
-cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done; }
+tmp=
+# The local cluster's logs are kept only when the job failed (and named then), else removed.
+cleanup() {
+  status=$?
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+  if [ -n "$tmp" ]; then
+    if [ "$status" = 0 ]; then rm -rf "$tmp"; else echo "run_dask.sh: the local Dask cluster's logs: $tmp" >&2; fi
+  fi
+}
 trap cleanup EXIT
 if [ "${1:-}" = "--local" ]; then
   n=${2:?--local needs a worker count}; shift 2
-  tmp=$(mktemp -d)
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/paragen-dask-XXXXXX")
   "$PY" -m distributed.cli.dask_scheduler --host 127.0.0.1 --port 0 --scheduler-file "$tmp/s.json" \
       --dashboard-address :0 >"$tmp/scheduler.log" 2>&1 & pids+=($!)
   for _ in $(seq 100); do [ -s "$tmp/s.json" ] && break; sleep 0.2; done

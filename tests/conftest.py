@@ -23,6 +23,16 @@ def pytest_configure(config):
         import uuid
 
         os.environ[SESSION_ENV] = uuid.uuid4().hex
+        # Every temporary file a test's processes make (Beam's pipeline and job-server folders, the
+        # logs of deploy/run_dask.sh --local, a killed job's leftovers) goes to one folder of this
+        # run, removed at its end: the suite leaves nothing in /tmp. pytest's own tmp_path folders
+        # stay where they were (the last three runs kept, to look into a failure).
+        import tempfile
+
+        os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+        os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="paragen-tests-")
+        config._paragen_tmpdir = os.environ["TMPDIR"]
+        tempfile.tempdir = None                     # gettempdir() reads TMPDIR again
         # One OpenMP/MKL thread a process unless a test asks for more (--torch_threads): two xdist
         # workers share two cores, and a second thread per process only spin-waits for the other
         # worker's (a job ran 25% faster, CPU time too, beside one busy process).
@@ -59,9 +69,14 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workerinput") or not os.environ.get(SESSION_ENV):
         return
     left = leftovers(os.environ[SESSION_ENV])
+    end(left)
+    tmpdir = getattr(session.config, "_paragen_tmpdir", None)
+    if tmpdir:
+        import shutil
+
+        shutil.rmtree(tmpdir, ignore_errors=True)
     if not left:
         return
-    end(left)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     lines = [f"{len(left)} process(es) a test started were still running at the end (ended now):"]
     lines += [f"  {pid}: {cmd}" for pid, cmd in sorted(left.items())]

@@ -53,15 +53,24 @@ def test_dask_launcher_runs_the_filter_job_on_a_local_cluster(tmp_path):
 
     write_generation_run(tmp_path / "gen", paraphrase_rows(toy_paraphrases(60, seed=5)))
     (tmp_path / "cfg.yaml").write_text("filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.5}}\n")
-    env = {**os.environ, "JOB": "filter", "PYTHON": sys.executable}
-    done = subprocess.run(["bash", os.path.join(ROOT, "deploy", "run_dask.sh"), "--local", "2",
-                           "--input", str(tmp_path / "gen"), "--output", str(tmp_path / "out"),
-                           "--config", str(tmp_path / "cfg.yaml"), "--no_report"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "JOB": "filter", "PYTHON": sys.executable, "TMPDIR": str(tmp_path / "tmp")}
+    launch = ["bash", os.path.join(ROOT, "deploy", "run_dask.sh"), "--local", "2", "--input", str(tmp_path / "gen"),
+              "--config", str(tmp_path / "cfg.yaml"), "--no_report"]
+    done = subprocess.run([*launch, "--output", str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not any(n.startswith("paragen-dask-") for n in os.listdir(tmp_path / "tmp"))    # its logs: gone
     manifest = json.load(open(tmp_path / "out" / "_filter_manifest.json"))
     assert manifest["reconciled"] and manifest["rows_in"] == 60
     assert 0 < manifest["kept"] < 60 and "trigram_overlap>max" in manifest["rejected_by_reason"]
+    # a failed job keeps the cluster's logs and names them
+    failed = subprocess.run([*launch, "--output", str(tmp_path / "gen")], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert failed.returncode != 0
+    kept = [n for n in os.listdir(tmp_path / "tmp") if n.startswith("paragen-dask-")]
+    assert len(kept) == 1 and f"logs: {tmp_path / 'tmp' / kept[0]}" in failed.stderr
+    assert os.path.getsize(tmp_path / "tmp" / kept[0] / "scheduler.log") > 0
 
 
 @pytest.mark.parametrize("gpu", ["", "nvidia-tesla-t4"])
