@@ -55,3 +55,9 @@ fi
 if [ "${SKIP_FLINK:-0}" != 1 ]; then
   PYTHON="$VENV/bin/python" bash scripts/install_flink.sh || echo "note: Flink not installed (scripts/install_flink.sh, above); its tests are skipped" >&2
 fi
+# Hadoop's MiniDFSCluster (from Maven Central) in .hdfs/, for the tests that run the storage layer
+# and the jobs on a real HDFS over WebHDFS (tests/hdfs_cluster.py, skipped without it); needs Java 17
+# and Maven. Users reach HDFS with nothing installed (webhdfs://).
+if [ "${SKIP_HDFS:-0}" != 1 ]; then
+  bash scripts/install_hdfs.sh || echo "note: the tests' HDFS not installed (scripts/install_hdfs.sh, above); its tests are skipped" >&2
+fi

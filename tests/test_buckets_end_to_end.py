@@ -1,5 +1,6 @@
 """The three jobs reading and writing only bucket URLs, models in the bucket too, on real S3
-(moto) and GCS (fake-gcs-server) servers on loopback: generation on the DirectRunner and on a real
+(moto) and GCS (fake-gcs-server) servers on loopback, and on a real HDFS (a MiniDFSCluster) through
+webhdfs:// URLs: generation on the DirectRunner and on a real
 dask.distributed cluster, then the filter job, then embedding training. The rows equal those of
 the same runs on a local disk."""
 import os
@@ -12,6 +13,7 @@ from beam_pipelines.generate import run as generate
 from embeddings.train import run as train_embeddings
 from common import storage
 from paracorpus.commit import committed_files
+from tests.hdfs_cluster import hdfs_store  # noqa: F401  (fixture)
 from tests.object_stores import gcs_store, s3_store  # noqa: F401  (fixtures)
 
 _FLOATS = ("forward_nll", "backward_nll", "combined_score")
@@ -63,7 +65,7 @@ def bucket(request, tmp_path, monkeypatch, tiny_nmt_models, local_runs):
     for k, v in store.env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("PARAGEN_CACHE", str(tmp_path / "cache"))
-    root = f"{'s3' if request.param == 's3' else 'gs'}://{store.make_bucket()}"
+    root = f"{store.scheme}://{store.make_bucket()}"
     storage.copy_file(str(local_runs / "toy.tsv"), f"{root}/bitext/toy.tsv")
     storage.copy_file(str(local_runs / "cfg.yaml"), f"{root}/cfg.yaml")
     for name in ("cs-en", "en-cs"):
@@ -79,6 +81,7 @@ def _bucket_generation(bucket, out, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("bucket", ["s3", "gcs", "hdfs"], indirect=True)
 def test_generation_filter_and_embeddings_on_a_bucket(bucket, local_runs, tmp_path):
     from models.sentence.sentence_encoder import load_encoder
 
@@ -90,7 +93,7 @@ def test_generation_filter_and_embeddings_on_a_bucket(bucket, local_runs, tmp_pa
     _same(_rows(gen), _rows(str(local_runs / "gen")))
     _same(_rows(gen, "rejects"), _rows(str(local_runs / "gen"), "rejects"))
     assert not storage.exists(f"{gen}/_work") and not storage.exists(f"{gen}/_owner.json")
-    assert not os.path.exists("s3:") and not os.path.exists("gs:")     # nothing written to a local "s3:/..."
+    assert not any(os.path.exists(f"{s}:") for s in ("s3", "gs", "webhdfs"))     # nothing written to a local "s3:/..."
 
     filtered = f"{bucket}/runs/filtered"
     fm = filter_job.run(["--input", gen, "--output", filtered, "--config", f"{bucket}/cfg.yaml"])

@@ -1,7 +1,8 @@
 """Conditional writes, store by store (common/storage/conditional.py): created only if absent,
 replaced or removed only if still the version read, on a local disk, in an S3 bucket (moto) and a
-GCS bucket (fake-gcs-server), both on loopback; HDFS's rename protocol on a local stand-in that
-renames the way HDFS does (never over an existing name)."""
+GCS bucket (fake-gcs-server), both on loopback, and on HDFS (a MiniDFSCluster over WebHDFS); HDFS's
+rename protocol also through libhdfs's interface, on a local stand-in that renames the way HDFS does
+(never over an existing name)."""
 import os
 import threading
 
@@ -10,15 +11,16 @@ import pytest
 
 from common import storage
 from common.storage import conditional
+from tests.hdfs_cluster import hdfs_store  # noqa: F401: fixture
 from tests.object_stores import gcs_store, s3_store  # noqa: F401: fixtures
 
 
-@pytest.fixture(params=["local", "s3", "gcs"])
+@pytest.fixture(params=["local", "s3", "gcs", "webhdfs"])
 def where(request, tmp_path, monkeypatch):
     """A folder (path or URL) in each store, with the store's variables set in this process."""
     if request.param == "local":
         return str(tmp_path)
-    store = request.getfixturevalue("s3_store" if request.param == "s3" else "gcs_store")
+    store = request.getfixturevalue({"s3": "s3_store", "gcs": "gcs_store", "webhdfs": "hdfs_store"}[request.param])
     for name, value in store.env.items():
         if name != "CLOUD_STORAGE_EMULATOR_ENDPOINT":      # pyarrow's: never in the test process (object_stores.py)
             monkeypatch.setenv(name, value)
@@ -44,10 +46,12 @@ def test_create_replace_and_remove_only_over_the_version_read(where):
     assert not storage.delete_if(path, second)                        # gone already
 
 
-def test_writers_racing_from_one_version_leave_one_winner(tmp_path):
-    """Eight threads replace the same version at once (the local locked compare and rename):
-    exactly one wins, the file holds its bytes."""
-    path = str(tmp_path / "latest.json")
+@pytest.mark.parametrize("store", ["local", "webhdfs"])
+def test_writers_racing_from_one_version_leave_one_winner(store, tmp_path, request):
+    """Eight threads replace the same version at once (the local locked compare and rename; on
+    HDFS the rename aside that one renamer wins): exactly one wins, the file holds its bytes."""
+    folder = str(tmp_path) if store == "local" else f"webhdfs://{request.getfixturevalue('hdfs_store').make_bucket()}"
+    path = storage.join(folder, "latest.json")
     base = storage.create_new(path, b"base")
     won, barrier = [], threading.Barrier(8)
 
@@ -64,7 +68,7 @@ def test_writers_racing_from_one_version_leave_one_winner(tmp_path):
     for t in threads:
         t.join()
     assert len(won) == 1 and storage.read_bytes(path) == f"writer {won[0]}".encode()
-    assert [n for n in os.listdir(tmp_path) if n != "latest.json"] == []       # no staged file left
+    assert [n for n in storage.listdir(folder) if n != "latest.json"] == []       # no staged file left
 
 
 def test_a_conditional_replace_whose_answer_was_lost_is_this_writers(s3_store, monkeypatch):

@@ -51,6 +51,7 @@ STORES = {
                                          "AWS_REGION": "us-east-1"}, "no-such-host.invalid"),
     "gs, no credentials": ("gs://bucket", {}, "storage.googleapis.com"),
     "hdfs, no Hadoop": ("hdfs://namenode:8020/data", {}, "hdfs://"),
+    "webhdfs, a refused port": ("webhdfs://127.0.0.1:1/data", {}, "NameNode at http://127.0.0.1:1"),
 }
 
 

@@ -7,8 +7,9 @@ with nothing else to install on workers. (Beam's ``FileSystems`` needs the ``gcp
 and has no Parquet integration; fsspec needs s3fs/gcsfs on top.)
 
 Paths: ``/local/path`` or ``relative/path``, ``file:///path``, ``s3://bucket/key``,
-``gs://bucket/key`` (or ``gcs://``), and whatever else ``pyarrow.fs.FileSystem.from_uri``
-knows (``hdfs://``). Object stores are configured the usual way: S3 by ``AWS_*`` variables
+``gs://bucket/key`` (or ``gcs://``), ``webhdfs://namenode:9870/path`` (HDFS over its REST
+interface, from Python alone: :mod:`common.storage.webhdfs`), and whatever else
+``pyarrow.fs.FileSystem.from_uri`` knows (``hdfs://``, which needs Java and libhdfs). Object stores are configured the usual way: S3 by ``AWS_*`` variables
 (``AWS_ENDPOINT_URL`` for an S3-compatible server), GCS by application-default credentials, or
 ``STORAGE_EMULATOR_HOST`` for an emulator.
 
@@ -30,7 +31,8 @@ GCS generations, HDFS renames): what makes publishing a manifest one atomic step
 
 The package, one concern a module: ``paths`` (joining, naming the store), ``retries`` (timeouts,
 the retry budget, one error line), ``stores`` (one pyarrow filesystem per store), ``reading``,
-``writing`` (whole files, staged or spooled), ``conditional`` (each store's guarantee) and
+``writing`` (whole files, staged or spooled), ``conditional`` (each store's guarantee), ``webhdfs``
+(HDFS's REST client) and
 ``model_cache`` (copies of remote models on this machine). Callers use ``from common import
 storage`` and the names below.
 """

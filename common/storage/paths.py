@@ -1,10 +1,10 @@
-"""Paths: a local path or a URL (``s3://``, ``gs://``, ``hdfs://``, ``file://``), joined and split
+"""Paths: a local path or a URL (``s3://``, ``gs://``, ``webhdfs://``, ``hdfs://``, ``file://``), joined and split
 alike, and which server a URL's store talks to (for error messages)."""
 from __future__ import annotations
 
 import os
 
-_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs", "file"}
+_SCHEMES = {"s3", "gs", "gcs", "hdfs", "webhdfs", "viewfs", "file"}
 
 
 def is_url(path: str) -> bool:
@@ -31,6 +31,9 @@ def endpoint_of(path: str) -> str:
         return _s3_endpoint() or f"AWS S3 ({os.environ.get('AWS_REGION') or os.environ.get('AWS_DEFAULT_REGION') or 'default region'})"
     if scheme in ("gs", "gcs"):
         return _gcs_emulator() or "storage.googleapis.com"
+    if scheme == "webhdfs":
+        netloc = path.split("://", 1)[1].split("/", 1)[0]
+        return f"the NameNode at http://{netloc if ':' in netloc else netloc + ':9870'}"
     return scheme
 
 

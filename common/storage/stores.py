@@ -56,7 +56,8 @@ def _hdfs_ready(path: str) -> None:
     has_lib = any(d and os.path.isfile(os.path.join(d, "libhdfs.so")) for d in libdirs)
     if not os.environ.get("JAVA_HOME") or not has_lib:
         raise StorageError(f"{path}: hdfs:// needs Hadoop's libhdfs and Java on this machine (set JAVA_HOME, and "
-                           "HADOOP_HOME or ARROW_LIBHDFS_DIR to where libhdfs.so is); "
+                           "HADOOP_HOME or ARROW_LIBHDFS_DIR to where libhdfs.so is), or use "
+                           "webhdfs://NAMENODE:9870/path, which needs neither; "
                            f"JAVA_HOME {'set' if os.environ.get('JAVA_HOME') else 'unset'}, libhdfs.so "
                            f"{'found' if has_lib else 'not found'}")
 
@@ -74,6 +75,14 @@ def resolve(path: str) -> tuple[pafs.FileSystem, str]:
         return _cached("s3", _s3), rest
     if scheme in ("gs", "gcs"):
         return _cached("gcs", _gcs), rest
+    if scheme == "webhdfs":
+        from common.storage import webhdfs
+
+        try:
+            host, port, inner = webhdfs.split(path)
+        except ValueError as exc:
+            raise StorageError(str(exc)) from None
+        return _cached(f"webhdfs://{host}:{port}", lambda: webhdfs.filesystem(host, port, timeout_seconds())), inner
     if scheme in ("hdfs", "viewfs"):
         _hdfs_ready(path)
     with _explained(path):

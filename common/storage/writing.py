@@ -15,6 +15,7 @@ import uuid
 import pyarrow.fs as pafs
 
 from common.crash_points import storage_op
+from common.storage import webhdfs
 from common.storage.paths import is_local, is_url, join
 from common.storage.reading import _info, open_input, stat
 from common.storage.retries import StorageError, retrying
@@ -80,6 +81,11 @@ def open_output(path: str):
     with tempfile.TemporaryFile(prefix="paragen-upload-", dir=os.environ.get("PARAGEN_SPOOL_DIR")) as spool:
         yield spool
         spool.flush()
+        client = webhdfs.client_of(fs)
+        if client is not None:              # HDFS shows a file as it is written: a hidden name, then a rename
+            _put_renamed(path, client, inner, spool)
+            _fenced_after(path)
+            return
         try:
             retrying(path, _upload, fs, inner, spool)
         except StorageError as exc:
@@ -115,6 +121,32 @@ def _staged(inner: str, place):
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def _put_renamed(path: str, client, inner: str, spool) -> None:
+    """The spool written to HDFS under a hidden name beside INNER, then renamed over INNER (one
+    NameNode operation): readers see the old file or the new one, never a part."""
+    tmp = f"{inner.rsplit('/', 1)[0]}/.{inner.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+    size = os.fstat(spool.fileno()).st_size
+
+    def put():
+        spool.seek(0)
+        client.put(tmp, spool)
+
+    def rename():
+        try:
+            client.mv(tmp, inner)
+        except FileNotFoundError:           # a retry after a rename whose answer was lost: done
+            if client.exists(tmp) or client.info(inner)["size"] != size:
+                raise
+    try:
+        retrying(path, put)
+        storage_op("rename", path)
+        retrying(path, rename)
+    finally:
+        with contextlib.suppress(Exception):
+            if client.exists(tmp):
+                client.rm(tmp)
 
 
 def _uploaded(path: str, spool) -> bool:
