@@ -1,6 +1,8 @@
 """The generation job end to end, on DirectRunner (both modes) and a real dask.distributed cluster."""
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -228,13 +230,21 @@ def test_worker_processes_split_the_cores():
 
 
 @pytest.mark.slow
-def test_dask_workers_share_the_decoding_of_one_output_shard(bitext, tiny_nmt_models, tmp_path, dask_cluster):
+def test_dask_workers_share_the_decoding_of_one_output_shard(bitext, tiny_nmt_models, tmp_path, dask_cluster,
+                                                             caplog, monkeypatch):
     """Decoding parallelism does not depend on the number of output files: with one output shard,
-    both Dask worker processes decode work units (the manifest says which decoded how many)."""
+    both Dask worker processes decode work units (the manifest says which decoded how many). The
+    driver says how far the workers got, from their unit records (paracorpus/run_progress.py)."""
     args = _args(bitext, tmp_path / "one", tiny_nmt_models, "--runner", "DaskRunner",
                  "--dask_client_address", dask_cluster, "--dask_npartitions", "4", "--unit_pairs", "4")
     args[args.index("--num_output_shards") + 1] = "1"
-    manifest = run(args)
+    monkeypatch.setenv("PARAGEN_PROGRESS_SECONDS", "0.5")
+    with caplog.at_level(logging.INFO, logger="paragen.progress"):
+        manifest = run(args)
+    lines = [r.getMessage() for r in caplog.records if r.name == "paragen.progress" and
+             r.getMessage().startswith("progress: ")]
+    assert lines and re.match(r"progress: 12 of 12 units \(100%\), \d+ of ~\d+ pairs; [\d.]+ pairs/s over the last "
+                              r"\dm\d\ds; workers: 2$", lines[-1]), lines[-3:]
     per_worker = manifest["units"]["per_worker"]
     assert manifest["units"]["planned"] == 12 and sum(per_worker.values()) == manifest["units"]["written"]
     # both decode (how evenly depends on Dask's scheduling and the machine's load: 1 vs 11 units

@@ -28,6 +28,7 @@ from beam_pipelines.options import is_local, run_pipeline
 from common.stopping import RunnerNoise, Stopping, pipeline_failure
 from paracorpus.cleaning import CleaningConfig
 from paracorpus.commit import file_location
+from paracorpus.run_progress import DriverProgress
 from paracorpus.steps import CleanStep
 from transforms.cleaning import Deduplicate
 from transforms.io import COUNTS_TAG, MAIN_TAG, REJECTS_TAG, ReadShard, SplitTagged
@@ -136,7 +137,8 @@ def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset,
     start = time.time()
     mps = MpsDaemon(job.mps, gpu=is_local(job.runner) and job.device == "cuda", processes_per_gpu=job.processes_per_gpu)
     try:
-        with mps, RunnerNoise(stopping.on_worker_lost(plan.work)) as noise:
+        with mps, RunnerNoise(stopping.on_worker_lost(plan.work)) as noise, \
+                DriverProgress(plan.work, plan.num_units, inputs.expected or None, finished):
             counters = run_pipeline(
                 lambda p: build(p, job, plan, inputs, finished, handler, use_run_inference=not dask), beam_args,
                 name=f"paragen-generate-{plan.run_id}")
