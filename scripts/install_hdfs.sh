@@ -13,12 +13,12 @@ for tool in java mvn; do
 done
 if [ ! -s "$DEST/lib/hadoop-client-minicluster-3.4.1.jar" ]; then
   log=$(mktemp)
-  rm -rf "$DEST/lib" "$DEST/target"
+  rm -rf "${DEST:?}/lib" "${DEST:?}/target"
   if ! mvn -q -B -f tests/hdfs/pom.xml package -DbuildDir="$PWD/$DEST" >"$log" 2>&1; then
     grep -E "ERROR|Could not" "$log" | head -5 >&2
     echo "install_hdfs.sh: Maven could not fetch Hadoop's MiniDFSCluster (above); the HDFS tests are skipped" >&2
-    rm -rf "$log" "$DEST/lib"; exit 1
+    rm -rf "$log" "${DEST:?}/lib"; exit 1
   fi
-  rm -rf "$log" "$DEST/target"
+  rm -rf "$log" "${DEST:?}/target"
 fi
 echo "Hadoop's MiniDFSCluster (3.4.1) in $DEST/lib" >&2

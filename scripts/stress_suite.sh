@@ -26,7 +26,8 @@ echo "$(date -u +%FT%TZ) $RUNS run(s) of .ci/run beside $LOAD busy process(es), 
 failed=0
 for n in $(seq "$RUNS"); do
   start=$(date +%s)
-  bash .ci/run > "stress-suite-$n.out" 2>&1
+  # -vv: each test's name and outcome as it ends, so a run cut short still says what failed
+  PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -vv" bash .ci/run > "stress-suite-$n.out" 2>&1
   status=$?
   minutes=$(( ($(date +%s) - start + 30) / 60 ))
   summary=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "stress-suite-$n.out" | tail -1)
