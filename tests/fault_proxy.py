@@ -94,11 +94,12 @@ class FaultProxy:
     """See the module doc. RATE: the share of requests that fail, spread evenly over KINDS."""
 
     def __init__(self, upstream: str, rate: float = 0.0, seed: int = 0, kinds: tuple = KINDS, only: bytes = b"",
-                 limit: int | None = None, like_minio: bool = False, no_conditional: bool = False):
+                 limit: int | None = None, like_minio: bool = False, no_conditional: bool | bytes = False):
         """LIKE_MINIO: a multipart upload completed once is forgotten, as MinIO and Ceph forget
         it: completing it again answers 404 NoSuchUpload (AWS S3 and moto answer 200).
         NO_CONDITIONAL: a request with If-Match or If-None-Match answers 501 NotImplemented, as
-        S3-compatible stores without conditional writes do."""
+        S3-compatible stores without conditional writes do (a method, b"DELETE": only its requests,
+        as a store with conditional puts and no conditional deletes)."""
         self.upstream = upstream.replace("http://", "")
         self.rate, self.kinds, self.only, self.limit = rate, kinds, only, limit
         self.like_minio, self._completed = like_minio, set()
@@ -173,7 +174,9 @@ class FaultProxy:
             upload = first.split(b"?uploadId=", 1)[1].split(b" ")[0] if first.startswith(b"POST") \
                 and b"?uploadId=" in first else None
             head = request.split(b"\r\n\r\n", 1)[0].lower()
-            if self.no_conditional and (b"\r\nif-match:" in head or b"\r\nif-none-match:" in head):
+            method = first.split(b" ", 1)[0]
+            if self.no_conditional and (self.no_conditional is True or self.no_conditional == method) \
+                    and (b"\r\nif-match:" in head or b"\r\nif-none-match:" in head):
                 kind = "501"
             elif upload is not None and self.like_minio and upload in self._completed:
                 kind = "NoSuchUpload"

@@ -133,6 +133,26 @@ def test_a_store_without_conditional_writes_is_refused_in_one_line(s3_store, mon
         assert proxy.counts["501"] >= 2
 
 
+def test_a_store_without_conditional_deletes_is_refused_too(s3_store, monkeypatch):
+    """A store that takes If-None-Match and If-Match on a put but answers 501 to a conditional
+    delete: a claim's release (a delete only of the record it wrote) is refused like the put, not
+    turned into a read and a plain delete that could remove a successor's claim; with
+    PARAGEN_UNFENCED_STORES=1 it compares, then deletes, with a warning."""
+    from tests.fault_proxy import FaultProxy
+
+    bucket = s3_store.make_bucket()
+    with FaultProxy(s3_store.endpoint, no_conditional=b"DELETE") as proxy:
+        for name, value in {**s3_store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url}.items():
+            monkeypatch.setenv(name, value)
+        path = f"s3://{bucket}/out/_owner.json"
+        version = storage.create_new(path, b'{"token": "mine"}')           # conditional puts work here
+        with pytest.raises(storage.StorageError, match="does not support conditional writes.*501.*PARAGEN_UNFENCED"):
+            storage.delete_if(path, version)
+        assert storage.read_bytes(path) == b'{"token": "mine"}' and proxy.counts["501"] == 1
+        monkeypatch.setenv("PARAGEN_UNFENCED_STORES", "1")
+        assert storage.delete_if(path, version) and not storage.exists(path)
+
+
 def test_a_heartbeat_renews_only_the_version_it_wrote(tmp_path, monkeypatch):
     """The heartbeat is a conditional replace of the record this claim last wrote: another
     writer's record (even one that carries this claim's token: a copy restored by hand) is never

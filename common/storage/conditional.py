@@ -382,9 +382,9 @@ def _s3_delete(path, client, bucket, key, expected: Version) -> None:
         client.delete_object(Bucket=bucket, Key=key, IfMatch=expected.tag)
     except (ClientError, BotoCoreError) as exc:
         err = _s3_error(path, exc, expected)
-        if not isinstance(err, _Unsupported):
+        if not isinstance(err, _Unsupported) or not _unfenced_allowed(path):      # refused like the put
             raise err from None
-        # a store without conditional deletes: compared, then removed (not one step)
+        # a store without conditional deletes, accepted unfenced: compared, then removed (not one step)
         _data, current = _s3_read(path, client, bucket, key)
         if current.tag != expected.tag:
             raise Conflict(f"{path}: {_changed(expected, current)}") from None
