@@ -46,12 +46,11 @@ from dataclasses import dataclass
 
 from common import storage
 from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, USER_ERRORS, JobFailed, OutputBusy, UsageError,
-                        check_output_location, cli_main, configure_logging)
-from common.cli import option_value
+                        check_output_location, cli_main, configure_logging, option_value)
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping, at_end, not_at_end
-from paracorpus.commit import OWNER, new_run_id
+from paracorpus.commit import holder, new_run_id
 from paracorpus.latest import Latest, filter_dir, latest_run, prune
 from paracorpus.schema import MANIFEST
 
@@ -196,10 +195,13 @@ def dry_run(req: RefreshRequest) -> dict:
 def stopped_run(req: RefreshRequest, latest_id: str | None, previous: str | None) -> str | None:
     """The run of a refresh stopped before it moved latest (the newest run newer than latest's),
     when this refresh's generation job would finish it: the same plan (inputs, models, settings,
-    the previous run), committed with its clean-up or filter run left, or unfinished, and its job
-    stopped (SIGTERM) so that it released its claim. Its id, so that the same command continues
-    it (its committed units kept) instead of decoding it again; None otherwise (retention removes
-    an unfinished one)."""
+    the previous run), committed with its clean-up or filter run left, or unfinished, and its
+    holder gone: released (SIGTERM), or killed without a word (SIGKILL, the OOM killer, a lost
+    node: its process on this host ended, or its claim outlived the lease), in which case the job
+    takes its claim over. Its id, so that the same command continues it (its committed units kept)
+    instead of decoding it again; None otherwise (retention removes an unfinished one). A run
+    whose holder is alive (a --job_cmd job still running, a paused one within its lease) is
+    OutputBusy (exit 75): never continued, never removed."""
     from beam_pipelines.generation.check import check as check_generation
     from beam_pipelines.generation.plan import plan_inputs, run_to_finish
 
@@ -208,11 +210,14 @@ def stopped_run(req: RefreshRequest, latest_id: str | None, previous: str | None
         return None
     candidate = max(newer)
     out = storage.join(req.root, "runs", candidate)
-    if storage.isfile(storage.join(out, OWNER)):
-        # its job did not release its claim (killed, or paused past its lease and maybe resuming):
-        # a new run, as two processes in one run directory would be; retention removes this one
-        _finish_cleanup(out)
-        return None
+    held = holder(out)
+    if held is not None:
+        owner, alive, why = held
+        if alive:
+            raise OutputBusy(f"run {candidate} of an earlier refresh is still being written ({why}); this refresh "
+                             "neither continues nor removes it: run it again once that job has ended")
+        log.info("run %s of a stopped refresh: its holder is gone (%s); continued if its plan is this refresh's",
+                 candidate, why)
     try:
         request, job = check_generation([*req.job_args, "--output", out, "--run_id", candidate]
                                         + (["--previous", previous] if previous else []))

@@ -87,6 +87,18 @@ def _owner_alive(owner: dict, version: storage.Version) -> tuple[bool, str]:
     return True, f"host {owner.get('host')}, pid {owner.get('pid')}, renewed {max(age, 0):.0f} s ago"
 
 
+def holder(output: str, name: str = OWNER) -> tuple[dict, bool, str] | None:
+    """Who holds OUTPUT: (its owner record, alive?, why), or None when nobody does. A holder is
+    gone when its process on this host has ended or its record outlived the lease (by the
+    store's clock)."""
+    raw, version = storage.read_versioned(storage.join(output, name))
+    owner = _parse_owner(raw)
+    if owner is None:
+        return None
+    alive, why = _owner_alive(owner, version)
+    return owner, alive, why
+
+
 def _parse_owner(raw: bytes | None) -> dict | None:
     try:
         owner = json.loads(raw.decode("utf-8")) if raw is not None else None

@@ -27,7 +27,7 @@ import time
 
 from common import storage
 from common.cli import OutputBusy
-from paracorpus.commit import FENCE_SECONDS, entry_path, file_location, is_under
+from paracorpus.commit import FENCE_SECONDS, entry_path, file_location, holder, is_under
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
 log = logging.getLogger("paragen.refresh")
@@ -190,11 +190,19 @@ def _runs_of(manifest: dict, manifest_dir: str, runs_dir: str) -> set[str]:
     return names
 
 
+def _held(run_dir: str) -> bool:
+    held = holder(run_dir)
+    if held is not None and held[1]:
+        log.info("retention keeps %s: %s holds it (%s)", run_dir, held[0].get("run_id"), held[2])
+        return True
+    return False
+
+
 def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: str | None = None,
           fence=None) -> list[str]:
     """Remove from ROOT/runs every run but the newest KEEP complete ones (with WITH_FILTER: those
-    with their filter run), CURRENT (latest's target) and every run a kept run or the latest/ view
-    takes files from, transitively; their filter runs go with them, and the logs of what was
+    with their filter run), CURRENT (latest's target), every run a kept run or the latest/ view
+    takes files from, transitively, and every run whose claim is alive; their filter runs go with them, and the logs of what was
     removed (but LOG_OF's: a no-op refresh keeps its own log until the next refresh). FENCE()
     runs before each delete."""
     fence = fence or (lambda: None)
@@ -214,7 +222,10 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
             more = referenced_runs(storage.join(runs_dir, name)) - kept
             kept |= more
             frontier += sorted(more)
-    removed = [n for n in names if n not in kept]
+    # never a run whose claim is alive: a job still writing it (a --job_cmd job, one paused within
+    # its lease) would find its folder gone
+    removed = [n for n in names if n not in kept and not _held(storage.join(runs_dir, n))]
+    kept |= set(names) - set(removed)
     for name in removed:
         fence()
         storage.delete_tree(storage.join(runs_dir, name))

@@ -93,12 +93,13 @@ def test_refreshes_with_keep_2_stopped_at_their_own_steps(tiny_nmt_models, tmp_p
 
 def test_a_stopped_refresh_is_continued_by_the_same_command(tiny_nmt_models, tmp_path):
     """A refresh stopped (SIGTERM) while its generation job decodes, or after that job published
-    its run but before latest moved: the same command continues that run (its committed units
+    its run but before latest moved, or SIGKILLed while decoding: the same command continues that run (its committed units
     kept: the manifest says resumed) or finishes it (its clean-up, then latest), instead of
     decoding again in a new run, and leaves nothing behind. (Before: a new run each time; the
     stopped run's units were decoded again, and a published one kept its clean-up's files.)"""
     from common import storage
     from tests.crash_points import REFRESH, job, leftovers, rows
+    from tests.jobs import units_committed
 
     sweep = refresh_sweep(str(tmp_path), tiny_nmt_models, mode="filter_off")
     ops = sweep.prepare()
@@ -121,6 +122,26 @@ def test_a_stopped_refresh_is_continued_by_the_same_command(tiny_nmt_models, tmp
         assert latest["run_id"] == stopped_id
         manifest_of = storage.read_json(storage.join(out, "runs", stopped_id, "_manifest.json"))
         assert manifest_of["resumed"] is resumed
+    # SIGKILLed (no word, no release) after two units committed: its holder is gone (its process
+    # ended), so the same command continues it, the committed units reused, not decoded again
+    third_unit = [o for o in ops if o[1] == "rename" and "/units/" in o[2]][2]
+    out = sweep.store.path("killed")
+    sweep.store.copy(sweep.start, out)
+    args = sweep.args(out, sweep.command)
+    before = set(storage.listdir(storage.join(out, "runs")))
+    killed = job(args, {**sweep.env, "PARAGEN_CRASH_AT": f"{third_unit[0]}:KILL"}, which=REFRESH)
+    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
+    (killed_id,) = set(storage.listdir(storage.join(out, "runs"))) - before
+    run_dir = storage.join(out, "runs", killed_id)
+    assert storage.isfile(storage.join(run_dir, "_owner.json"))           # never released
+    committed = units_committed(run_dir)
+    assert committed >= 2, committed
+    again = job(args, sweep.env, which=REFRESH)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"continuing run {killed_id}" in again.stdout, again.stdout
+    assert rows(out, REFRESH) == sweep.new_rows and not leftovers(out, REFRESH), leftovers(out, REFRESH)
+    manifest_of = storage.read_json(storage.join(run_dir, "_manifest.json"))
+    assert manifest_of["resumed"] is True and manifest_of["units"]["reused_from_earlier_attempt"] == committed
     # published, then new input arrives before the rerun: a new run (another plan); the stopped
     # run is kept (a complete run, retention's to remove) with its clean-up finished
     out = sweep.store.path("orphan")

@@ -10,7 +10,7 @@ import pytest
 
 from beam_pipelines.refresh import run as refresh
 from paracorpus.latest import LATEST
-from common.cli import JobFailed, UsageError, cli_main
+from common.cli import JobFailed, OutputBusy, UsageError, cli_main
 
 
 def _script(tmp_path, body: str) -> str:
@@ -75,3 +75,21 @@ def test_referenced_runs_follow_relative_paths(tmp_path):
     (run_dir / "_manifest.json").write_text(json.dumps({"files": {"paraphrases": [
         {"path": "paraphrases/cs-en/00001/part-u1-b.parquet", "root": "r1"}]}}))
     assert referenced_runs(str(run_dir)) == {"r1"}
+
+
+def test_a_run_whose_holder_is_alive_is_neither_continued_nor_removed(tmp_path):
+    """A run newer than latest whose claim is alive (a --job_cmd job of an earlier refresh still
+    writing it; here this process holds it): the refresh exits 75 without running its job, and
+    the run stays. (Before: a new run, then retention deleted the live job's folder.)"""
+    from paracorpus.commit import Claim, new_run_id
+
+    marker = tmp_path / "generation-ran"
+    run_dir = tmp_path / "root" / "runs" / new_run_id()
+    claim = Claim(str(run_dir), run_dir.name).acquire()
+    try:
+        with pytest.raises(OutputBusy, match=f"run {run_dir.name} of an earlier refresh is still being written") as info:
+            _refresh(tmp_path, _script(tmp_path, f"open({str(marker)!r}, 'w').close()\n"))
+        assert info.value.code == 75 and not marker.exists()
+        assert os.path.isfile(run_dir / "_owner.json")
+    finally:
+        claim.release()

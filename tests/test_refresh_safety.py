@@ -91,6 +91,27 @@ def test_retention_follows_the_references_of_every_kept_run(tmp_path):
     assert files and all(os.path.isfile(f) for f in files)
 
 
+def test_retention_never_removes_a_run_whose_claim_is_alive(tmp_path):
+    """An unpublished run with a live holder (a --job_cmd job still writing it) stays; one whose
+    holder's process has ended goes, as any unpublished run."""
+    from paracorpus.commit import Claim
+    from paracorpus.latest import prune
+
+    root = _root(tmp_path, runs=("r1", "r2"), filtered=False)
+    for name in ("r3", "r4"):
+        (root / "runs" / name).mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    from common import processes
+    (root / "runs" / "r4" / "_owner.json").write_text(json.dumps(
+        {"run_id": "r4", "token": "t", **processes.identity(), "pid": int(dead.stdout), "heartbeat": time.time()}))
+    claim = Claim(str(root / "runs" / "r3"), "r3").acquire()
+    try:
+        assert prune(str(root), 1, False, "r2") == ["r1", "r4"]
+        assert sorted(os.listdir(root / "runs")) == ["r2", "r3"]
+    finally:
+        claim.release()
+
+
 def test_the_latest_view_never_shows_two_runs(tmp_path):
     """latest/ moved from r1 to r2, killed before each of its storage operations in turn: the
     view shows r1 whole, r2 whole, or a run whose filter view is not there yet, never one run's
