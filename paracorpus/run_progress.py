@@ -12,13 +12,13 @@ not into the rate."""
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
 from collections import deque
 
 from common import storage
+from common.settings import progress_seconds
 from paracorpus.units import unit_of_record
 
 log = logging.getLogger("paragen.progress")
@@ -95,17 +95,6 @@ class RunProgress:
         return "progress: " + "; ".join(parts)
 
 
-def progress_seconds() -> float:
-    """Seconds between the driver's lines: $PARAGEN_PROGRESS_SECONDS, else 10 on a terminal, 30 in a log."""
-    value = os.environ.get("PARAGEN_PROGRESS_SECONDS")
-    if value:
-        try:
-            return max(0.1, float(value))
-        except ValueError:
-            pass
-    return 10.0 if sys.stderr.isatty() else 30.0
-
-
 class DriverProgress:
     """A thread of the driver that reads WORK/units/ every few seconds and logs RunProgress's line,
     while the pipeline runs (a context manager around it). A store that does not answer skips a
@@ -116,7 +105,7 @@ class DriverProgress:
         self.units_dir = storage.join(work, "units")
         self.progress = RunProgress(total_units, expected_pairs)
         self.progress.earlier(set(earlier))
-        self.every = progress_seconds() if every is None else every
+        self.every = progress_seconds(on_terminal=10.0) if every is None else every
         self.read: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="paragen-driver-progress", daemon=True)

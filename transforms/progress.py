@@ -13,13 +13,13 @@ half a minute is not half a minute of silence.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
 import time
 import weakref
 
 import apache_beam as beam
+
+from common.settings import progress_seconds
 
 NAMESPACE = "paragen"
 log = logging.getLogger("paragen.progress")
@@ -32,17 +32,6 @@ def format_seconds(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def progress_seconds() -> float:
-    """Seconds between progress lines: $PARAGEN_PROGRESS_SECONDS, else 5 on a terminal, 30 in a log."""
-    value = os.environ.get("PARAGEN_PROGRESS_SECONDS")
-    if value:
-        try:
-            return max(0.1, float(value))
-        except ValueError:
-            pass
-    return 5.0 if sys.stderr.isatty() else 30.0
 
 
 class Progress:
