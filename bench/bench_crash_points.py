@@ -1,7 +1,7 @@
 """Crash points of the generation job, the filter job and a refresh on the paths users take
 (issues 53, 57): the job stopped just before each of its storage operations (SIGKILL, SIGTERM, or
 paused past its lease while the same command takes over: STOP), in each store (a local disk, S3 on
-moto, GCS on fake-gcs-server, all on loopback) and mode (replacing a run with --overwrite, the same
+moto, GCS on fake-gcs-server, HDFS on Hadoop's MiniDFSCluster over WebHDFS, all on loopback) and mode (replacing a run with --overwrite, the same
 command rerun as it was, --previous on itself, worker processes' operations, a refresh with
 --keep 2 or gaining / losing --filter_args); at each instant what a reader sees, then the same
 command again (tests/crash_points.py says what is checked).
@@ -9,7 +9,8 @@ command again (tests/crash_points.py says what is checked).
     python bench/bench_crash_points.py --models M [--cases generate:local:same:KILL,...] [--every N]
     python bench/bench_crash_points.py --models M --list      # the cases this script knows
 
-A case is JOB:STORE:MODE:SIGNAL[:PATH]: JOB generate, filter or refresh; MODE as in
+A case is JOB:STORE:MODE:SIGNAL[:PATH]: JOB generate, filter or refresh; STORE local, s3, gcs or
+hdfs; MODE as in
 tests/crash_points.py (generation: overwrite, same, previous, workers, dask; filter: overwrite,
 same; refresh: filtered, keep2, filter_on, filter_off); PATH driver (default: the driver's
 operations, N:SIG) or workers (the worker processes' writes, by path). --every N tries every Nth
@@ -37,7 +38,7 @@ DEFAULT = ("generate:local:same:KILL,generate:local:same:TERM,generate:local:ove
            "generate:s3:same:TERM,generate:gcs:same:KILL,generate:local:dask:KILL:workers,"
            "filter:local:same:KILL,filter:local:overwrite:TERM,filter:s3:overwrite:KILL,filter:gcs:same:TERM,"
            "refresh:local:keep2:KILL,refresh:local:filter_on:KILL,refresh:local:filter_off:TERM,"
-           "refresh:local:keep2:STOP,refresh:s3:filtered:TERM")
+           "refresh:local:keep2:STOP,refresh:s3:filtered:TERM,generate:hdfs:same:KILL")
 
 
 @contextlib.contextmanager
@@ -48,7 +49,12 @@ def store_for(name: str, work: str):
     if name == "local":
         yield Store(os.path.join(work, "runs"))
         return
-    server = s3_server() if name == "s3" else gcs_server()
+    if name == "hdfs":
+        from tests.hdfs_cluster import hdfs_server
+
+        server = hdfs_server(os.path.join(work, "hdfs"))
+    else:
+        server = s3_server() if name == "s3" else gcs_server()
     with server as s:
         env = dict(s.env)
         yield Store(f"{s.scheme}://{s.make_bucket()}/runs", env, name)
