@@ -346,7 +346,7 @@ def bench_scoring(model_dir: str, pairs: list[tuple[str, str]], rounds: int = 3)
     def fairseq_scores():
         out = [0.0] * len(english)
         with torch.inference_mode():
-            for batch, src_tokens, src_lengths, prev, target in t.score_batches(english, foreign):
+            for batch, src_tokens, src_lengths, prev, target, _real in t.score_batches(english, foreign):
                 sample = {"net_input": {"src_tokens": src_tokens, "src_lengths": src_lengths,
                                         "prev_output_tokens": prev}, "target": target}
                 for i, hypos in zip(batch, scorer.generate([t.model], sample)):
