@@ -209,7 +209,9 @@ def _setup(work: str, models: str) -> None:
         with open(os.path.join(work, name), "wb") as f:
             f.write(content)
     state = torch.load(os.path.join(models, "cs-en", "model.pt"), map_location="cpu", weights_only=True)
-    state["cfg"]["model"].adaptive_softmax_cutoff = f"__import__('os').system('touch {work}/pwned') or [1]"
+    # the marker's path comes from the environment (run_case): a message shows the value cut at 80
+    # characters, and a path in it would make the table depend on where the scratch folder is
+    state["cfg"]["model"].adaptive_softmax_cutoff = "__import__('os').system('touch $PARAGEN_PWNED') or [1]"
     torch.save(state, os.path.join(work, "hostile-model", "model.pt"))
     torch.save({"model": _Pickled(work)}, os.path.join(work, "pickled-model", "model.pt"))
     # a committed generation run (one Parquet file) and an encoder trained on it, for the other commands
@@ -276,7 +278,7 @@ def run_case(index: int, case: Case, work: str, models: str) -> dict:
     out = os.path.join(work, f"out-{index}")
     args = [a.replace("$OUT", out).replace("$WORK", work).replace("$MODELS", models) for a in case.args]
     before = _tree(os.path.join(work, case.protect)) if case.protect else None
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PARAGEN_PWNED": os.path.join(work, "pwned")}
     for name, value in case.env:
         if value:
             env[name] = value
