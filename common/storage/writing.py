@@ -1,6 +1,7 @@
 """Writing a file whole or not at all: a local file is staged under a hidden name, synced and
 renamed; a remote one is spooled locally and uploaded whole (an object appears only when its
-upload completes), again from the spool after a failure. Deletes and copies."""
+upload completes), again from the spool after a failure; on HDFS, which shows a file while it is
+written, uploaded under a hidden name and renamed into place. Deletes and copies."""
 from __future__ import annotations
 
 import contextlib
@@ -65,7 +66,8 @@ def _fenced_after(path: str) -> None:
 def open_output(path: str):
     """Write PATH as a whole: yields a binary stream; readers see the old file (or none) until the
     block succeeds, then the new one. Local: a hidden temporary name, then a rename. Object stores:
-    the upload completes (and the object appears) when the stream closes without an error.
+    the upload completes (and the object appears) when the stream closes without an error. HDFS
+    (webhdfs://): the spool written under a hidden name, then renamed over PATH.
     Local files are on the disk (fsync of the file, then of its directory after the rename)
     before this returns: a manifest written after them never lists a file a power loss empties."""
     _fenced(path)
