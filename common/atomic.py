@@ -14,13 +14,20 @@ import shutil
 import uuid
 
 
+def staged_name(path: str) -> str:
+    """A hidden name beside PATH that no other writer uses, ``.NAME.<32 hex>.tmp``: where a file is
+    written before its rename (a local path, a URL or a store's inner path alike;
+    paracorpus.commit.STAGED_LEFTOVER matches these names)."""
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+
+
 @contextlib.contextmanager
 def replacing(path: str):
     """Yield a temporary path beside PATH; if the block succeeds, rename it onto PATH. The
     temporary file is removed whatever happens."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    tmp = staged_name(os.path.join(directory, os.path.basename(path)))
     try:
         yield tmp
         os.replace(tmp, path)

@@ -39,6 +39,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from common import processes
+from common.atomic import staged_name
 from common.crash_points import storage_op
 from common.storage import webhdfs
 from common.storage.paths import _gcs_emulator, _s3_endpoint, basename, is_url
@@ -511,8 +512,7 @@ def _hdfs_read(path: str, fs_inner=None) -> tuple[bytes | None, Version]:
 
 def _hdfs_write(path: str, data: bytes, expected: Version, fs_inner=None) -> Version:
     fs, inner = fs_inner or resolve(path)
-    directory = inner.rsplit("/", 1)[0]
-    tmp = f"{directory}/.{basename(inner)}.{uuid.uuid4().hex}.tmp"
+    tmp = staged_name(inner)
     client = webhdfs.client_of(fs)
     if client is not None:
         client.put(tmp, data)

@@ -11,10 +11,10 @@ import os
 import re
 import shutil
 import tempfile
-import uuid
 
 import pyarrow.fs as pafs
 
+from common.atomic import staged_name
 from common.crash_points import storage_op
 from common.storage import webhdfs
 from common.storage.paths import is_local, is_url, join
@@ -107,7 +107,7 @@ def _staged(inner: str, place):
     INNER exists), then the directory is synced too. The temporary file never stays behind."""
     directory = os.path.dirname(inner)
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(inner)}.{uuid.uuid4().hex}.tmp")
+    tmp = staged_name(inner)
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -128,7 +128,7 @@ def _staged(inner: str, place):
 def _put_renamed(path: str, client, inner: str, spool) -> None:
     """The spool written to HDFS under a hidden name beside INNER, then renamed over INNER (one
     NameNode operation): readers see the old file or the new one, never a part."""
-    tmp = f"{inner.rsplit('/', 1)[0]}/.{inner.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+    tmp = staged_name(inner)
     size = os.fstat(spool.fileno()).st_size
 
     def put():
