@@ -8,6 +8,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from common.storage import webhdfs
 from common.storage.paths import _gcs_emulator, _s3_endpoint, is_url
 from common.storage.retries import StorageError, _explained, timeout_seconds
 
@@ -76,8 +77,6 @@ def resolve(path: str) -> tuple[pafs.FileSystem, str]:
     if scheme in ("gs", "gcs"):
         return _cached("gcs", _gcs), rest
     if scheme == "webhdfs":
-        from common.storage import webhdfs
-
         try:
             host, port, inner = webhdfs.split(path)
         except ValueError as exc:

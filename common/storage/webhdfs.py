@@ -28,6 +28,8 @@ import os
 import requests
 from fsspec.implementations.webhdfs import WebHDFS
 
+from common.storage.retries import StorageError
+
 DEFAULT_PORT = 9870           # the NameNode's HTTP port since Hadoop 3 (50070 before)
 
 
@@ -76,24 +78,21 @@ class Client(WebHDFS):
 
     # fsspec's exists/isfile/isdir answer False on any error: a NameNode that is down would look
     # like a missing file (a resume finding no units, a pointer read as absent). Only "not found" is.
-    def exists(self, path, **kwargs):
+    def _type(self, path) -> str | None:
+        """"file", "directory", or None when PATH does not exist; other errors raised."""
         try:
-            self.info(path)
+            return self.info(path)["type"]
         except FileNotFoundError:
-            return False
-        return True
+            return None
+
+    def exists(self, path, **kwargs):
+        return self._type(path) is not None
 
     def isfile(self, path):
-        try:
-            return self.info(path)["type"] == "file"
-        except FileNotFoundError:
-            return False
+        return self._type(path) == "file"
 
     def isdir(self, path):
-        try:
-            return self.info(path)["type"] == "directory"
-        except FileNotFoundError:
-            return False
+        return self._type(path) == "directory"
 
     def ls(self, path, detail=False, **kwargs):
         listed = super().ls(path, detail=detail, **kwargs)
@@ -132,8 +131,6 @@ class Client(WebHDFS):
 
 
 def _error(what: str, words: str, status: int = 0) -> OSError:
-    from common.storage.retries import StorageError
-
     if "FileAlreadyExistsException" in words or "already exists" in words:
         return FileExistsError(f"{what}: exists")
     if "FileNotFoundException" in words or status == 404:
