@@ -18,18 +18,11 @@ import time
 from collections import deque
 
 from common import storage
-from common.settings import progress_seconds
+from common.progress import format_seconds, progress_seconds
 from paracorpus.units import unit_of_record
 
 log = logging.getLogger("paragen.progress")
 WINDOW_SECONDS = 300.0        # the rate is over the last five minutes: a run's pace changes
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class RunProgress:
@@ -85,11 +78,11 @@ class RunProgress:
             parts.append("no unit committed yet in this attempt" if not self.pairs else "rate: measuring")
         else:
             span = min(self.window, self.history[-1][0] - self.history[0][0])
-            parts.append(f"{rate:,.1f} pairs/s over the last {_duration(span)}")
+            parts.append(f"{rate:,.1f} pairs/s over the last {format_seconds(span)}")
             if self.expected and self.expected > total_pairs:
-                parts.append(f"ETA {_duration((self.expected - total_pairs) / rate)}")
+                parts.append(f"ETA {format_seconds((self.expected - total_pairs) / rate)}")
             elif done < self.total:                    # no estimate of the pairs: by units of this attempt's size
-                parts.append(f"ETA {_duration((self.total - done) * self.pairs / self.attempt_units / rate)}")
+                parts.append(f"ETA {format_seconds((self.total - done) * self.pairs / self.attempt_units / rate)}")
         if self.workers:
             parts.append(f"workers: {len(self.workers)}")
         return "progress: " + "; ".join(parts)

@@ -56,7 +56,7 @@ def test_units_of_an_earlier_attempt_are_done_but_not_this_attempts_pace():
     clock.now += 10
     progress.saw(2, _record(20))
     progress.tick()
-    assert "3 of 4 units (75%), 1,020 pairs; 2.0 pairs/s over the last 0m10s; ETA 0m10s" in progress.line()
+    assert "3 of 4 units (75%), 1,020 pairs; 2.0 pairs/s over the last 10s; ETA 10s" in progress.line()
 
 
 def test_the_driver_reads_new_records_once_and_skips_other_names(tmp_path):

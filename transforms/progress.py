@@ -19,19 +19,10 @@ import weakref
 
 import apache_beam as beam
 
-from common.settings import progress_seconds
+from common.progress import format_seconds, progress_seconds
 
 NAMESPACE = "paragen"
 log = logging.getLogger("paragen.progress")
-
-
-def format_seconds(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class Progress:

@@ -12,7 +12,7 @@ from beam_pipelines.generation.plan import Inputs
 from common.shards import shard_size
 from paracorpus.bins import bin_capacity
 from paracorpus.units import plan_units
-from transforms.progress import format_seconds
+from common.progress import format_seconds
 
 DRY_RUN_SAMPLE = 16          # pairs decoded on the driver to measure a rate for --dry_run
 
