@@ -212,7 +212,7 @@ def stopped_run(req: RefreshRequest, latest_id: str | None, previous: str | None
     out = storage.join(req.root, "runs", candidate)
     held = holder(out)
     if held is not None:
-        owner, alive, why = held
+        _owner, alive, why = held
         if alive:
             raise OutputBusy(f"run {candidate} of an earlier refresh is still being written ({why}); this refresh "
                              "neither continues nor removes it: run it again once that job has ended")

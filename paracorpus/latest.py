@@ -202,9 +202,9 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
           fence=None) -> list[str]:
     """Remove from ROOT/runs every run but the newest KEEP complete ones (with WITH_FILTER: those
     with their filter run), CURRENT (latest's target), every run a kept run or the latest/ view
-    takes files from, transitively, and every run whose claim is alive; their filter runs go with them, and the logs of what was
-    removed (but LOG_OF's: a no-op refresh keeps its own log until the next refresh). FENCE()
-    runs before each delete."""
+    takes files from, transitively, and every run whose claim is alive; their filter runs go with
+    them, and the logs of what was removed (but LOG_OF's: a no-op refresh keeps its own log until
+    the next refresh). FENCE() runs before each delete."""
     fence = fence or (lambda: None)
     runs_dir = storage.join(root, "runs")
     names = storage.listdir(runs_dir)
@@ -223,9 +223,9 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
             kept |= more
             frontier += sorted(more)
     # never a run whose claim is alive: a job still writing it (a --job_cmd job, one paused within
-    # its lease) would find its folder gone
-    removed = [n for n in names if n not in kept and not _held(storage.join(runs_dir, n))]
-    kept |= set(names) - set(removed)
+    # its lease) would find its folder gone; kept with its filter run and logs, as any kept run
+    kept |= {n for n in names if n not in kept and _held(storage.join(runs_dir, n))}
+    removed = [n for n in names if n not in kept]
     for name in removed:
         fence()
         storage.delete_tree(storage.join(runs_dir, name))
