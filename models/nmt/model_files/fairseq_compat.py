@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import os
 
+from common.cli import option_value
+
 _COMMANDS = {"train": "fairseq_cli.train", "preprocess": "fairseq_cli.preprocess",
              "generate": "fairseq_cli.generate", "interactive": "fairseq_cli.interactive"}
 
 
 def _option(argv: list[str], name: str, default=None):
-    """The value of a fairseq option NAME (--opt VALUE or --opt=VALUE) in ARGV."""
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return default
+    """The value of a fairseq option NAME (--opt VALUE or --opt=VALUE) in ARGV, else DEFAULT."""
+    value = option_value(argv, name)
+    return default if value is None else value
 
 
 def _checked_argv(command: str, argv: list[str], workdir: str) -> list[str]:
