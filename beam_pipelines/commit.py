@@ -21,7 +21,7 @@ from paracorpus.commit import (Claim, Fence, cleanup_pending, publish, read_mani
 
 log = logging.getLogger("paragen")
 
-__all__ = ["Claim", "refuse_to_replace", "commit", "finish_cleanup", "unchanged"]
+__all__ = ["Claim", "refuse_to_replace", "commit", "finish_cleanup"]
 
 
 def refuse_to_replace(output: str, manifest_name: str, what: str, allowed: bool,
@@ -35,40 +35,28 @@ def refuse_to_replace(output: str, manifest_name: str, what: str, allowed: bool,
                          "to replace it (it stays readable until the new run commits)")
 
 
-def unchanged(path: str, version: storage.Version, what: str):
-    """A check that PATH (a manifest this run read, e.g. the run --previous names) is still at
-    VERSION: OutputBusy (exit 75) naming WHAT otherwise, so that a run never publishes references
-    into files another run's clean-up may have removed."""
-    def check() -> None:
-        if storage.read_versioned(path)[1].tag != version.tag:
-            raise OutputBusy(f"{what} ({path}) was replaced while this run ran; this run publishes nothing: run "
-                             "the same command again to build on the new one")
-    return check
-
-
 def commit(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...], work: str,
            problem: JobFailed | None = None, guard=contextlib.nullcontext, claim: Claim | None = None,
-           expected: storage.Version | None = None, also=()) -> list[str]:
+           expected: storage.Version | None = None, watch=()) -> list[str]:
     """Publish MANIFEST as OUTPUT/MANIFEST_NAME, only over version EXPECTED (the manifest the run
     planned on, read under its claim; a run that another published over meanwhile fails, exit
     75); the files it does not list under TABLES, and the runs' _work, are removed after. With a
     PROBLEM (counts that do not reconcile, nothing to publish) nothing is published: the manifest
     is kept as WORK/manifest.json for a person to read, and PROBLEM is raised. Either way the run
     committed before stays whole until this one's manifest replaces it. GUARD
-    (stopping.Stopping.critical) keeps a signal from cutting the manifest's write in half; CLAIM,
-    this run's, and the checks ALSO (:func:`unchanged`) run before the manifest; the claim, and
-    the manifest, before each delete (a run that lost either stops, exit 75, touching nothing)."""
-    def check() -> None:
-        if claim is not None:
-            claim.check()
-        for more in also:
-            more()
-    check()
+    (stopping.Stopping.critical) keeps a signal from cutting the manifest's write in half. The
+    fence (CLAIM's, watching each (path, version, what) of WATCH too: a manifest this run builds
+    on, e.g. the run --previous names, so that a run never publishes references into files
+    another run's clean-up may have removed) runs before the manifest and, watching the manifest
+    too, before each delete: a run that lost any stops, exit 75, touching nothing."""
+    fence = claim.fence if claim is not None else Fence(output, "")
+    for path, version, what in watch:
+        fence = fence.watching(path, version, what)
+    fence(force=True)
     if problem is not None:
         storage.write_json(storage.join(work, "manifest.json"), manifest)
         raise problem
-    removed = publish(output, manifest_name, manifest, tables, expected, guard,
-                      claim.check if claim is not None else None)
+    removed = publish(output, manifest_name, manifest, tables, expected, guard, fence)
     log.info("published run %s: %d files; removed %d files of earlier runs and attempts", manifest.get("run_id"),
              sum(len(v) for v in manifest.get("files", {}).values()), len(removed))
     return removed
@@ -82,7 +70,9 @@ def finish_cleanup(output: str, manifest_name: str, tables: tuple[str, ...], cla
     manifest, version = read_manifest_versioned(output, manifest_name)
     if not cleanup_pending(output, manifest):
         return None
-    removed = remove_unlisted(output, manifest, tables, Fence(claim.check, storage.join(output, manifest_name), version))
+    path = storage.join(output, manifest_name)
+    storage.versions.repair_copy(path)      # a stop between the manifest's version and its copy
+    removed = remove_unlisted(output, manifest, tables, claim.fence.watching(path, version, "the run's manifest"))
     print(f"finished the clean-up of run {manifest['run_id']} (stopped after it was published): removed "
           f"{len(removed)} files it does not list, and its _work", flush=True)
     return removed

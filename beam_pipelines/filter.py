@@ -41,7 +41,7 @@ from common.stopping import Stopping
 from common import storage
 from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_apart, check_output_location, cli_main,
                         command_line, configure_logging, versions)
-from paracorpus.commit import WriterFence, new_run_id, read_manifest, read_manifest_versioned, work_dir
+from paracorpus.commit import Fence, new_run_id, read_manifest, read_manifest_versioned, work_dir
 from paracorpus.runs import ParquetInput, open_input
 from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled
 from transforms.filtering import ScoreFile, merge_stats
@@ -295,7 +295,7 @@ def write_stats(stats: dict, work: str, fence=None) -> str:
 
 def score(job: FilterJob, fitted: Fitted, work: str, fence=None) -> tuple[dict, dict]:
     """Run the scoring pipeline: (the merged stats, its counters). FENCE: what its workers check
-    before each write (paracorpus.commit.WriterFence)."""
+    before each write (paracorpus.commit.Fence)."""
     todo = list(zip(job.input.files, job.input.relatives))        # (file to read, its path inside the table)
     counters = run_pipeline(lambda p: p | "Files" >> beam.Create(todo)
                             | "ScoreFiles" >> ScoreFiles(job, fitted, work, fence), list(job.beam_args),
@@ -366,7 +366,7 @@ def _filter_run(job: FilterJob, claim: Claim, version, stopping: Stopping) -> di
           flush=True)
     fitted = fit(job, run_id)                           # 2. plan: the models fitted on a sample
     work = work_dir(output, run_id)
-    stats, counters = score(job, fitted, work, WriterFence(output, claim.token))   # 3. score: the pipeline
+    stats, counters = score(job, fitted, work, Fence(output, claim.token, throttle=False))   # 3. score: the pipeline
     manifest = collect(job, fitted, run_id, stats, counters, time.time() - started)
     print_filter_summary(manifest, job.rows_expected, manifest["seconds"])   # 4. report
     problem = None if manifest["reconciled"] else JobFailed(f"rows in != rows out; not published; see "

@@ -5,7 +5,7 @@ Beam's FlinkRunner submits the pipeline through its Flink job server (a Java pro
 job starts) to the cluster, and the Flink job then runs there on its own: if the submitting job
 stops (SIGTERM, Ctrl-C, a preempted pod), killing the job server does not stop it, and it would go
 on decoding for a run whose claim was just released (its workers' writes are refused by then:
-paracorpus.commit.WriterFence) until Flink gave up after its restarts. So a job submitted to a
+paracorpus.commit.Fence) until Flink gave up after its restarts. So a job submitted to a
 Flink cluster is named ``paragen-<job>-<run id>`` (unless ``--job_name`` is given), and a stop
 cancels the Flink jobs of that name through Flink's REST API (``PATCH /jobs/<id>?mode=cancel``), by
 the address ``--flink_master`` names; the same command then continues the run. A SIGKILL leaves the

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from beam_pipelines.commit import Claim, commit, finish_cleanup, unchanged
+from beam_pipelines.commit import Claim, commit, finish_cleanup
 from beam_pipelines.generation.check import check
 from beam_pipelines.generation.dry_run import dry_run
 from beam_pipelines.generation.options import build_parser
@@ -80,7 +80,7 @@ def run(argv=None) -> dict:
             outcome = collect(job, request, inputs, plan, counters, elapsed, sharing, last_usage())
             try:                                        # 5. commit: publish only if the counts reconcile
                 commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical,
-                       claim, plan.committed_version, also=previous)
+                       claim, plan.committed_version, watch=previous)
             finally:                                    # 6. report, published or not
                 report_generation(outcome.manifest, counters, elapsed, plan.output)
     return outcome.manifest
@@ -91,8 +91,8 @@ def previous_manifest_check(previous: str | None) -> tuple:
     the publish requires anyway) is still the one this run builds on when it publishes."""
     if not previous:
         return ()
-    version = storage.read_versioned(storage.join(previous, MANIFEST))[1]
-    return (unchanged(storage.join(previous, MANIFEST), version, "the run --previous names"),)
+    path = storage.join(previous, MANIFEST)
+    return ((path, storage.read_versioned(path)[1], "the run --previous names"),)
 
 
 def main(argv=None) -> int:

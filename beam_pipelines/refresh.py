@@ -13,21 +13,24 @@ Layout under ROOT::
                                inside it: runs/<run id>/filtered/ in roots of earlier versions)
     latest/_manifest.json      the current run's manifest, its paths rewritten to open from latest/
     latest/filtered/_filter_manifest.json   the same for its filter run
-    latest.json                written last: which run is current
+    _log/<n>-latest.json       latest's versions: the newest, created last, says which run is current
+    latest.json                a copy of the newest version
     logs/<run id>.log          each refresh's log (in a bucket, a continued run's later attempts: <run id>.<n>.log)
-    _refresh.lock              the lease of the refresh running now
+    _log/<n>-_refresh.json     the lease of the refresh running now (its versions)
 
 A refresh passes the run ``latest`` names to the generation job as ``--previous``: shards whose
 content and config did not change keep that run's output (paracorpus/incremental.py). When nothing
 changed it publishes nothing and says so. ``latest`` moves only after the generation run (and the
 filter run, when configured) committed; a failure leaves it where it was and exits non-zero.
-Retention keeps the newest KEEP committed runs, the run ``latest`` names and every run a kept run
-(or the latest/ view) takes files from, transitively; everything else in runs/ (old runs, failed
-runs) goes, with its log (paracorpus/latest.py). Two refreshes never overlap: the lease
-(paracorpus/commit.Claim on ``_refresh.lock``, renewed every 30 s, taken over only when its holder
-is dead or its record 5 minutes old by the store's clock) refuses the second, and every write of
-``latest`` is conditional on what this refresh read under it, so a refresh paused past its lease
-cannot move ``latest`` when it resumes (exit 75).
+Retention keeps the newest KEEP committed runs, the run ``latest`` names, every run a version of
+latest written in the last RETAIN hours named (a reader may still hold its manifest), every run
+whose claim is alive and every run a kept run (or the latest/ view) takes files from,
+transitively; everything else in runs/ (old runs, failed runs) goes, with its log
+(paracorpus/latest.py). Two refreshes never overlap: the lease (paracorpus/commit.Claim on
+``_refresh.json``, renewed every 30 s, taken over only when its holder is dead or its newest
+version 5 minutes old by the store's clock) refuses the second, and latest moves by creating the
+version one above the one this refresh read under it, so a refresh paused past its lease finds
+that number taken and cannot move ``latest`` when it resumes (exit 75).
 
 The jobs run in this process (DirectRunner, DaskRunner), or, with ``--job_cmd`` / ``--filter_cmd``,
 as a command (e.g. ``deploy/run_dataflow.sh``) given the job's arguments.
@@ -51,11 +54,11 @@ from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping, at_end, not_at_end
 from paracorpus.commit import holder, new_run_id
-from paracorpus.latest import Latest, filter_dir, latest_run, prune
+from paracorpus.latest import DEFAULT_RETAIN_HOURS, Latest, filter_dir, latest_run, prune
 from paracorpus.schema import MANIFEST
 
 log = logging.getLogger("paragen.refresh")
-LOCK = "_refresh.lock"
+LEASE = "_refresh.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--root", required=True, metavar="DIR",
                     help="where the refreshes live (a local directory or a bucket URL) (required)")
     ap.add_argument("--keep", type=int, default=4, help="committed runs kept (default 4)")
+    ap.add_argument("--retain", type=float, default=DEFAULT_RETAIN_HOURS, metavar="HOURS",
+                    help="also keep every run latest named in the last HOURS, by the store's clock: a reader that "
+                         f"opened it then may still be reading it (default {DEFAULT_RETAIN_HOURS:g}; 0: only --keep)")
     ap.add_argument("--filter_args", default="",
                     help="the filter job's options (without --input/--output) as one argument, written "
                          "--filter_args='--config ...' (the = keeps them from reading as this command's "
@@ -154,6 +160,7 @@ class RefreshRequest:
     """What the check phase established: where the refreshes live and how to run each job."""
     root: str
     keep: int
+    retain_seconds: float
     job_args: tuple                  # the generation job's options, without --output and --previous
     filter_args: tuple               # the filter job's options; empty: no filter job
     job_cmd: tuple                   # run the generation job as this command (empty: in this process)
@@ -168,6 +175,8 @@ def check(argv) -> RefreshRequest:
     job_args = [x for x in a.job_args if x != "--"] if a.job_args[:1] == ["--"] else list(a.job_args)
     if a.keep < 1:
         raise UsageError(f"--keep must be >= 1, not {a.keep}")
+    if not 0 <= a.retain <= 24 * 3650:          # NaN fails this too
+        raise UsageError(f"--retain must be between 0 and 87600 hours, not {a.retain}")
     for forbidden in ("--output", "--previous", "--overwrite", "--resume", "--run_id"):
         if any(x == forbidden or x.startswith(forbidden + "=") for x in job_args):
             raise UsageError(f"{forbidden} is set by the refresh; leave it out of the job's options")
@@ -178,7 +187,7 @@ def check(argv) -> RefreshRequest:
 
         check_args(filter_args, option_value(job_args, "--forward_model"))
     root = check_output_location(a.root.rstrip("/"), "--root")      # a store never reached: said now
-    return RefreshRequest(root, a.keep, tuple(job_args), tuple(filter_args),
+    return RefreshRequest(root, a.keep, a.retain * 3600, tuple(job_args), tuple(filter_args),
                           tuple(job_cmd), tuple(filter_cmd), a.dry_run)
 
 
@@ -329,12 +338,14 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
     root = req.root
     storage.makedirs(root)
     run_id = new_run_id()
-    with Claim(root, run_id, name=LOCK, on_lost=lambda why: stopping.end(why, 75)) as lease:   # 2. one refresh at a time
+    with Claim(root, run_id, name=LEASE, on_lost=lambda why: stopping.end(why, 75)) as lease:   # 2. one refresh at a time
         # named once the lease is held, so ids follow the order refreshes ran in: one that waited
         # (paused) before its lease is newer than the run it then finds, and so is its no-op log
         run_id = new_run_id()
         lease.rename(run_id)
-        stopping.watch(f"refresh {run_id}", lambda: "latest unchanged", lease.release)
+        moved: list = []                # what a stop says: latest unchanged, or where it points now
+        stopping.watch(f"refresh {run_id}", lambda: (f"latest -> runs/{moved[-1]}; old runs not yet pruned"
+                                                     if moved else "latest unchanged"), lease.release)
         latest = Latest(root)           # read under the lease: every write of latest is conditional on it
         previous = latest.run_dir
         latest.repair()                 # a refresh stopped while publishing: its view finished first
@@ -352,12 +363,13 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
                 if req.filter_args:
                     filter_run(req, run_id, log_file, log_path)                # 4. the filter job
                 lease.check()                   # a refresh that lost its lease moves and removes nothing
-                latest.publish(run_id)                                          # 5. publish: latest moves
+                latest.publish(run_id, lease.fence)                             # 5. publish: latest moves
+                moved.append(run_id)
         lease.check()
         # 6. retention, also after a no-op: it finishes the clean-up of a refresh stopped after publishing
         current = run_id if changed else latest.run_id
         removed = prune(root, req.keep, bool(req.filter_args), current, log_of=run_id,
-                        fence=latest.fence(lease.check))
+                        fence=latest.fence(lease.fence), retain_seconds=req.retain_seconds)
         if not changed:
             print(f"refresh {run_id}: nothing changed since {previous}; nothing published, latest unchanged",
                   flush=True)

@@ -274,7 +274,7 @@ class Stopping:
         logging.disable(logging.CRITICAL)
         threading.excepthook = lambda _args: None
         # the worker processes first, then the claim: no worker of this run writes after the claim is
-        # released (threads of this process are refused by the release itself: paracorpus.commit.WriterFence)
+        # released (threads of this process are refused by the release itself: paracorpus.commit.Fence)
         workers = stop_descendants()
         for active in reversed([*_ACTIVE, self] if self not in _ACTIVE else _ACTIVE):   # a refresh's job too
             with contextlib.suppress(Exception):
@@ -294,7 +294,6 @@ class Stopping:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         logging.shutdown()
-        _quiet(storage.release_held_locks)      # a conditional write cut short leaves no lock behind
         os._exit(code)
 
 
@@ -324,7 +323,6 @@ def _deadline(grace: float, code: int, line) -> None:
     def fire():
         with contextlib.suppress(Exception):
             _say(line())
-        _quiet(storage.release_held_locks)
         os._exit(code)
     timer = threading.Timer(grace, fire)
     timer.daemon = True

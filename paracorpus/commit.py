@@ -6,24 +6,25 @@ Object stores cannot rename a directory, so a run is never "moved into place". I
   unit and attempt), written whole (common/storage.open_output);
 * a run in progress keeps its bookkeeping under ``OUT/_work/<run id>/`` (its plan and one
   completion record per finished work unit, for --resume);
-* the run is published by writing ``OUT/<manifest>`` last, and only if it is still the manifest
-  the run planned on (a conditional write: a locked rename, S3 ``If-Match``, a GCS generation;
-  common/storage/conditional.py): readers (the filter and embedding jobs, :func:`committed_files`)
-  read only what it lists, so they never see a partial file or one an abandoned attempt left, and
-  a run that another published over in the meantime publishes nothing (exit 75);
+* the run is published by creating the next version of its manifest last
+  (``OUT/_log/<n>-_manifest.json``, put-if-absent: common/storage/versions.py), numbered one above
+  the version the run planned on, then copying it to ``OUT/<manifest>`` for readers: the filter
+  and embedding jobs (:func:`committed_files`) read only what it lists, so they never see a
+  partial file or one an abandoned attempt left, and a run that another published over in the
+  meantime finds its number taken and publishes nothing (exit 75);
 * after the manifest is written, files it does not list (the previous run's, dead attempts') and
   the run's ``_work`` are removed, each delete fenced (:class:`Fence`); ``_work/<run id>`` goes
   last, so while it is there the clean-up is unfinished and the next start finishes it.
 
 A committed run stays readable until a new run commits over it, so a rerun that fails destroys
-nothing. ``OUT/_owner.json`` names the run writing in OUT (a random token, host, pid), created
-only if absent and renewed by a heartbeat that is itself a conditional replace of the version
-the holder last wrote: a holder paused past its lease (SIGSTOP, a suspended SLURM job, a VM
-pause) finds on its next heartbeat or check that another run holds OUT and stops (exit 75), and
-its publish is refused by the store whatever it believes. A lease is taken over when its holder's
-process is gone from this host, or when the record is older than the lease by the store's own
-clock (its modification time; the holder's clock is never trusted); two takers of one stale
-record race on one conditional replace, and one wins.
+nothing. The claim (``OUT/_log/<n>-_owner.json``: a random token, host, pid) names the run writing
+in OUT; each renewal of its heartbeat creates the next version: a holder paused past its lease
+(SIGSTOP, a suspended SLURM job, a VM pause) finds its next number taken and stops (exit 75), and
+its publish, whose number is taken too, creates nothing, whatever it believes. A lease is taken
+over when its holder's process is gone from this host, or when its newest version is older than
+the lease by the store's own clock (the store's time now, read from a probe file, less the time
+the store stamped on the version: no two machines' clocks compared); two takers of one stale
+version race for one number, and one wins.
 """
 from __future__ import annotations
 
@@ -74,29 +75,43 @@ def work_dir(output: str, run_id: str) -> str:
     return storage.join(output, WORK, check_run_id(run_id))
 
 
-def _owner_alive(owner: dict, version: storage.Version) -> tuple[bool, str]:
-    """(alive?, why) for the owner record OWNER at VERSION. Its age is the store's: now less the
-    record's modification time as the store stamped it (a holder whose clock runs ahead or behind
-    cannot make its record look fresh or stale)."""
+def boottime() -> float:
+    """Seconds by this machine's clock that keeps counting while the host is suspended
+    (CLOCK_BOOTTIME; the monotonic clock does not count a suspend): what the fences' throttles
+    measure, so a holder resumed after any pause looks at the store before its next step."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
+
+def _owner_alive(owner: dict, version: storage.Version, now: float) -> tuple[bool, str]:
+    """(alive?, why) for the claim record OWNER at VERSION. Its age is the store's time NOW less
+    the time the store stamped on the version (storage.store_now): one clock, the store's, so a
+    holder or a taker whose clock runs ahead or behind cannot make a record look fresh or stale."""
     if processes.ended(owner):
         return False, f"its process {owner['pid']} on this host has ended"
-    stamped = version.mtime if version.mtime is not None else float(owner.get("heartbeat", 0))
-    age = time.time() - stamped
+    if version.mtime is None:
+        return True, f"host {owner.get('host')}, pid {owner.get('pid')}"
+    age = now - version.mtime
     if age > lease_seconds():
-        return False, f"its record was last renewed {age:.0f} s ago (lease {lease_seconds():.0f} s)"
+        return False, f"its record was last renewed {age:.0f} s ago by the store's clock (lease {lease_seconds():.0f} s)"
     return True, f"host {owner.get('host')}, pid {owner.get('pid')}, renewed {max(age, 0):.0f} s ago"
 
 
-def holder(output: str, name: str = OWNER) -> tuple[dict, bool, str] | None:
-    """Who holds OUTPUT: (its owner record, alive?, why), or None when nobody does. A holder is
-    gone when its process on this host has ended or its record outlived the lease (by the
-    store's clock)."""
+def holder(output: str, name: str = OWNER, now: float | None = None) -> tuple[dict, bool, str] | None:
+    """Who holds OUTPUT: (its claim record, alive?, why), or None when nobody does. A holder is
+    gone when its process on this host has ended or its record outlived the lease by the store's
+    clock (NOW: storage.store_now of OUTPUT's store, probed when not given)."""
     raw, version = storage.read_versioned(storage.join(output, name))
     owner = _parse_owner(raw)
     if owner is None:
         return None
-    alive, why = _owner_alive(owner, version)
+    alive, why = _owner_alive(owner, version, storage.store_now(output) if now is None else now)
     return owner, alive, why
+
+
+def claim_record(output: str, name: str = OWNER) -> dict | None:
+    """The claim on OUTPUT now (its newest version's record), or None when nobody holds it
+    (released, or never claimed)."""
+    return _parse_owner(storage.read_versioned(storage.join(output, name))[0])
 
 
 def _parse_owner(raw: bytes | None) -> dict | None:
@@ -107,25 +122,69 @@ def _parse_owner(raw: bytes | None) -> dict | None:
     return owner if isinstance(owner, dict) else ({} if raw is not None else None)
 
 
+class Fence:
+    """The one check of every writer of a run before a write or a delete others would see (the
+    driver, its worker processes, Dask workers, the jobs a refresh runs): the claim on OUTPUT (its
+    record NAME, a sequence of versions: storage.versions) still carries TOKEN and was not released
+    in this process, and each record WATCHED (path, version number, what it is) is still at that
+    version. OutputBusy (exit 75) otherwise. It looks at the store again when FENCE_SECONDS have
+    passed since its last look by CLOCK_BOOTTIME, which counts a pause and a suspend too, so a
+    holder resumed after any pause looks before its next step. Picklable: it travels with the
+    DoFns. An empty TOKEN checks no claim (tools that write a run by hand). THROTTLE False: every
+    call looks (a worker's, before and after each unit's files: a few looks a unit)."""
+
+    def __init__(self, output: str, token: str, name: str = OWNER, watched: tuple = (), throttle: bool = True):
+        self.output, self.token, self.name, self.watched = output, token, name, tuple(watched)
+        self.throttle = throttle
+        self._last: float | None = None
+
+    def watching(self, path: str, version: storage.Version, what: str = "") -> "Fence":
+        """This fence and PATH still at VERSION (WHAT names it in the refusal)."""
+        return Fence(self.output, self.token, self.name, self.watched + ((path, version.number, what),), self.throttle)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_last": None}
+
+    def __call__(self, force: bool = False) -> None:
+        if self.token and self.token in _RELEASED:
+            raise OutputBusy(f"{self.output}: this run's claim was released (the job is ending); nothing more is "
+                             "written")
+        if not force and self.throttle and self._last is not None and boottime() - self._last < FENCE_SECONDS:
+            return
+        if self.token:
+            owner = _parse_owner(storage.read_versioned(storage.join(self.output, self.name))[0])
+            if not owner or owner.get("token") != self.token:
+                who = f"run {owner.get('run_id')} holds it now" if owner else "its claim record is gone"
+                raise OutputBusy(f"{self.output}: this run lost its claim ({who}); it stops without writing or "
+                                 "removing anything more")
+        for path, number, what in self.watched:
+            current = storage.read_versioned(path)[1].number
+            if current != number:
+                raise OutputBusy(f"{what or path} ({path}) changed while this run ran (version {number}, now "
+                                 f"{current}: another run wrote it); this one writes and removes nothing more: run the "
+                                 "same command again to build on the new one")
+        self._last = boottime()
+
+
 class Claim:
-    """This run's claim on OUT: the owner record (OUT/NAME) with a random token, created only if
-    absent and renewed by a heartbeat thread, each renewal a conditional replace of the version
-    this claim last wrote (common/storage/conditional.py), until released. A renewal the store
-    refuses means another run took OUT over: ON_LOST(why) is called (the job stops, exit 75,
-    touching nothing). :meth:`check` (before the manifest, before deletes) reads the record and
-    raises OutputBusy unless it carries this claim's token."""
+    """This run's claim on OUT: a record (OUT/NAME) kept as numbered versions, each created once
+    (storage.versions): acquiring creates the next version over a free or dead holder's, the
+    heartbeat thread creates the next over its own, and releasing creates a tombstone. A holder
+    whose next number another took has lost, on every store, however long it was paused: its
+    renewal is refused and ON_LOST(why) is called (the job stops, exit 75, touching nothing).
+    :attr:`fence` is what every write of this run checks first."""
 
     def __init__(self, output: str, run_id: str, name: str = OWNER, on_lost=None):
         self.output, self.run_id = output, run_id
         self.path = storage.join(output, name)
         self.token = uuid.uuid4().hex
         self.on_lost = on_lost
+        self.fence = Fence(output, self.token, name)
         self.version: storage.Version | None = None     # what this claim last wrote
         self._lock = threading.Lock()                    # a renewal and a release take turns
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.time()
-        self._checked = time.monotonic()                 # the last look at the record (acquire, check)
         self._made: str | None = None                    # the local folder acquire() created, if it did
 
     def _record(self) -> bytes:
@@ -136,30 +195,26 @@ class Claim:
         return OutputBusy(f"{self.output} is being written by run {owner.get('run_id')} ({why}); wait for it to "
                           "finish (a second writer would mix their files); a holder stopped without a word "
                           f"(SIGKILL, a lost node) is taken over once its record is {lease_seconds():.0f} s old "
-                          f"({LEASE_ENV})")
+                          f"by the store's clock ({LEASE_ENV})")
 
     def acquire(self) -> "Claim":
-        """Create the owner record, or take over a dead holder's with one conditional replace;
-        OutputBusy (exit status 75: try again later) if another live run holds OUT (another
-        process of the same run, the same command started twice, too)."""
+        """Create the next version of the claim record over a free or dead holder's; OutputBusy
+        (exit status 75: try again later) if another live run holds OUT (another process of the
+        same run, the same command started twice, too). The store's put-if-absent is checked
+        first (storage.store_now), and its clock read for the lease."""
         local = storage.resolve(self.output)[1] if storage.is_local(self.output) else None
         self._made = local if local is not None and not os.path.exists(local) else None
+        now = storage.store_now(self.output)
         for _ in range(5):
-            try:
-                self.version = storage.create_new(self.path, self._record())
-                break
-            except storage.Conflict:
-                pass
             raw, version = storage.read_versioned(self.path)
             owner = _parse_owner(raw)
-            if owner is None:                      # released in between: try the create again
-                continue
-            alive, why = _owner_alive(owner, version)
-            if alive:
-                raise self._busy(owner, why)
-            log.info("taking over %s from run %s: %s", self.output, owner.get("run_id"), why)
-            try:                                   # one taker wins; the others see its fresh record next
-                self.version = storage.write_if(self.path, self._record(), version)
+            if owner is not None:
+                alive, why = _owner_alive(owner, version, now)
+                if alive:
+                    raise self._busy(owner, why)
+                log.info("taking over %s from run %s: %s", self.output, owner.get("run_id"), why)
+            try:                                   # one taker wins; the others read its version next
+                self.version = storage.write_if(self.path, self._record(), version, copy=False)
                 break
             except storage.Conflict:
                 continue
@@ -167,30 +222,25 @@ class Claim:
             owner = _parse_owner(storage.read_versioned(self.path)[0]) or {}
             raise OutputBusy(f"{self.output}: another run ({owner.get('run_id')}) claimed it at the same time")
         self._stop.clear()
-        self._checked = time.monotonic()
+        self.fence._last = boottime()
         storage.fence_writes(self.output, self.check_if_due)     # every later write of this process looks first
         self._thread = threading.Thread(target=self._beat, name="paragen-heartbeat", daemon=True)
         self._thread.start()
         return self
 
     def _lost(self, owner: dict | None) -> OutputBusy:
-        who = f"run {owner.get('run_id')} holds it now" if owner else "its owner record is gone"
+        who = f"run {owner.get('run_id')} holds it now" if owner else "its claim record is gone"
         return OutputBusy(f"{self.output}: this run ({self.run_id}) lost its claim ({who}); it stops without "
                           "writing or removing anything")
 
     def check(self) -> None:
-        """OutputBusy (exit 75) unless the owner record still carries this claim's token."""
-        owner = _parse_owner(storage.read_versioned(self.path)[0])
-        if not owner or owner.get("token") != self.token:
-            raise self._lost(owner)
-        self._checked = time.monotonic()
+        """OutputBusy (exit 75) unless the claim record still carries this claim's token."""
+        self.fence(force=True)
 
     def check_if_due(self) -> None:
-        """:meth:`check`, when FENCE_SECONDS have passed since the last look by the monotonic clock
-        (which counts a pause too): what every write and delete under OUT runs first
-        (storage.fence_writes), so a holder resumed after a pause looks before its next step."""
-        if time.monotonic() - self._checked >= FENCE_SECONDS:
-            self.check()
+        """:meth:`check` when FENCE_SECONDS have passed since the last look (by CLOCK_BOOTTIME):
+        what every write and delete under OUT runs first (storage.fence_writes)."""
+        self.fence(force=False)
 
     def rename(self, run_id: str) -> None:
         """Name RUN_ID in the record from now on (the run a plan under the claim chose), renewed
@@ -200,7 +250,7 @@ class Claim:
         self.run_id = run_id
         with self._lock:
             try:
-                self.version = storage.write_if(self.path, self._record(), self.version)
+                self.version = storage.write_if(self.path, self._record(), self.version, copy=False)
             except storage.Conflict:
                 raise self._lost(_parse_owner(_read_quietly(self.path))) from None
 
@@ -210,7 +260,7 @@ class Claim:
                 with self._lock:
                     if self._stop.is_set():
                         return
-                    self.version = storage.write_if(self.path, self._record(), self.version)
+                    self.version = storage.write_if(self.path, self._record(), self.version, copy=False)
             except storage.Conflict:
                 lost = self._lost(_parse_owner(_read_quietly(self.path)))
                 if self.on_lost is not None:
@@ -220,8 +270,8 @@ class Claim:
                 pass
 
     def release(self) -> None:
-        """Stop renewing (the writers of this process see it at once: WriterFence) and remove the
-        record if it is still the version this claim wrote."""
+        """Stop renewing (the writers of this process see it at once: Fence) and create a
+        tombstone over the version this claim wrote (nothing when another took it since)."""
         _RELEASED.add(self.token)
         storage.unfence_writes(self.output)
         self._stop.set()
@@ -232,13 +282,13 @@ class Claim:
         if version is None:
             return
         try:
-            storage.delete_if(self.path, version)
+            released = storage.delete_if(self.path, version, copy=False)
         except OSError as exc:      # a store that is away: the record goes stale, the next run takes over
-            log.warning("could not remove the owner record %s (%s); the next run takes it over once it is stale",
+            log.warning("could not release the claim %s (%s); the next run takes it over once it is stale",
                         self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        if self._made:              # a folder the claim made and nothing filled (a run that found nothing to do)
-            with contextlib.suppress(OSError):
-                os.rmdir(self._made)
+            released = False
+        if released and self._made:     # a folder the claim made and nothing filled (a run that found nothing to do)
+            _remove_if_only_claims(self._made)
 
     def __enter__(self):
         return self.acquire()
@@ -251,27 +301,15 @@ class Claim:
 _RELEASED: set = set()            # tokens of the claims released in this process
 
 
-class WriterFence:
-    """What a worker checks before it writes for a run (a unit's files and record, a group's, the
-    run's summary): the run's claim on OUTPUT still holds (its owner record carries TOKEN) and was
-    not released in this process. A worker that outlives its driver (a Dask task, an in-process
-    thread while the job ends) then writes nothing into an output another holder may be
-    cleaning; OutputBusy otherwise. Picklable: it travels with the DoFns. An empty TOKEN checks
-    nothing (tools that write a run by hand)."""
+def _remove_if_only_claims(folder: str) -> None:
+    """Remove the local FOLDER when it holds nothing but claim versions (a run that found nothing
+    to do leaves no empty output behind)."""
+    import shutil
 
-    def __init__(self, output: str, token: str, name: str = OWNER):
-        self.output, self.token, self.name = output, token, name
-
-    def __call__(self) -> None:
-        if not self.token:
-            return
-        if self.token in _RELEASED:
-            raise OutputBusy(f"{self.output}: this run's claim was released (the job is ending); this worker writes "
-                             "nothing more")
-        owner = _parse_owner(storage.read_versioned(storage.join(self.output, self.name))[0])
-        if not owner or owner.get("token") != self.token:
-            holder = f"run {owner.get('run_id')} holds it now" if owner else "its owner record is gone"
-            raise OutputBusy(f"{self.output}: this run lost its claim ({holder}); this worker writes nothing more")
+    with contextlib.suppress(OSError):
+        if os.listdir(folder) == [storage.versions.LOG] and all(
+                n.endswith(f"-{OWNER}") for n in os.listdir(os.path.join(folder, storage.versions.LOG))):
+            shutil.rmtree(folder)
 
 
 def _read_quietly(path: str) -> bytes | None:
@@ -311,32 +349,6 @@ def read_manifest_versioned(output: str, name: str) -> tuple[dict | None, storag
     if not isinstance(manifest, dict):
         raise ValueError(f"{path}: not a JSON manifest")
     return manifest, version
-
-
-class Fence:
-    """What a run checks before each step others would see: its claim (CHECK(): the owner record
-    still carries its token) and the manifest it wrote or planned on (still at VERSION). A
-    clean-up calls it before every delete; it looks at the store again when FENCE_SECONDS have
-    passed since its last look by the monotonic clock, which counts a pause (SIGSTOP, a suspended
-    job) too, so a holder resumed after a pause looks again before its next delete."""
-
-    def __init__(self, check=None, manifest_path: str | None = None, version: storage.Version | None = None):
-        self._check, self.manifest_path, self.version = check, manifest_path, version
-        self._last = None
-
-    def __call__(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and self._last is not None and now - self._last < FENCE_SECONDS:
-            return
-        if self._check is not None:
-            self._check()
-        if self.manifest_path is not None:
-            _data, current = storage.read_versioned(self.manifest_path)
-            if current.tag != self.version.tag:
-                raise OutputBusy(f"{self.manifest_path}: another run published since this one "
-                                 f"{'planned' if self.version.absent else 'published'}; it stops without writing or "
-                                 "removing anything more")
-        self._last = time.monotonic()
 
 
 def _canonical(path: str) -> str:
@@ -393,32 +405,37 @@ def committed_files(output: str, table: str, manifest_name: str = "_manifest.jso
 
 
 def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, ...],
-            expected: storage.Version | None = None, guard=contextlib.nullcontext, check=None) -> list[str]:
-    """Write MANIFEST (it lists the run's files under 'files') as OUTPUT/MANIFEST_NAME, only if
-    that file is still at version EXPECTED, the one the run planned on (a conditional write:
-    another run that published in the meantime makes this one fail, OutputBusy, exit 75, having
-    written nothing); then remove what it does not list (remove_unlisted, each delete fenced; a
-    stop during it leaves the rest to the next start: beam_pipelines/commit.finish_cleanup). The
-    write happens inside GUARD() (a signal waits for it, and is told once the run is public).
-    CHECK() (Claim.check) runs before the manifest and with the fence. EXPECTED None: over
-    whatever is there now (tools that publish by hand). Returns the removed files."""
+            expected: storage.Version | None = None, guard=contextlib.nullcontext, fence: Fence | None = None
+            ) -> list[str]:
+    """Publish MANIFEST (it lists the run's files under 'files') as the next version of
+    OUTPUT/MANIFEST_NAME after EXPECTED, the one the run planned on (another run that published in
+    the meantime took that number: OutputBusy, exit 75, nothing written); then remove what it does
+    not list (remove_unlisted, each delete fenced; a stop during it leaves the rest to the next
+    start: beam_pipelines/commit.finish_cleanup). The version is created inside GUARD() (a signal
+    waits for it, and is told once the run is public). FENCE (the claim's) runs before the
+    manifest and, watching the manifest too, before each delete. EXPECTED None: over whatever is
+    there now (tools that publish by hand). Returns the removed files."""
     path = storage.join(output, manifest_name)
     if expected is None:
         expected = storage.read_versioned(path)[1]
     with guard() as guarded:
-        if check is not None:
-            check()
+        if fence is not None:
+            fence(force=True)
         try:
             written = storage.write_if(path, json.dumps(manifest, indent=2).encode("utf-8"), expected)
         except storage.Conflict:
             other = _read_quietly(path)
-            other_id = (_parse_owner(other) or {}).get("run_id") if other else None
+            try:
+                other_id = json.loads(other).get("run_id") if other else None
+            except (ValueError, AttributeError):
+                other_id = None
             raise OutputBusy(f"{output}: another run ({other_id or 'its manifest removed'}) published here after this run "
                              f"({manifest.get('run_id')}) planned on {'an empty output' if expected.absent else 'the run before'}; "
                              "this run publishes nothing (its finished units are kept)") from None
         if guarded is not None:
             guarded.published(f"run {manifest.get('run_id')} is published")
-    return remove_unlisted(output, manifest, tables, Fence(check, path, written))
+    fence = fence or Fence(output, "")
+    return remove_unlisted(output, manifest, tables, fence.watching(path, written, "this run's manifest"))
 
 
 STAGED_LEFTOVER = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")     # common/storage/writing._staged's names

@@ -177,7 +177,7 @@ def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: 
     (CARRIES: carry_item) were rewritten as files of about TARGET: its files per table, counts
     (per input shard too), units and workers. A group compacted by an earlier attempt of the run
     from the same units and carries for the same plan (PLAN_KEY) is taken as it was (--resume);
-    one of another plan never is. FENCE() (paracorpus.commit.WriterFence) runs before the files and
+    one of another plan never is. FENCE() (paracorpus.commit.Fence) runs before the files and
     before the record."""
     fence = fence or (lambda: None)
     records = sorted(unit_records, key=lambda r: r["unit"])

@@ -1,25 +1,28 @@
-"""A refresh root's current run: ``latest.json`` (the commit point) and the ``latest/`` view, and
-retention by reference.
+"""A refresh root's current run (``latest``: numbered versions, the commit point), its copies
+``latest.json`` and the ``latest/`` view, and retention by age and by reference.
 
-    ROOT/latest.json                          which run is current, written last
+    ROOT/_log/<n>-latest.json                 version n of latest: the highest is the truth
+    ROOT/latest.json                          a copy of the newest version: which run is current
     ROOT/latest/_manifest.json                the current run's manifest, its paths opening from latest/
     ROOT/latest/filtered/_filter_manifest.json  the same for its filter run (when it has one)
 
-Every one of these three is written only over the version this refresh read under its lease
-(common/storage/conditional.py): a refresh paused past its lease that resumes cannot move
-``latest`` over a newer refresh's (exit 75). The view is switched in an order that never shows two
-runs at once: the old filter view is removed, the run's manifest written, then its filter view;
-a reader of ``latest/`` sees the old run whole, the new run whole, or a run whose filter view is
-not there yet (a stop in between, repaired by the next refresh), never one run's rows beside
-another's filter run.
+A refresh moves latest by creating the version one above the one it read under its lease
+(put-if-absent: common/storage/versions.py): a refresh paused past its lease that resumes finds
+its number taken and moves nothing (exit 75). The copies are written after the version; the view
+in an order that never shows two runs at once: the old filter view is removed, the run's
+manifest written, then its filter view; a reader of ``latest/`` sees the old run whole, the new
+run whole, or a run whose filter view is not there yet (a stop in between, repaired by the next
+refresh), never one run's rows beside another's filter run.
 
-Retention (:func:`prune`) keeps the newest KEEP complete runs, the run ``latest`` names, and every
-run any kept run or the view takes files from, followed transitively: what a kept manifest
-references is never removed, whatever the filter settings (as Delta Lake's VACUUM keeps every
-file a retained version references).
+Retention (:func:`prune`) keeps the newest KEEP complete runs, the run ``latest`` names, every
+run a version of latest written in the last --retain hours named (a reader that opened it may
+still be reading: Delta Lake's VACUUM keeps 7 days), every run whose claim is alive, and every run
+any kept run or the view takes files from, followed transitively: what a kept manifest
+references is never removed, whatever the filter settings.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,7 +30,7 @@ import time
 
 from common import storage
 from common.cli import OutputBusy
-from paracorpus.commit import FENCE_SECONDS, entry_path, file_location, holder, is_under
+from paracorpus.commit import entry_path, file_location, holder, is_under
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
 log = logging.getLogger("paragen.refresh")
@@ -55,8 +58,11 @@ def _encode(obj: dict) -> bytes:
 
 
 class Latest:
-    """ROOT's latest.json and latest/ view as this refresh read them under its lease; every write
-    is conditional on what it read (or last wrote): Conflict becomes OutputBusy, exit 75."""
+    """ROOT's ``latest`` as this refresh read it under its lease: a record kept as numbered
+    versions (``ROOT/_log/<n>-latest.json``, storage.versions), the highest the truth; latest.json
+    and the latest/ view are copies written from it. Moving it creates the version one above the
+    one this refresh read: a refresh paused past its lease finds that number taken (OutputBusy,
+    exit 75) and moves nothing."""
 
     def __init__(self, root: str):
         self.root = root
@@ -64,40 +70,22 @@ class Latest:
         self.view = storage.join(root, "latest")
         self.view_run = storage.join(self.view, MANIFEST)
         self.view_filter = storage.join(self.view, "filtered", FILTER_MANIFEST)
-        self.versions: dict[str, storage.Version] = {}
-        self.read: dict[str, dict | None] = {}
-        for path in (self.named_path, self.view_run, self.view_filter):
-            raw, self.versions[path] = storage.read_versioned(path)
-            self.read[path] = json.loads(raw.decode("utf-8")) if raw is not None else None
+        raw, self.version = storage.read_versioned(self.named_path)
+        self.named = json.loads(raw.decode("utf-8")) if raw is not None else None
 
     @property
     def run_id(self) -> str | None:
-        """The run latest.json names (as read), or None."""
-        named = self.read[self.named_path]
-        return named.get("run_id") if isinstance(named, dict) else None
+        """The run latest names (as read), or None."""
+        return self.named.get("run_id") if isinstance(self.named, dict) else None
 
     @property
     def run_dir(self) -> str | None:
         return storage.join(self.root, "runs", self.run_id) if self.run_id else None
 
-    def _put(self, path: str, obj: dict) -> None:
-        try:
-            self.versions[path] = storage.write_if(path, _encode(obj), self.versions[path])
-        except storage.Conflict:
-            raise self._busy(path) from None
-        self.read[path] = obj
-
-    def _remove(self, path: str) -> None:
-        version = self.versions[path]
-        if version.absent:
-            return
-        if not storage.delete_if(path, version) and storage.read_versioned(path)[1].tag is not None:
-            raise self._busy(path)
-        self.versions[path], self.read[path] = storage.ABSENT, None
-
-    def _busy(self, path: str) -> OutputBusy:
-        return OutputBusy(f"{path}: written by another refresh since this one read it (this one was paused past its "
-                          "lease, or another took the root over); this refresh moves and removes nothing more")
+    def _busy(self, what: str) -> OutputBusy:
+        return OutputBusy(f"{self.named_path}: moved by another refresh since this one read it ({what}; this one was "
+                          "paused past its lease, or another took the root over); this refresh moves and removes "
+                          "nothing more")
 
     def _wanted(self, run_id: str) -> dict:
         """The view's two manifests for run RUN_ID (the filter view None when it has no filter run)."""
@@ -111,61 +99,74 @@ class Latest:
                                                       filtered, storage.join(self.view, "filtered"))
         return wanted
 
-    def write_view(self, run_id: str) -> bool:
+    def write_view(self, run_id: str, fence=None) -> bool:
         """Make latest/ the view of run RUN_ID, leaving what already says so alone: the filter view
-        removed first, the run's manifest written, then its filter view (never two runs' at once).
-        True when something was written or removed."""
+        removed first, the run's manifest written, then its filter view (never two runs' at once),
+        FENCE() before each. True when something was written or removed."""
+        fence = fence or (lambda force=False: None)
         if storage.is_local(self.root):
             link = storage.resolve(self.view)[1]
             if os.path.islink(link):              # earlier versions made latest a symlink
                 os.remove(link)
-                self.__init__(self.root)
         wanted = self._wanted(run_id)
-        if all(self.read[path] == obj for path, obj in wanted.items()):
+        current = {path: _read_json_or_none(path) for path in wanted}
+        if current == wanted:
             return False
-        if self.read[self.view_filter] is not None:
-            self._remove(self.view_filter)
-        if self.read[self.view_run] != wanted[self.view_run]:
-            self._put(self.view_run, wanted[self.view_run])
+        if current[self.view_filter] is not None:
+            fence(force=True)
+            storage.delete(self.view_filter)
+        if current[self.view_run] != wanted[self.view_run]:
+            fence(force=True)
+            storage.write_bytes(self.view_run, _encode(wanted[self.view_run]))
         if wanted[self.view_filter] is not None:
-            self._put(self.view_filter, wanted[self.view_filter])
+            fence(force=True)
+            storage.write_bytes(self.view_filter, _encode(wanted[self.view_filter]))
         return True
 
-    def publish(self, run_id: str) -> None:
-        """Make run RUN_ID current for every reader: latest/ first, then latest.json, the commit
-        point, over the version this refresh read."""
-        self.write_view(run_id)
-        self._put(self.named_path, {"run_id": run_id, "path": f"runs/{run_id}", "published_at": time.time()})
+    def publish(self, run_id: str, fence=None) -> None:
+        """Make run RUN_ID current for every reader: the next version of latest (the commit
+        point; OutputBusy when another refresh took its number), then its copies (latest.json,
+        the latest/ view). A refresh that finds a newer version after writing the view (it was
+        paused in between) makes the view the newer one's again and stops (OutputBusy)."""
+        try:
+            self.version = storage.write_if(self.named_path, _encode(
+                {"run_id": run_id, "path": f"runs/{run_id}", "published_at": time.time()}), self.version, keep=None)
+        except storage.Conflict:
+            raise self._busy("its next version was taken") from None
+        self.named = {"run_id": run_id}
+        self.write_view(run_id, fence)
+        if storage.read_versioned(self.named_path)[1].number != self.version.number:
+            Latest(self.root).repair()
+            raise self._busy("a newer version appeared while the view was written")
 
     def repair(self) -> None:
-        """A refresh stopped while publishing left latest/ a view of another run than latest.json
-        names (or half of one): made that run's again (nothing when it already is)."""
+        """A refresh stopped while publishing left latest.json or latest/ a copy of another run
+        than latest's newest version names (or half of one): made that run's again."""
+        storage.versions.repair_copy(self.named_path)
         if self.run_id and self.write_view(self.run_id):
-            log.warning("latest/ did not match latest.json (a refresh stopped while publishing): made it run %s again",
+            log.warning("latest/ did not match latest (a refresh stopped while publishing): made it run %s again",
                         self.run_id)
 
-    def fence(self, check):
-        """A check before each delete of retention: CHECK() (the lease) and latest.json still what
-        this refresh read or wrote; looked at again after FENCE_SECONDS (or a pause)."""
-        last = [None]
+    def fence(self, lease_fence):
+        """The lease's fence, watching latest too: what retention checks before each delete."""
+        return lease_fence.watching(self.named_path, self.version, "latest")
 
-        def fenced() -> None:
-            now = time.monotonic()
-            if last[0] is not None and now - last[0] < FENCE_SECONDS:
-                return
-            check()
-            if storage.read_versioned(self.named_path)[1].tag != self.versions[self.named_path].tag:
-                raise self._busy(self.named_path)
-            last[0] = time.monotonic()
-        return fenced
+
+def _read_json_or_none(path: str):
+    try:
+        raw = storage.read_bytes(path)
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 
 def latest_run(root: str) -> str | None:
     """The run directory ROOT/latest.json names, or None."""
-    path = storage.join(root, LATEST)
-    if not storage.isfile(path):
-        return None
-    return storage.join(root, "runs", storage.read_json(path)["run_id"])
+    run_id = Latest(root).run_id
+    return storage.join(root, "runs", run_id) if run_id else None
 
 
 def publish_latest(root: str, run_id: str) -> None:
@@ -190,30 +191,56 @@ def _runs_of(manifest: dict, manifest_dir: str, runs_dir: str) -> set[str]:
     return names
 
 
-def _held(run_dir: str) -> bool:
-    held = holder(run_dir)
+def _held(run_dir: str, now: float) -> bool:
+    held = holder(run_dir, now=now)
     if held is not None and held[1]:
         log.info("retention keeps %s: %s holds it (%s)", run_dir, held[0].get("run_id"), held[2])
         return True
     return False
 
 
+DEFAULT_RETAIN_HOURS = 24.0
+
+
+def recently_named(root: str, retain_seconds: float, now: float) -> set[str]:
+    """The runs a version of latest written in the last RETAIN_SECONDS (by the store's clock,
+    NOW) named: a reader that opened one then may still be reading it. The versions older than
+    that are forgotten (never the newest)."""
+    path = storage.join(root, LATEST)
+    named, older = set(), 0
+    for version, raw in storage.history(path):
+        if version.mtime is not None and now - version.mtime > retain_seconds:
+            older = version.number
+            continue
+        with contextlib.suppress(ValueError, AttributeError, UnicodeDecodeError):
+            run_id = json.loads(raw.decode("utf-8")).get("run_id") if raw else None
+            if run_id:
+                named.add(run_id)
+    if older:
+        storage.versions.forget(path, below=older + 1)
+    return named
+
+
 def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: str | None = None,
-          fence=None) -> list[str]:
+          fence=None, retain_seconds: float = DEFAULT_RETAIN_HOURS * 3600) -> list[str]:
     """Remove from ROOT/runs every run but the newest KEEP complete ones (with WITH_FILTER: those
-    with their filter run), CURRENT (latest's target), every run a kept run or the latest/ view
-    takes files from, transitively, and every run whose claim is alive; their filter runs go with
-    them, and the logs of what was removed (but LOG_OF's: a no-op refresh keeps its own log until
-    the next refresh). FENCE() runs before each delete."""
-    fence = fence or (lambda: None)
+    with their filter run), CURRENT (latest's target), every run a version of latest written in
+    the last RETAIN_SECONDS named (by the store's clock: a reader may still hold its manifest),
+    every run a kept run or the latest/ view takes files from, transitively, and every run whose
+    claim is alive; their filter runs go with them, and the logs of what was removed (but
+    LOG_OF's: a no-op refresh keeps its own log until the next refresh). FENCE() runs before each
+    delete."""
+    fence = fence or (lambda force=False: None)
+    now = storage.store_now(root)
     runs_dir = storage.join(root, "runs")
     names = storage.listdir(runs_dir)
     committed = {n for n in names if storage.isfile(storage.join(runs_dir, n, MANIFEST))}
     complete = [n for n in sorted(committed)
                 if not with_filter or storage.isfile(storage.join(filter_dir(root, n), FILTER_MANIFEST))]
     kept = set(complete[-keep:]) | ({current} if current else set())
+    kept |= recently_named(root, retain_seconds, now) & set(names)
     view = storage.join(root, "latest", MANIFEST)
-    if storage.isfile(view):                                       # a view out of step with latest.json still reads files
+    if storage.isfile(view):                                       # a view out of step with latest still reads files
         kept |= _runs_of(storage.read_json(view), storage.join(root, "latest"), runs_dir)
     frontier = sorted(kept)
     while frontier:                                      # retention by reference, followed to the end
@@ -224,7 +251,7 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
             frontier += sorted(more)
     # never a run whose claim is alive: a job still writing it (a --job_cmd job, one paused within
     # its lease) would find its folder gone; kept with its filter run and logs, as any kept run
-    kept |= {n for n in names if n not in kept and _held(storage.join(runs_dir, n))}
+    kept |= {n for n in names if n not in kept and _held(storage.join(runs_dir, n), now)}
     removed = [n for n in names if n not in kept]
     for name in removed:
         fence()

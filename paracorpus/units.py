@@ -163,7 +163,7 @@ def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str
                seconds: float, input_shard: str, plan_key: str = "", fence=None) -> dict:
     """Write a unit's paraphrases and rejects (sorted, so reruns write the same bytes) and then its
     completion record WORK/units/<unit>.json, which names the plan it was decoded for (PLAN_KEY);
-    returns that record. FENCE() (paracorpus.commit.WriterFence) runs before the files and again
+    returns that record. FENCE() (paracorpus.commit.Fence) runs before the files and again
     before the record: a worker whose run lost its output writes nothing more."""
     fence = fence or (lambda: None)
     fence()

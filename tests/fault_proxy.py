@@ -94,16 +94,19 @@ class FaultProxy:
     """See the module doc. RATE: the share of requests that fail, spread evenly over KINDS."""
 
     def __init__(self, upstream: str, rate: float = 0.0, seed: int = 0, kinds: tuple = KINDS, only: bytes = b"",
-                 limit: int | None = None, like_minio: bool = False, no_conditional: bool | bytes = False):
+                 limit: int | None = None, like_minio: bool = False, no_conditional: bool | bytes = False,
+                 ignore_conditional: bool = False):
         """LIKE_MINIO: a multipart upload completed once is forgotten, as MinIO and Ceph forget
         it: completing it again answers 404 NoSuchUpload (AWS S3 and moto answer 200).
         NO_CONDITIONAL: a request with If-Match or If-None-Match answers 501 NotImplemented, as
         S3-compatible stores without conditional writes do (a method, b"DELETE": only its requests,
-        as a store with conditional puts and no conditional deletes)."""
+        as a store with conditional puts and no conditional deletes). IGNORE_CONDITIONAL: those
+        headers are dropped on the way and the request applied unconditionally, as a store that
+        accepts them and ignores them would."""
         self.upstream = upstream.replace("http://", "")
         self.rate, self.kinds, self.only, self.limit = rate, kinds, only, limit
         self.like_minio, self._completed = like_minio, set()
-        self.no_conditional = no_conditional
+        self.no_conditional, self.ignore_conditional = no_conditional, ignore_conditional
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.counts = {"forwarded": 0, "refused": 0, **{k: 0 for k in (*KINDS, *AFTER_KINDS, "403", "501")}}
@@ -196,6 +199,11 @@ class FaultProxy:
                              + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
                 self._count(kind)
                 return conn.close()
+            if self.ignore_conditional:
+                head, sep, body = request.partition(b"\r\n\r\n")
+                head = b"\r\n".join(line for line in head.split(b"\r\n")
+                                     if not line.lower().startswith((b"if-match:", b"if-none-match:")))
+                request = head + sep + body
             host, port = self.upstream.split(":")
             answer = b""
             with socket.create_connection((host, int(port)), timeout=60) as up:

@@ -1,18 +1,24 @@
-"""Conditional writes, store by store (common/storage/conditional.py): created only if absent,
-replaced or removed only if still the version read, on a local disk, in an S3 bucket (moto) and a
-GCS bucket (fake-gcs-server), both on loopback, and on HDFS (a MiniDFSCluster over WebHDFS); HDFS's
-rename protocol also through libhdfs's interface, on a local stand-in that renames the way HDFS does
-(never over an existing name)."""
+"""Records as numbered versions, each created once with the store's put-if-absent
+(common/storage/versions.py over common/storage/conditional.py), store by store: a local disk, an
+S3 bucket (moto) and a GCS bucket (fake-gcs-server), both on loopback, and HDFS (a MiniDFSCluster
+over WebHDFS); HDFS's rename also through libhdfs's interface, on a local stand-in that renames the
+way HDFS does (never over an existing name)."""
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pyarrow.fs as pafs
 import pytest
 
 from common import storage
-from common.storage import conditional
+from common.storage import conditional, versions
 from tests.hdfs_cluster import hdfs_store  # noqa: F401: fixture
 from tests.object_stores import gcs_store, s3_store  # noqa: F401: fixtures
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(params=["local", "s3", "gcs", "webhdfs"])
@@ -27,32 +33,33 @@ def where(request, tmp_path, monkeypatch):
     return f"{store.scheme}://{store.make_bucket()}/dir"
 
 
-def test_create_replace_and_remove_only_over_the_version_read(where):
+def test_versions_are_created_once_over_the_version_read(where):
     path = storage.join(where, "_manifest.json")
     assert storage.read_versioned(path) == (None, storage.ABSENT)
-    first = storage.create_new(path, b'{"run_id": "a"}')
-    assert not first.absent and storage.read_versioned(path)[1].mtime is not None     # the store's time
+    first = storage.write_if(path, b'{"run_id": "a"}', storage.ABSENT)
+    assert first.number == 1 and storage.read_versioned(path)[1].mtime is not None     # the store's time
+    assert storage.read_bytes(path) == b'{"run_id": "a"}'                              # the copy readers open
     with pytest.raises(storage.Conflict):
-        storage.create_new(path, b'{"run_id": "b"}')                 # it exists
+        storage.write_if(path, b'{"run_id": "b"}', storage.ABSENT)      # version 1 is taken
     second = storage.write_if(path, b'{"run_id": "b"}', first)
-    assert second.tag != first.tag and storage.read_versioned(path) == (b'{"run_id": "b"}', second)
+    assert second.number == 2 and storage.read_versioned(path) == (b'{"run_id": "b"}', second)
     with pytest.raises(storage.Conflict):
-        storage.write_if(path, b'{"run_id": "c"}', first)            # a stale writer: refused
+        storage.write_if(path, b'{"run_id": "c"}', first)               # a stale writer: its number is taken
     assert storage.read_bytes(path) == b'{"run_id": "b"}'
-    with pytest.raises(storage.Conflict):
-        storage.write_if(storage.join(where, "absent.json"), b"x", second)     # expected a file: there is none
     assert not storage.delete_if(path, first) and storage.read_bytes(path) == b'{"run_id": "b"}'
-    assert storage.delete_if(path, second) and not storage.exists(path)
-    assert not storage.delete_if(path, second)                        # gone already
+    assert storage.delete_if(path, second) and not storage.exists(path)             # a tombstone, the copy gone
+    data, third = storage.read_versioned(path)
+    assert data is None and third.number == 3
+    assert not storage.delete_if(path, second)                          # its number is taken
+    assert [n for n in storage.listdir(where) if n not in ("_log",)] == []
+    assert versions.numbers(path) == [1, 2, 3]
 
 
-@pytest.mark.parametrize("store", ["local", "webhdfs"])
-def test_writers_racing_from_one_version_leave_one_winner(store, tmp_path, request):
-    """Eight threads replace the same version at once (the local locked compare and rename; on
-    HDFS the rename aside that one renamer wins): exactly one wins, the file holds its bytes."""
-    folder = str(tmp_path) if store == "local" else f"webhdfs://{request.getfixturevalue('hdfs_store').make_bucket()}"
-    path = storage.join(folder, "latest.json")
-    base = storage.create_new(path, b"base")
+def test_writers_racing_from_one_version_leave_one_winner(where):
+    """Eight threads create the version after the same one at once: exactly one wins, on every
+    store, and the copy holds its bytes."""
+    path = storage.join(where, "latest.json")
+    base = storage.write_if(path, b"base", storage.ABSENT)
     won, barrier = [], threading.Barrier(8)
 
     def contend(i):
@@ -68,20 +75,79 @@ def test_writers_racing_from_one_version_leave_one_winner(store, tmp_path, reque
     for t in threads:
         t.join()
     assert len(won) == 1 and storage.read_bytes(path) == f"writer {won[0]}".encode()
-    assert [n for n in storage.listdir(folder) if n != "latest.json"] == []       # no staged file left
+    assert storage.read_versioned(path)[1].number == 2
+    assert [n for n in storage.listdir(where) if n not in ("latest.json", "_log")] == []     # no staged file left
 
 
-def test_a_conditional_replace_whose_answer_was_lost_is_this_writers(s3_store, monkeypatch):
-    """The store replaced the object and the answer did not arrive: the retry answers 412, the
-    bytes there are this writer's, so the replace succeeded (not a Conflict)."""
+def test_old_versions_are_removed_and_a_writer_that_read_one_is_still_refused(tmp_path):
+    """Versions more than KEEP_VERSIONS behind the newest go; a writer paused since one of them
+    creates that number again (it is free now), sees a newer one and takes its version back."""
+    path = str(tmp_path / "_owner.json")
+    version = first = storage.write_if(path, b"0", storage.ABSENT, copy=False)
+    for i in range(1, 12):
+        version = storage.write_if(path, str(i).encode(), version, copy=False)
+    found = versions.numbers(path)
+    assert found == list(range(12 - versions.KEEP_VERSIONS + 1, 13)) and 2 not in found
+    with pytest.raises(storage.Conflict, match="not the newest"):
+        storage.write_if(path, b"stale", first, copy=False)              # creates version 2 again, then sees 12
+    assert versions.numbers(path) == found and storage.read_versioned(path) == (b"11", version)
+
+
+def test_a_writer_paused_between_its_read_and_its_create_is_refused(tmp_path):
+    """Two writers read version 1. One (a process) is stopped by SIGSTOP just before it creates
+    version 2; the other writes version 2 and 3 meanwhile. Resumed, the paused one finds its
+    number taken (Conflict), however long it was paused: no lock to take from it, no clock."""
+    path = str(tmp_path / "record.json")
+    storage.write_if(path, b"one", storage.ABSENT)
+    script = ("from common import storage\n"
+              f"data, v = storage.read_versioned({path!r})\n"
+              f"try:\n    storage.write_if({path!r}, b'paused', v)\n    print('wrote')\n"
+              "except storage.Conflict as e:\n    print('refused:', e)\n")
+    paused = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": ROOT,
+                                   "PARAGEN_CRASH_AT": "~-record.json:STOP"})      # before its version's create
+    try:
+        while open(f"/proc/{paused.pid}/stat").read().split(")")[1].split()[0] != "T":
+            assert paused.poll() is None, paused.communicate()
+            time.sleep(0.05)
+        _, version = storage.read_versioned(path)
+        assert version.number == 1
+        version = storage.write_if(path, b"other", version)
+        storage.write_if(path, b"third", version)
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    out, _ = paused.communicate(timeout=120)
+    assert out.startswith("refused:"), out
+    assert storage.read_bytes(path) == b"third" and storage.read_versioned(path)[1].number == 3
+    assert sorted(os.listdir(tmp_path)) == ["_log", "record.json"]
+    assert not [n for n in os.listdir(tmp_path / "_log") if n.startswith(".")]      # no staged file left
+
+
+def test_a_copy_written_late_is_made_the_newest_again(tmp_path):
+    """A writer stopped between its version and its copy: the copy is the older version's until the
+    next reader under a claim repairs it (repair_copy), and a writer that finds a newer version
+    after its own copy writes the newer one's."""
+    path = str(tmp_path / "_manifest.json")
+    v1 = storage.write_if(path, b"v1", storage.ABSENT)
+    storage.write_if(path, b"v2", v1, copy=False)          # as a writer stopped before its copy
+    assert storage.read_bytes(path) == b"v1"
+    assert versions.repair_copy(path) and storage.read_bytes(path) == b"v2"
+    assert not versions.repair_copy(path)
+    versions._copy(path, 1, b"v1")                        # a writer of version 1 resumed late
+    assert storage.read_bytes(path) == b"v2"
+
+
+def test_a_conditional_create_whose_answer_was_lost_is_this_writers(s3_store, monkeypatch):
+    """The store created the version and the answer did not arrive: the retry answers 412, the
+    bytes there are this writer's, so the create succeeded (not a Conflict)."""
     from tests.fault_proxy import FaultProxy
 
     bucket = s3_store.make_bucket()
     for name, value in s3_store.env.items():
         monkeypatch.setenv(name, value)
     path = f"s3://{bucket}/latest.json"
-    base = storage.create_new(path, b"base")
-    with FaultProxy(s3_store.endpoint, rate=1.0, kinds=("lost",), limit=1) as proxy:
+    base = storage.write_if(path, b"base", storage.ABSENT)
+    with FaultProxy(s3_store.endpoint, rate=1.0, kinds=("lost",), limit=1, only=b"PUT") as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
         monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "20")
@@ -89,7 +155,29 @@ def test_a_conditional_replace_whose_answer_was_lost_is_this_writers(s3_store, m
         assert proxy.counts["lost"] == 1
     for name, value in s3_store.env.items():
         monkeypatch.setenv(name, value)
-    assert storage.read_versioned(path) == (b"mine", version)
+    assert storage.read_versioned(path) == (b"mine", version) and version.number == 2
+
+
+def test_a_store_that_ignores_put_if_absent_is_refused_in_one_line(s3_store, monkeypatch):
+    """A store that accepts If-None-Match and applies the write anyway would let two writers both
+    win: the probe every claim makes (create one name twice) refuses it before anything is written."""
+    from tests.fault_proxy import FaultProxy
+
+    from paracorpus.commit import Claim
+
+    bucket = s3_store.make_bucket()
+    for name, value in s3_store.env.items():
+        monkeypatch.setenv(name, value)
+    conditional._HONOURED.clear()
+    with FaultProxy(s3_store.endpoint, ignore_conditional=True) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+        with pytest.raises(storage.StorageError, match="ignores If-None-Match"):
+            Claim(f"s3://{bucket}/out", "r1").acquire()
+    for name, value in s3_store.env.items():
+        monkeypatch.setenv(name, value)
+    assert storage.listdir(f"s3://{bucket}/out") == []              # nothing written, the probe removed
+    Claim(f"s3://{bucket}/out", "r1").acquire().release()            # the store itself honours it
 
 
 class HdfsLike:
@@ -107,82 +195,13 @@ class HdfsLike:
         os.unlink(src)
 
 
-def test_hdfs_renames_create_and_replace_only_over_the_version_read(tmp_path):
-    fs, inner = HdfsLike(), str(tmp_path / "_manifest.json")
-    path = f"hdfs://namenode{inner}"
-    assert conditional._hdfs_read(path, (fs, inner)) == (None, storage.ABSENT)
-    first = conditional._hdfs_write(path, b"a", storage.ABSENT, (fs, inner))
+def test_hdfs_renames_create_only_if_absent(tmp_path, monkeypatch):
+    fs = HdfsLike()
+    monkeypatch.setattr(conditional, "resolve", lambda path: (fs, path.split("namenode", 1)[1]))
+    path = f"hdfs://namenode{tmp_path}/x.json"
+    assert conditional.read_stamped(path) == (None, None)
+    conditional.create_new(path, b"a")
     with pytest.raises(storage.Conflict):
-        conditional._hdfs_write(path, b"b", storage.ABSENT, (fs, inner))
-    second = conditional._hdfs_write(path, b"b", first, (fs, inner))
-    with pytest.raises(storage.Conflict):
-        conditional._hdfs_write(path, b"c", first, (fs, inner))      # stale: put back, refused
-    assert conditional._hdfs_read(path, (fs, inner)) == (b"b", second)
-    assert sorted(os.listdir(tmp_path)) == ["_manifest.json"]
-    # a replace stopped between its two renames: the file is aside; the next read puts it back
-    os.rename(inner, str(tmp_path / "._manifest.json.0123.replaced"))
-    assert conditional._hdfs_read(path, (fs, inner))[0] == b"b"
-    assert sorted(os.listdir(tmp_path)) == ["_manifest.json"]
-    with pytest.raises(storage.Conflict):
-        conditional._hdfs_delete(path, first, (fs, inner))
-    conditional._hdfs_delete(path, second, (fs, inner))
-    assert os.listdir(tmp_path) == []
-
-
-def test_a_writer_paused_inside_its_local_write_is_taken_over_and_then_refused(tmp_path):
-    """A process stopped (SIGSTOP) inside its compare-and-rename holds the directory's lock: after
-    10 s another writer takes the lock and writes; resumed, the paused one is refused (Conflict)
-    and the file holds the other's bytes."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = str(tmp_path / "record.json")
-    conditional.create_new(path, b"one")
-    script = ("import sys\nfrom common.storage import conditional as c\n"
-              f"data, v = c.read_versioned({path!r})\n"
-              f"try:\n    c.write_if({path!r}, b'paused', v)\n    print('wrote')\n"
-              "except c.Conflict as e:\n    print('refused:', e)\n")
-    # its second operation on the file: the rename, with the lock held
-    paused = subprocess.Popen([sys.executable, "-c", script], cwd=root, text=True, stdout=subprocess.PIPE,
-                              env={**os.environ, "PYTHONPATH": root, "PARAGEN_CRASH_AT": "~record.json@2:STOP"})
-    try:
-        deadline = time.time() + 60
-        while open(f"/proc/{paused.pid}/stat").read().split(")")[1].split()[0] != "T":
-            assert time.time() < deadline and paused.poll() is None
-            time.sleep(0.05)
-        assert os.path.exists(tmp_path / conditional.LOCK_NAME)
-        started = time.monotonic()
-        _, version = conditional.read_versioned(path)
-        conditional.write_if(path, b"other", version)           # waits out the stale lock, then takes it
-        assert conditional.LOCK_STALE_SECONDS - 1 <= time.monotonic() - started < 30     # it waited first
-    finally:
-        paused.send_signal(signal.SIGCONT)
-    out, _ = paused.communicate(timeout=60)
-    assert out.startswith("refused:") and "paused past" in out, out
-    assert open(path, "rb").read() == b"other"
-    assert sorted(os.listdir(tmp_path)) == ["record.json"]      # no lock, no temporary file left
-
-
-def test_the_lock_of_a_killed_writer_is_taken_at_once(tmp_path):
-    """A writer killed inside its conditional write leaves its lock file; the next writer of this
-    machine sees its process is gone and takes the lock without waiting out LOCK_STALE_SECONDS."""
-    import json
-    import subprocess
-    import sys
-    import time
-
-    from common import processes
-
-    path = str(tmp_path / "record.json")
-    version = conditional.create_new(path, b"one")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (tmp_path / conditional.LOCK_NAME).write_text(json.dumps({**processes.identity(), "pid": dead.pid, "token": "abc"}))
-    os.utime(tmp_path / conditional.LOCK_NAME, (time.time() - 1, time.time() - 1))
-    started = time.monotonic()
-    conditional.write_if(path, b"two", version)
-    assert time.monotonic() - started < conditional.LOCK_STALE_SECONDS / 2
-    assert open(path, "rb").read() == b"two" and sorted(os.listdir(tmp_path)) == ["record.json"]
+        conditional.create_new(path, b"b")
+    assert conditional.read_stamped(path)[0] == b"a"
+    assert os.listdir(tmp_path) == ["x.json"]                       # the hidden file renamed or removed

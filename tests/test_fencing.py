@@ -1,7 +1,8 @@
-"""A lease that fences (issue 57): the owner record is renewed and taken over only by conditional
-writes, its age is the store's, and the publish itself is conditional, so a holder paused past
-its lease (SIGSTOP here; a suspended SLURM job, a VM pause) cannot write over the run that took
-over from it, whatever it believes.
+"""A lease that fences (issues 57, 68): the claim is renewed and taken over only by creating its
+next numbered version (put-if-absent), its age is the store's time less the store's time, and the
+publish is the manifest's next version, so a holder paused past its lease (SIGSTOP here; a
+suspended SLURM job, a VM pause) cannot write over the run that took over from it, whatever it
+believes or whatever its clock says.
 
 Pauses are real: a process stops itself just before a chosen storage operation
 (``PARAGEN_CRASH_AT=~SUFFIX@K:STOP``, common/crash_points.py) and the test sends SIGCONT.
@@ -18,6 +19,7 @@ import pytest
 from common import storage
 from common.cli import OutputBusy
 from paracorpus.commit import Claim
+from tests.claims import claim_record, take_over
 from tests.jobs import ROOT, quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
@@ -63,26 +65,23 @@ def _stale_record(out: str, env: dict, monkeypatch) -> None:
     lease run out by the store's clock."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    storage.write_bytes(storage.join(out, "_owner.json"), json.dumps(
-        {"run_id": "gone", "token": "gone", "host": "another-host", "pid": 1, "heartbeat": 0}).encode())
+    take_over(out, {"run_id": "gone", "token": "gone", "host": "another-host", "pid": 1, "heartbeat": 0})
     time.sleep(float(LEASE) + 1)
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_two_takers_of_one_stale_record_one_wins(tmp_path, s3_store, where, monkeypatch):
     """A taker that judged the record stale and paused before taking it over resumes after another
-    taker took it: it must not take it too (the old takeover removed the record unconditionally,
-    then created its own: both held OUT)."""
+    taker took it: it must not take it too (its number is taken; the lock-file design let both
+    think they held it)."""
     env = {}
     out = str(tmp_path / "out")
     if where == "s3":
         env = dict(s3_store.env)
         out = f"s3://{s3_store.make_bucket()}/out"
     _stale_record(out, env, monkeypatch)
-    # paused before its takeover, the step after its create: on a local disk the create is two
-    # steps (a write, then the link the record refuses: a rename, inside the directory's lock)
-    takeover = 3 if where == "local" else 2
-    first = _taker(out, "first", 4, {**env, "PARAGEN_CRASH_AT": f"~_owner.json@{takeover}:STOP"})
+    # paused just before its takeover: the create of the claim's next version, the record judged stale
+    first = _taker(out, "first", 4, {**env, "PARAGEN_CRASH_AT": "~-_owner.json:STOP"})
     _stopped(first)
     second = _taker(out, "second", 6, env)
     assert second.stdout.readline().strip() == "held"
@@ -95,22 +94,54 @@ def test_two_takers_of_one_stale_record_one_wins(tmp_path, s3_store, where, monk
 
 def test_a_lease_is_judged_by_the_stores_clock_not_the_holders(tmp_path, monkeypatch):
     """A holder whose clock runs ahead stamps a heartbeat in the future: once the store's time
-    says the record is older than the lease, it is taken over; a holder whose clock runs behind
-    stamps the past: a record the store saw renewed just now is not."""
+    says its version is older than the lease, it is taken over; a holder whose clock runs behind
+    stamps the past: a version the store saw created just now is not."""
+    from common.storage import versions
+
     monkeypatch.setenv("PARAGEN_LEASE_SECONDS", LEASE)
     out = tmp_path / "out"
-    out.mkdir()
-    owner = out / "_owner.json"
     other = {"run_id": "skewed", "token": "theirs", "host": "another-host", "pid": 1}
-    owner.write_text(json.dumps({**other, "heartbeat": time.time() + 10 ** 6}))      # clock far ahead
+    take_over(out, {**other, "heartbeat": time.time() + 10 ** 6})                   # clock far ahead
+    newest = versions.version_path(str(out / "_owner.json"), versions.numbers(str(out / "_owner.json"))[-1])
     past = time.time() - 3600
-    os.utime(owner, (past, past))                                                    # the store: an hour old
+    os.utime(newest, (past, past))                                                  # the store: an hour old
     claim = Claim(str(out), "mine").acquire()
-    assert json.loads(owner.read_text())["token"] == claim.token
+    assert claim_record(out)["token"] == claim.token
     claim.release()
-    owner.write_text(json.dumps({**other, "heartbeat": time.time() - 10 ** 6}))      # clock far behind, renewed now
+    take_over(out, {**other, "heartbeat": time.time() - 10 ** 6})                   # clock far behind, renewed now
     with pytest.raises(OutputBusy, match="being written by run skewed"):
         Claim(str(out), "mine").acquire()
+
+
+_SHIFTED_TAKER = """
+import sys, time
+real = time.time
+time.time = lambda: real() + float(sys.argv[2])      # this machine's clock, SHIFT seconds ahead
+from common.cli import OutputBusy
+from paracorpus.commit import Claim
+try:
+    Claim(sys.argv[1], "ahead").acquire().release()
+    print("took it")
+except OutputBusy as exc:
+    print("busy:", exc)
+"""
+
+
+def test_a_taker_whose_clock_runs_ahead_does_not_take_a_live_claim(tmp_path):
+    """A live holder renews its claim; a taker on a machine whose clock is 400 s ahead (more than
+    the lease) reads the holder's version: its age is the store's time less the store's time, so
+    the taker's clock counts for nothing and it is told the output is busy (the old rule, the
+    taker's clock less the store's stamp, took the live claim over)."""
+    out = tmp_path / "out"
+    holder = Claim(str(out), "live").acquire()
+    try:
+        done = subprocess.run([sys.executable, "-c", _SHIFTED_TAKER, str(out), "400"], cwd=ROOT, text=True,
+                              capture_output=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_LEASE_SECONDS": "60"})
+        assert done.stdout.startswith("busy:") and "being written by run live" in done.stdout, done
+        holder.check()                                    # still the holder's
+    finally:
+        holder.release()
 
 
 def test_a_store_without_conditional_writes_is_refused_in_one_line(s3_store, monkeypatch):
@@ -125,7 +156,7 @@ def test_a_store_without_conditional_writes_is_refused_in_one_line(s3_store, mon
             monkeypatch.setenv(name, value)
         with pytest.raises(storage.StorageError, match="does not support conditional writes.*501.*PARAGEN_UNFENCED"):
             Claim(f"s3://{bucket}/out", "r1").acquire()
-        assert not storage.exists(f"s3://{bucket}/out/_owner.json")
+        assert storage.listdir(f"s3://{bucket}/out") == []          # nothing written, not even the probe
         monkeypatch.setenv("PARAGEN_UNFENCED_STORES", "1")
         claim = Claim(f"s3://{bucket}/out", "r1").acquire()
         claim.check()
@@ -133,29 +164,25 @@ def test_a_store_without_conditional_writes_is_refused_in_one_line(s3_store, mon
         assert proxy.counts["501"] >= 2
 
 
-def test_a_store_without_conditional_deletes_is_refused_too(s3_store, monkeypatch):
-    """A store that takes If-None-Match and If-Match on a put but answers 501 to a conditional
-    delete: a claim's release (a delete only of the record it wrote) is refused like the put, not
-    turned into a read and a plain delete that could remove a successor's claim; with
-    PARAGEN_UNFENCED_STORES=1 it compares, then deletes, with a warning."""
+def test_a_store_without_conditional_deletes_needs_none(s3_store, monkeypatch):
+    """A store that takes If-None-Match on a put but answers 501 to a conditional delete: nothing
+    here deletes conditionally any more (a release is a tombstone version, created like any
+    other), so a claim is taken and released there without one 501."""
     from tests.fault_proxy import FaultProxy
 
     bucket = s3_store.make_bucket()
     with FaultProxy(s3_store.endpoint, no_conditional=b"DELETE") as proxy:
         for name, value in {**s3_store.env, "AWS_ENDPOINT_URL": proxy.url, "AWS_ENDPOINT_URL_S3": proxy.url}.items():
             monkeypatch.setenv(name, value)
-        path = f"s3://{bucket}/out/_owner.json"
-        version = storage.create_new(path, b'{"token": "mine"}')           # conditional puts work here
-        with pytest.raises(storage.StorageError, match="does not support conditional writes.*501.*PARAGEN_UNFENCED"):
-            storage.delete_if(path, version)
-        assert storage.read_bytes(path) == b'{"token": "mine"}' and proxy.counts["501"] == 1
-        monkeypatch.setenv("PARAGEN_UNFENCED_STORES", "1")
-        assert storage.delete_if(path, version) and not storage.exists(path)
+        claim = Claim(f"s3://{bucket}/out", "r1").acquire()
+        claim.check()
+        claim.release()
+        assert claim_record(f"s3://{bucket}/out") is None and proxy.counts["501"] == 0
 
 
 def test_a_heartbeat_renews_only_the_version_it_wrote(tmp_path, monkeypatch):
-    """The heartbeat is a conditional replace of the record this claim last wrote: another
-    writer's record (even one that carries this claim's token: a copy restored by hand) is never
+    """The heartbeat creates the version after the one this claim last wrote: another writer's
+    version there (even one that carries this claim's token: a copy restored by hand) is never
     written over, and the claim is told it lost OUT."""
     import threading
 
@@ -163,21 +190,21 @@ def test_a_heartbeat_renews_only_the_version_it_wrote(tmp_path, monkeypatch):
     out = tmp_path / "out"
     told = threading.Event()
     claim = Claim(str(out), "r1", on_lost=lambda why: told.set()).acquire()
-    mine = json.loads((out / "_owner.json").read_text())
-    (out / "_owner.json").write_text(json.dumps({**mine, "heartbeat": 1.0}))      # not the version it wrote
+    with claim._lock:                                                # between two renewals
+        take_over(out, {"heartbeat": 1.0})                           # its token, not the version it wrote
     assert told.wait(10)
     time.sleep(0.5)
-    assert json.loads((out / "_owner.json").read_text())["heartbeat"] == 1.0
+    assert claim_record(out)["heartbeat"] == 1.0
     claim.release()
-    assert (out / "_owner.json").exists()                           # not its version: not removed either
+    assert claim_record(out)["heartbeat"] == 1.0                     # not its version: no tombstone over it
 
 
 @pytest.mark.slow
 def test_a_holder_paused_past_its_lease_cannot_publish_over_the_run_that_took_over(tmp_path, tiny_nmt_models):
     """Run A stops itself just before its manifest (its claim checked, the write next), past its
     lease; run B (other settings, --overwrite) takes the output over and publishes; A resumes:
-    its publish is refused by the store (exit 75, one line) and B's run stays whole (the old
-    code wrote A's manifest over B's, then A's clean-up removed B's files)."""
+    its publish finds the manifest's next number taken (exit 75, one line) and B's run stays
+    whole (the first code wrote A's manifest over B's, then A's clean-up removed B's files)."""
     from tests.crash_points import leftovers, rows
     from tests.toydata import toy_bitext
 
@@ -187,7 +214,7 @@ def test_a_holder_paused_past_its_lease_cannot_publish_over_the_run_that_took_ov
     env = {**os.environ, "PYTHONPATH": ROOT, "PARAGEN_LEASE_SECONDS": LEASE}
     job = [sys.executable, "-m", "beam_pipelines.generate", *quick_args(str(bitext), out, tiny_nmt_models)]
     a = subprocess.Popen([*job, "--num_samples", "2"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env={**env, "PARAGEN_CRASH_AT": "~/_manifest.json:STOP"})
+                         stderr=subprocess.PIPE, env={**env, "PARAGEN_CRASH_AT": "~-_manifest.json:STOP"})
     try:
         _stopped(a, timeout=600)
         time.sleep(float(LEASE) + 1)

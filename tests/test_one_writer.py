@@ -1,11 +1,11 @@
-"""One writer per output, provably (issue 53): the owner record is created only if absent, with a
-random token, and checked again before the manifest and before any delete.
+"""One writer per output, provably (issues 53, 68): the claim is a sequence of numbered versions,
+each created once (put-if-absent), with a random token, checked again before the manifest and
+before any delete.
 
 - Processes that claim the same output (the same run id: one command started twice) behind a
   barrier, round after round, on a local disk and in an S3 bucket (moto on loopback): exactly one
-  holds it each round, the others are told it is busy (exit 75). The owner record used to be
-  written and read back by run id, so both passed.
-- A run whose record another writer replaced stops before its manifest, exit 75, in one line,
+  holds it each round, the others are told it is busy (exit 75).
+- A run whose claim another writer took stops before its manifest, exit 75, in one line,
   writing and removing nothing.
 """
 import json
@@ -19,6 +19,7 @@ import pytest
 
 from common.cli import OutputBusy
 from paracorpus.commit import STAGED_LEFTOVER, Claim
+from tests.claims import claim_record, holder_token, take_over
 from tests.jobs import quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
@@ -55,7 +56,7 @@ def _rounds(output_of, env: dict, rounds: int, contenders: int = 3) -> list[list
 def test_claims_started_together_on_a_local_disk_leave_one_writer(tmp_path):
     results = _rounds(lambda r: str(tmp_path / f"out{r}"), {}, rounds=20)
     assert all(r == ["busy", "busy", "held"] for r in results), results
-    assert not any(os.path.exists(tmp_path / f"out{r}" / "_owner.json") for r in range(20))   # each released
+    assert not any(claim_record(tmp_path / f"out{r}") for r in range(20))      # each released
 
 
 def test_claims_started_together_in_an_s3_bucket_leave_one_writer(s3_store):
@@ -67,24 +68,21 @@ def test_claims_started_together_in_an_s3_bucket_leave_one_writer(s3_store):
 def test_a_claim_another_writer_took_fails_its_check_and_is_not_released(tmp_path):
     out = str(tmp_path / "out")
     mine = Claim(out, "r1").acquire()
-    record = json.load(open(os.path.join(out, "_owner.json")))
     mine.check()
-    with open(os.path.join(out, "_owner.json"), "w") as f:            # another writer's record
-        json.dump({**record, "run_id": "r2", "token": "someone-else", "heartbeat": time.time()}, f)
+    take_over(out, {"run_id": "r2", "token": "someone-else", "heartbeat": time.time()})   # another writer's version
     with pytest.raises(OutputBusy, match="lost its claim .*run r2 holds it now"):
         mine.check()
     mine.release()
-    assert json.load(open(os.path.join(out, "_owner.json")))["token"] == "someone-else"     # not removed
+    assert holder_token(out) == "someone-else"                        # its release created nothing over it
 
 
 def test_a_dead_holders_claim_is_taken_over(tmp_path):
     out = str(tmp_path / "out")
     os.makedirs(out)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    with open(os.path.join(out, "_owner.json"), "w") as f:
-        json.dump({**json.loads(Claim(out, "old")._record()), "token": "old", "pid": int(dead.stdout)}, f)
+    take_over(out, {**json.loads(Claim(out, "old")._record()), "token": "old", "pid": int(dead.stdout)})
     claim = Claim(out, "new").acquire()
-    assert json.load(open(os.path.join(out, "_owner.json")))["token"] == claim.token
+    assert holder_token(out) == claim.token
     claim.release()
 
 
@@ -98,14 +96,11 @@ def test_a_run_that_lost_its_claim_stops_before_its_manifest_touching_nothing(tm
     proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate",
                              *quick_args(str(bitext), out, tiny_nmt_models)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
-    owner = out / "_owner.json"
     deadline = time.time() + 300
-    while not owner.exists() and proc.poll() is None and time.time() < deadline:
+    while not claim_record(out) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    record = json.load(open(owner))
-    # another writer takes OUT over (alive: this test's process, a fresh heartbeat)
-    owner.write_text(json.dumps({**record, "run_id": "the-other", "token": "theirs", "pid": os.getpid(),
-                                 "heartbeat": time.time() + 3600}))
+    # another writer takes OUT over (alive: this test's process)
+    take_over(out, {"run_id": "the-other", "token": "theirs", "pid": os.getpid()})
     # What the job had written by then; not its staged temporaries (``.plan.json.<hex>.tmp``), which
     # are still being written while this lists and which its rename turns into the real name.
     before = sorted(str(p.relative_to(out)) for p in out.rglob("*")
@@ -118,13 +113,13 @@ def test_a_run_that_lost_its_claim_stops_before_its_manifest_touching_nothing(tm
     assert not (out / "_manifest.json").exists()
     after = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert set(before) <= after                                   # nothing removed
-    assert json.load(open(owner))["token"] == "theirs"            # their record left alone
+    assert holder_token(out) == "theirs"                          # their claim left alone
 
 
 def test_a_heartbeat_that_finds_another_writers_token_says_so_and_stops(tmp_path, monkeypatch):
-    """The heartbeat renews only the record it wrote (a conditional replace): another writer's
-    record means another writer took OUT over, and ON_LOST is told (the jobs stop there, exit 75)
-    instead of the heartbeat writing over the other writer's record."""
+    """The heartbeat creates the version after its own: another writer's version there means
+    another writer took OUT over, and ON_LOST is told (the jobs stop there, exit 75); the
+    other's version stays the newest."""
     import threading
 
     monkeypatch.setenv("PARAGEN_LEASE_SECONDS", "2")                 # a renewal every 0.2 s
@@ -132,13 +127,11 @@ def test_a_heartbeat_that_finds_another_writers_token_says_so_and_stops(tmp_path
     told = threading.Event()
     why = []
     claim = Claim(out, "r1", on_lost=lambda w: (why.append(w), told.set())).acquire()
-    record = json.load(open(os.path.join(out, "_owner.json")))
-    theirs = {**record, "run_id": "r2", "token": "theirs", "heartbeat": time.time()}
-    with open(os.path.join(out, "_owner.json"), "w") as f:
-        json.dump(theirs, f)
+    with claim._lock:                     # between two renewals, as another writer taking over would be
+        take_over(out, {"run_id": "r2", "token": "theirs", "heartbeat": time.time()})
     assert told.wait(10) and "lost its claim" in why[0] and "run r2 holds it now" in why[0]
     time.sleep(0.3)
-    assert json.load(open(os.path.join(out, "_owner.json")))["token"] == "theirs"    # not written over
+    assert holder_token(out) == "theirs"                                  # not written over
     claim.release()
 
 
@@ -164,4 +157,4 @@ def test_the_same_command_started_twice_at_once_writes_once(tmp_path, tiny_nmt_m
     assert len(errors) == 1 and "Traceback" not in busy, busy[-2000:]
     manifest = json.load(open(out / "_manifest.json"))
     assert manifest["counts"]["records_read"] == 24 and manifest["counts"]["reconciled"]
-    assert not leftovers(str(out)) and not (out / "_owner.json").exists()
+    assert not leftovers(str(out)) and not claim_record(out)

@@ -56,7 +56,7 @@ class ScoreFile(beam.DoFn):
             self.progress.add("rows", batch_stats["rows"])
             self.progress.add("kept", batch_stats["kept"])
         if self.fence is not None:
-            self.fence()                  # the run still holds its output (paracorpus.commit.WriterFence)
+            self.fence()                  # the run still holds its output (paracorpus.commit.Fence)
         stats = score_file(src, dst, self.cfg, self._fit_ids, on_batch=on_batch)
         self.progress.idle()
         self.rows.inc(stats["rows"])

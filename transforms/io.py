@@ -81,7 +81,7 @@ class ReadShard(beam.DoFn):
                   "sha256": sha, "bytes": shard_size(spec), "finished_at": time.time()}
         check_manifest(record, READ_RECORD_KEYS, "read record")
         if self.fence is not None:
-            self.fence()                # the run still holds its output (paracorpus.commit.WriterFence)
+            self.fence()                # the run still holds its output (paracorpus.commit.Fence)
         storage.write_json(read_record_path(self.work, spec.name), record, indent=None)
         self.progress.flush()
         yield (COUNTS_TAG, record)

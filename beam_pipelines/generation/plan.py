@@ -22,7 +22,7 @@ from common import storage
 from common.cli import UsageError
 from common.shards import estimate_records, shard_identity, shard_size
 from paracorpus.bins import bin_capacity, pack
-from paracorpus.commit import (WORK, WriterFence, file_location, new_run_id, read_manifest_versioned, resumable_run,
+from paracorpus.commit import (WORK, Fence, file_location, new_run_id, read_manifest_versioned, resumable_run,
                                work_dir)
 from paracorpus.compaction import TABLES as DATA_TABLES
 from paracorpus.compaction import carry_item, group_key
@@ -71,16 +71,16 @@ class Plan:
     unit_pairs: int = 0
     done: bool = False           # the committed run in OUTPUT has this plan: nothing to do
     committed_version: storage.Version = storage.ABSENT   # OUTPUT's manifest as planned on: published only over it
-    claim_token: str = ""        # the claim the run writes under: its workers check it (WriterFence)
+    claim_token: str = ""        # the claim the run writes under: its workers check it (paracorpus.commit.Fence)
 
     @property
     def work(self) -> str:
         return work_dir(self.output, self.run_id)
 
     @property
-    def fence(self) -> WriterFence:
-        """What the run's workers check before each write (paracorpus.commit.WriterFence)."""
-        return WriterFence(self.output, self.claim_token)
+    def fence(self) -> Fence:
+        """What the run's workers check before each write (paracorpus.commit.Fence)."""
+        return Fence(self.output, self.claim_token, throttle=False)
 
     @property
     def num_units(self) -> int:

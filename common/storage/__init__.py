@@ -25,19 +25,20 @@ does not end it; permanent ones (403, 404, bad credentials, no such bucket) fail
 operation is safe to repeat: reads re-read a range, a write is spooled to a local file and
 uploaded again whole (an object appears only when its upload completes), deletes of what is
 
-Conditional writes (:mod:`common.storage.conditional`): a file created only if absent, replaced or
-removed only if it is still the version a caller read (a local locked rename, S3 ``If-Match``,
-GCS generations, HDFS renames): what makes publishing a manifest one atomic step.
+Records that change (a claim, a manifest, ``latest``) are numbered versions, each created once with
+the store's put-if-absent (:mod:`common.storage.versions` over :mod:`common.storage.conditional`:
+``link(2)``, S3 ``If-None-Match``, GCS ``ifGenerationMatch=0``, an HDFS rename): of two writers that
+read one version, one creates the next, however long the other was paused.
 
 The package, one concern a module: ``paths`` (joining, naming the store), ``retries`` (timeouts,
 the retry budget, one error line), ``stores`` (one pyarrow filesystem per store), ``reading``,
-``writing`` (whole files, staged or spooled), ``conditional`` (each store's guarantee), ``webhdfs``
+``writing`` (whole files, staged or spooled), ``conditional`` (each store's put-if-absent, the
+store's clock), ``versions`` (records as numbered versions), ``webhdfs``
 (HDFS's REST client) and
 ``model_cache`` (copies of remote models on this machine). Callers use ``from common import
 storage`` and the names below.
 """
-from common.storage.conditional import (ABSENT, Conflict, Version, create_new, delete_if, read_versioned,
-                                        release_held_locks, write_if)
+from common.storage.conditional import Conflict, create_new, store_now
 from common.storage.model_cache import cache_root, local_copy
 from common.storage.paths import absolute, basename, endpoint_of, has_wildcards, is_local, is_url, join, parent
 from common.storage.reading import (exists, glob, isdir, isfile, list_files, listdir, open_input, open_random_access,
@@ -45,6 +46,7 @@ from common.storage.reading import (exists, glob, isdir, isfile, list_files, lis
 from common.storage.retries import (StorageError, first_contact, is_transient, retry_seconds, retrying,
                                     timeout_seconds)
 from common.storage.stores import resolve
+from common.storage.versions import ABSENT, Version, delete_if, history, read_versioned, write_if
 from common.storage.writing import (copy_file, delete, delete_tree, fence_writes, makedirs, open_output, unfence_writes,
                                     upload_dir, write_bytes, write_json)
 
@@ -52,6 +54,6 @@ __all__ = ["ABSENT", "Conflict", "StorageError", "Version", "absolute", "basenam
            "create_new", "delete", "delete_if", "delete_tree", "endpoint_of", "exists", "fence_writes", "first_contact", "glob",
            "has_wildcards", "is_local", "is_transient", "is_url", "isdir", "isfile", "join", "list_files", "listdir",
            "local_copy", "makedirs", "open_input", "open_output", "open_random_access", "parent", "parquet_dataset",
-           "parquet_file", "read_bytes", "read_json", "read_versioned", "release_held_locks", "resolve", "retry_seconds",
+           "parquet_file", "read_bytes", "read_json", "read_versioned", "history", "resolve", "store_now", "retry_seconds",
            "retrying",
            "sha256", "size", "stat", "timeout_seconds", "unfence_writes", "upload_dir", "write_bytes", "write_if", "write_json"]

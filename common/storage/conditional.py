@@ -1,83 +1,59 @@
-"""Conditional writes: a file created only if absent, replaced or removed only if it is still the
-version the caller read. They make publishing one atomic step (a manifest replaced only if it is
-the one a run planned on: compare and swap, as Delta Lake and Iceberg commit) and fence a claim
-whose holder was paused past its lease: the store itself refuses the stale writer, whatever the
-writer believes. Each store's guarantee, in one place:
+"""Put-if-absent: a file created only if no file has its name, in one step the store itself
+decides, on every store. It is the one primitive publishing needs: every record that changes
+(a claim, a run's manifest, ``latest``) is a sequence of numbered versions, each created once with
+it (common/storage/versions.py, the way Delta Lake's ``_delta_log`` works), so no lock file, no
+staleness rule and no replace-if-unchanged is needed anywhere. Each store's guarantee:
 
-=========  ==========================================  ===========================================  ==========
-store      create only if absent                       replace / remove only if unchanged           version
-=========  ==========================================  ===========================================  ==========
-local      a fully written hidden file linked to the   under the directory's lock file (created     sha256 of
-           name (``link`` fails if the name exists)    only if absent; taken from a holder paused   the bytes
-                                                       10 s): the current file's sha256 compared,
-                                                       the lock looked at again, then a rename
-S3         ``PutObject`` with ``If-None-Match: *``     ``PutObject`` / ``DeleteObject`` with        ETag
-                                                       ``If-Match: <ETag>``
-GCS        ``ifGenerationMatch=0`` (google-cloud-      ``ifGenerationMatch=<generation>``           generation
-           storage: pyarrow exposes no preconditions)
-HDFS       a temporary file renamed to the name        the current file renamed aside (one renamer  sha256 of
-           (HDFS's rename fails if the name exists)    wins), compared, the new one renamed in      the bytes
-=========  ==========================================  ===========================================  ==========
+=========  ==================================================================================
+store      create only if absent
+=========  ==================================================================================
+local      a fully written hidden file linked to the name: ``link(2)`` fails if the name exists
+           (an EEXIST confirmed by stat: on NFS a retried link whose first reply was lost
+           answers EEXIST for the writer's own file)
+S3         ``PutObject`` with ``If-None-Match: *`` (a store answering 501 is refused, one line)
+GCS        ``ifGenerationMatch=0`` (google-cloud-storage: pyarrow exposes no preconditions)
+HDFS       a hidden file renamed to the name: HDFS's rename fails if the name exists
+=========  ==================================================================================
 
-A conditional write retried after the store had applied it (its answer lost) is refused the
-second time (412); the file is then read back, and equal bytes mean this writer's write
-(manifests and claim records carry a unique run id or token, so equal bytes are never another
-writer's). An S3-compatible store that answers 501 to a conditional header is refused in one line:
-publishing there cannot be fenced (``PARAGEN_UNFENCED_STORES=1`` accepts that, with a warning).
-HDFS's replace is not one operation: a stop between its two renames leaves the file absent and
-the previous version beside it under a hidden name, which the next :func:`read_versioned`
-puts back.
+A create retried after the store had applied it (its answer lost) is refused the second time
+(412); the file is then read back, and equal bytes mean this writer's (every record carries a
+unique token or run id). A store that accepts the condition and ignores it would let two writers
+both win: :func:`store_now` (called by every claim and by retention) creates one name twice and
+refuses, in one line, a store whose second create succeeds. It also answers what time it is by the
+store's own clock (the new file's modification time), so that a record's age is the store's time
+less the store's time, never two machines' clocks compared.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import uuid
-from dataclasses import dataclass, field
 
-from common import processes
 from common.atomic import staged_name
 from common.crash_points import storage_op
 from common.storage import webhdfs
-from common.storage.paths import _gcs_emulator, _s3_endpoint, basename, is_url
+from common.storage.paths import _gcs_emulator, _s3_endpoint, is_url, join
 from common.storage.retries import StorageError, retrying, timeout_seconds
 from common.storage.stores import _cached, resolve
-from common.storage.writing import _fsync_dir, _staged
+from common.storage.writing import _staged
 
 log = logging.getLogger("paragen.storage")
 UNFENCED_ENV = "PARAGEN_UNFENCED_STORES"
 
 
 class Conflict(FileExistsError):
-    """The file is not the version the writer expected: another writer created, replaced or
-    removed it first. Never transient: asking again cannot help (retries.is_transient)."""
-
-
-@dataclass(frozen=True)
-class Version:
-    """Which version of a file a caller read: TAG (sha256, ETag or generation; None: the file was
-    absent) and MTIME, the store's own modification time in seconds (None when absent): a lease's
-    age by the store's clock, not its holder's."""
-    tag: str | None
-    mtime: float | None = field(default=None, compare=False)
-
-    @property
-    def absent(self) -> bool:
-        return self.tag is None
-
-
-ABSENT = Version(None)
+    """The name is taken (another writer created it first), or what a writer built on is gone.
+    Never transient: asking again cannot help (retries.is_transient)."""
 
 
 def _scheme(path: str) -> str:
     return path.split("://", 1)[0].lower() if is_url(path) and not path.lower().startswith("file://") else "local"
 
 
-def read_versioned(path: str) -> tuple[bytes | None, Version]:
-    """(the bytes of PATH, their version), or (None, ABSENT) when there is no such file."""
+def read_stamped(path: str) -> tuple[bytes | None, float | None]:
+    """(the bytes of PATH, its modification time by the store's clock), or (None, None) when there
+    is no such file."""
     scheme = _scheme(path)
     if scheme == "local":
         return _local_read(resolve(path)[1])
@@ -90,203 +66,95 @@ def read_versioned(path: str) -> tuple[bytes | None, Version]:
     return _hdfs_read(path)
 
 
-def create_new(path: str, data: bytes) -> Version:
-    """Write DATA as PATH only if nothing is there: its version, or Conflict when PATH exists."""
-    return write_if(path, data, ABSENT)
-
-
-def write_if(path: str, data: bytes, expected: Version) -> Version:
-    """Write DATA as PATH only if PATH is still at version EXPECTED (ABSENT: only if there is no
-    such file), in one step no other writer can split; the new version. Conflict otherwise."""
+def create_new(path: str, data: bytes, make_dirs: bool = True) -> None:
+    """Write DATA as PATH only if no file has that name: Conflict when one has. MAKE_DIRS False: a
+    local folder that is gone stays gone (Conflict), so a writer resumed after retention removed
+    its folder never makes it again."""
     storage_op("write", path)
     scheme = _scheme(path)
     if scheme == "local":
-        return _local_write(resolve(path)[1], data, expected)
+        return _local_create(resolve(path)[1], data, make_dirs)
     if scheme == "s3":
-        return _applied_or_conflict(path, data, lambda: retrying(path, _s3_put, *_s3_key(path), data, expected))
+        return _applied_or_conflict(path, data, lambda: retrying(path, _s3_create, *_s3_key(path), data))
     if scheme in ("gs", "gcs"):
-        return _applied_or_conflict(path, data, lambda: retrying(path, _gcs_put, *_gcs_blob(path), data, expected))
-    return _hdfs_write(path, data, expected)
+        return _applied_or_conflict(path, data, lambda: retrying(path, _gcs_create, *_gcs_blob(path), data))
+    return _hdfs_create(path, data)
 
 
-def delete_if(path: str, expected: Version) -> bool:
-    """Remove PATH only if it is still at version EXPECTED: True when removed, False when it was
-    another version or gone."""
-    storage_op("delete", path)
-    scheme = _scheme(path)
-    try:
-        if scheme == "local":
-            _local_delete(resolve(path)[1], expected)
-        elif scheme == "s3":
-            retrying(path, _s3_delete, *_s3_key(path), expected)
-        elif scheme in ("gs", "gcs"):
-            retrying(path, _gcs_delete, *_gcs_blob(path), expected)
-        else:
-            _hdfs_delete(path, expected)
-    except (Conflict, FileNotFoundError):
-        return False
-    return True
-
-
-def _applied_or_conflict(path: str, data: bytes, put) -> Version:
+def _applied_or_conflict(path: str, data: bytes, put) -> None:
     """PUT(); a Conflict after a retry may be this writer's own earlier attempt, which the store
     applied before its answer was lost: equal bytes there say so."""
     try:
-        return put()
+        put()
     except Conflict:
-        current, version = read_versioned(path)
-        if current == data:
-            return version
-        raise
+        if read_stamped(path)[0] != data:
+            raise
 
 
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+_HONOURED: set = set()          # stores (scheme and bucket) seen to refuse a second create
+
+
+def store_now(directory: str) -> float:
+    """The store's own time now, read from a probe file created (and removed) in DIRECTORY; and,
+    once per store, proof that it honours put-if-absent: the probe created a second time must be
+    refused. StorageError, in one line, for a store that accepts the condition and ignores it."""
+    probe = join(directory, f".probe-{uuid.uuid4().hex}")
+    create_new(probe, b"1")
+    try:
+        key = _store_key(directory)
+        if key not in _HONOURED:
+            try:
+                create_new(probe, b"2")
+            except Conflict:
+                _HONOURED.add(key)
+            else:
+                raise StorageError(f"{directory}: the store accepted a second create of {probe} (it ignores "
+                                   "If-None-Match / put-if-absent), so two writers could both publish there; use "
+                                   "a store that honours it (AWS S3, MinIO, GCS, HDFS, a local or NFS disk)")
+        stamped = read_stamped(probe)[1]
+    finally:
+        with contextlib.suppress(Exception):
+            from common.storage.writing import delete
+            delete(probe)
+    if stamped is None:
+        raise StorageError(f"{directory}: the store lost its probe file {probe} at once")
+    return stamped
+
+
+def _store_key(directory: str) -> str:
+    if not is_url(directory):
+        return "local"
+    scheme, rest = directory.split("://", 1)
+    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 # ---- a local disk -------------------------------------------------------------------------------
 
-LOCK_NAME = ".paragen-cas.lock"
-LOCK_STALE_SECONDS = 10.0     # a lock older than this: its holder is paused (SIGSTOP, a VM pause) or dead
-_HELD: set = set()            # the locks this process holds (released by release_held_locks at a stop)
-
-
-class _DirectoryLock:
-    """The conditional writers of a directory take turns through a lock file created only if
-    absent (O_EXCL). Unlike an flock, it can be taken from a holder paused inside its few
-    milliseconds of compare and rename (a suspended job would otherwise block every writer, the
-    claim's takeover included): a lock older than LOCK_STALE_SECONDS is renamed aside (one taker
-    wins) and taken. The holder looks again that the lock is still its own just before its rename
-    or unlink (:meth:`check`), so a holder resumed after its lock was taken writes nothing. A lock
-    of a process of this machine that is gone (killed) is taken at once; a stop releases the locks
-    its process holds (:func:`release_held_locks`)."""
-
-    def __init__(self, directory: str):
-        self.path = os.path.join(directory, LOCK_NAME)
-        self.token = json.dumps({**processes.identity(), "token": uuid.uuid4().hex}).encode()
-
-    def __enter__(self):
-        import time
-
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        while True:
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                self._take_if_stale(time.time())
-                time.sleep(0.005)
-                continue
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(self.token)
-            except OSError as exc:           # a full disk: no half-written lock left, and the file named
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.path)
-                raise OSError(exc.errno, exc.strerror, self.path) from exc
-            _HELD.add(self)
-            return self
-
-    def _take_if_stale(self, now: float) -> None:
-        try:
-            age = now - os.stat(self.path).st_mtime
-            with open(self.path, "rb") as f:
-                holder = f.read()
-        except FileNotFoundError:
-            return
-        if age > LOCK_STALE_SECONDS or (age > 0.5 and processes.ended(_holder(holder))):
-            aside = f"{self.path}.stale.{uuid.uuid4().hex}"
-            with contextlib.suppress(FileNotFoundError):        # another taker was first
-                os.rename(self.path, aside)
-                os.remove(aside)
-                log.warning("%s: took a lock held for %.0f s (its holder paused or killed)", self.path, age)
-
-    def check(self) -> None:
-        """Conflict unless the lock is still this holder's (it was taken while this one was paused)."""
-        try:
-            with open(self.path, "rb") as f:
-                mine = f.read() == self.token
-        except FileNotFoundError:
-            mine = False
-        if not mine:
-            raise Conflict(f"{os.path.dirname(self.path)}: this writer was paused past "
-                           f"{LOCK_STALE_SECONDS:g} s inside its conditional write and another took its turn")
-
-    def __exit__(self, *exc):
-        _HELD.discard(self)
-        with contextlib.suppress(FileNotFoundError, Conflict):
-            self.check()
-            os.remove(self.path)
-
-
-def _holder(record: bytes) -> dict:
-    """The identity a lock file names ({} for one this code did not write whole)."""
-    try:
-        holder = json.loads(record)
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    return holder if isinstance(holder, dict) else {}
-
-
-def release_held_locks() -> None:
-    """Remove the directory locks this process holds: it is ending (a stop's os._exit), and the
-    write in progress either happened or did not."""
-    for lock in list(_HELD):
-        lock.__exit__(None, None, None)
-
-
-def _local_read(inner: str) -> tuple[bytes | None, Version]:
+def _local_read(inner: str) -> tuple[bytes | None, float | None]:
     try:
         with open(inner, "rb") as f:
-            data = f.read()
-            mtime = os.fstat(f.fileno()).st_mtime
+            return f.read(), os.fstat(f.fileno()).st_mtime
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+
+
+def _local_create(inner: str, data: bytes, make_dirs: bool) -> None:
+    def link(tmp, dst):
+        try:
+            os.link(tmp, dst)
+        except FileExistsError:
+            # NFS: a link retried after its reply was lost answers EEXIST for this writer's own file
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.stat(tmp), os.stat(dst)):
+                    return
+            raise Conflict(f"{dst}: exists (another writer created it)") from None
+    try:
+        with _staged(inner, link, make_dirs=make_dirs) as f:
+            f.write(data)
     except FileNotFoundError:
-        return None, ABSENT
-    return data, Version(_digest(data), mtime)
-
-
-def _local_current(inner: str, expected: Version) -> None:
-    """Conflict unless the file INNER is at version EXPECTED (called under the directory's lock)."""
-    _data, current = _local_read(inner)
-    if current.tag != expected.tag:
-        raise Conflict(f"{inner}: {_changed(expected, current)}")
-
-
-def _local_write(inner: str, data: bytes, expected: Version) -> Version:
-    directory = os.path.dirname(inner)
-    with _DirectoryLock(directory) as lock:
-        def place(tmp, dst, how=os.link if expected.absent else os.replace):
-            lock.check()                  # still this writer's turn, after any pause
-            how(tmp, dst)
-        if expected.absent:
-            try:
-                with _staged(inner, place) as f:
-                    f.write(data)
-            except FileExistsError:
-                raise Conflict(f"{inner}: exists (another writer created it)") from None
-        else:
-            _local_current(inner, expected)
-            with _staged(inner, place) as f:
-                f.write(data)
-        return Version(_digest(data), os.stat(inner).st_mtime)
-
-
-def _local_delete(inner: str, expected: Version) -> None:
-    directory = os.path.dirname(inner)
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(inner)
-    with _DirectoryLock(directory) as lock:
-        _local_current(inner, expected)
-        lock.check()
-        os.remove(inner)
-        _fsync_dir(directory)
-
-
-def _changed(expected: Version, current: Version) -> str:
-    if current.absent:
-        return "removed by another writer"
-    if expected.absent:
-        return "exists (another writer created it)"
-    return "replaced by another writer"
+        if make_dirs:
+            raise
+        raise Conflict(f"{inner}: its folder was removed (retention, or another run took it over)") from None
 
 
 # ---- S3 -----------------------------------------------------------------------------------------
@@ -306,7 +174,7 @@ def _boto3_s3():
                         config=Config(connect_timeout=t / 3, read_timeout=t / 3, retries={"max_attempts": 1}))
 
 
-def _s3_error(path: str, exc, expected: Version | None = None) -> OSError:
+def _s3_error(path: str, exc, creating: bool = False) -> OSError:
     """What a botocore error means here: Conflict (412; 404 for a conditional replace), a refusal
     of conditional writes (501), or an OSError that retrying() sorts into transient or not."""
     from botocore.exceptions import ClientError
@@ -316,10 +184,7 @@ def _s3_error(path: str, exc, expected: Version | None = None) -> OSError:
     err, meta = exc.response.get("Error", {}), exc.response.get("ResponseMetadata", {})
     status, code = meta.get("HTTPStatusCode"), err.get("Code")
     if status == 412 or code == "PreconditionFailed":
-        return Conflict(f"{path}: " + ("exists (another writer created it)" if expected is not None and expected.absent
-                                       else "not the version this writer read (HTTP 412)"))
-    if status == 404 and expected is not None and not expected.absent:
-        return Conflict(f"{path}: removed by another writer")
+        return Conflict(f"{path}: exists (another writer created it)" if creating else f"{path}: HTTP 412")
     if status == 404:
         return FileNotFoundError(f"{path}: no such object")
     if status == 501 or code == "NotImplemented":
@@ -354,42 +219,23 @@ def _s3_read(path, client, bucket, key):
     except (ClientError, BotoCoreError) as exc:
         err = _s3_error(path, exc)
         if isinstance(err, FileNotFoundError):
-            return None, ABSENT
+            return None, None
         raise err from None
-    return data, Version(got["ETag"], got["LastModified"].timestamp())
+    return data, got["LastModified"].timestamp()
 
 
-def _s3_put(path, client, bucket, key, data: bytes, expected: Version) -> Version:
+def _s3_create(path, client, bucket, key, data: bytes) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    condition = {"IfNoneMatch": "*"} if expected.absent else {"IfMatch": expected.tag}
     try:
-        put = client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
+        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
     except (ClientError, BotoCoreError) as exc:
-        err = _s3_error(path, exc, expected)
+        err = _s3_error(path, exc, creating=True)
         if not isinstance(err, _Unsupported) or not _unfenced_allowed(path):
             raise err from None
-        _data, current = _s3_read(path, client, bucket, key)      # checked, then written: not one step
-        if current.tag != expected.tag:
-            raise Conflict(f"{path}: {_changed(expected, current)}") from None
-        put = client.put_object(Bucket=bucket, Key=key, Body=data)
-    return Version(put["ETag"])          # the answer's own: a read after it could see another writer's
-
-
-def _s3_delete(path, client, bucket, key, expected: Version) -> None:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        client.delete_object(Bucket=bucket, Key=key, IfMatch=expected.tag)
-    except (ClientError, BotoCoreError) as exc:
-        err = _s3_error(path, exc, expected)
-        if not isinstance(err, _Unsupported) or not _unfenced_allowed(path):      # refused like the put
-            raise err from None
-        # a store without conditional deletes, accepted unfenced: compared, then removed (not one step)
-        _data, current = _s3_read(path, client, bucket, key)
-        if current.tag != expected.tag:
-            raise Conflict(f"{path}: {_changed(expected, current)}") from None
-        client.delete_object(Bucket=bucket, Key=key)
+        if _s3_read(path, client, bucket, key)[0] is not None:     # checked, then written: not one step
+            raise Conflict(f"{path}: exists (another writer created it)") from None
+        client.put_object(Bucket=bucket, Key=key, Body=data)
 
 
 # ---- GCS ----------------------------------------------------------------------------------------
@@ -417,7 +263,7 @@ def _gcs_blob(path: str):
     return path, client.bucket(bucket), name
 
 
-def _gcs_call(path: str, expected: Version | None, fn):
+def _gcs_call(path: str, fn):
     """FN() with google-cloud-storage's errors turned into this layer's: Conflict (412), an
     OSError retrying() may retry (429, 5xx, a dropped connection), or a refusal."""
     from google.api_core import exceptions as gexc
@@ -426,10 +272,8 @@ def _gcs_call(path: str, expected: Version | None, fn):
     try:
         return fn()
     except gexc.PreconditionFailed:
-        raise Conflict(f"{path}: not the version this writer read (another writer got there first)") from None
+        raise Conflict(f"{path}: exists (another writer created it)") from None
     except gexc.NotFound:
-        if expected is not None and not expected.absent:
-            raise Conflict(f"{path}: removed by another writer") from None
         raise FileNotFoundError(f"{path}: no such object") from None
     except (gexc.TooManyRequests, gexc.ServerError) as exc:
         raise OSError(f"GCS: {str(exc).splitlines()[0]}") from None
@@ -445,142 +289,78 @@ def _gcs_call(path: str, expected: Version | None, fn):
         raise
 
 
-def _gcs_version(blob) -> Version:
-    return Version(str(blob.generation), blob.updated.timestamp() if blob.updated else None)
-
-
 def _gcs_read(path, bucket, name):
     t = timeout_seconds() / 3
     try:
-        blob = _gcs_call(path, None, lambda: bucket.get_blob(name, timeout=t, retry=None))
+        blob = _gcs_call(path, lambda: bucket.get_blob(name, timeout=t, retry=None))
         if blob is None:
-            return None, ABSENT
+            return None, None
         # the bytes of exactly that generation (a replace in between answers 404/412)
-        data = _gcs_call(path, None, lambda: blob.download_as_bytes(if_generation_match=blob.generation,
+        data = _gcs_call(path, lambda: blob.download_as_bytes(if_generation_match=blob.generation,
                                                                     timeout=t, retry=None))
     except (FileNotFoundError, Conflict):
         raise OSError(f"GCS: {path} changed while it was read: retry") from None
-    return data, _gcs_version(blob)
+    return data, blob.updated.timestamp() if blob.updated else None
 
 
-def _gcs_put(path, bucket, name, data: bytes, expected: Version) -> Version:
-    blob = bucket.blob(name)
-    generation = 0 if expected.absent else int(expected.tag)
-    _gcs_call(path, expected, lambda: blob.upload_from_string(data, if_generation_match=generation,
-                                                              timeout=timeout_seconds() / 3, retry=None))
-    return _gcs_version(blob)
+def _gcs_create(path, bucket, name, data: bytes) -> None:
+    _gcs_call(path, lambda: bucket.blob(name).upload_from_string(data, if_generation_match=0,
+                                                                 timeout=timeout_seconds() / 3, retry=None))
 
 
-def _gcs_delete(path, bucket, name, expected: Version) -> None:
-    # compared first as well: GCS checks ifGenerationMatch on a delete, fake-gcs-server does not
-    t = timeout_seconds() / 3
-    blob = _gcs_call(path, None, lambda: bucket.get_blob(name, timeout=t, retry=None))
-    if blob is None or str(blob.generation) != expected.tag:
-        raise Conflict(f"{path}: {'removed' if blob is None else 'replaced'} by another writer")
-    _gcs_call(path, expected, lambda: blob.delete(if_generation_match=int(expected.tag), timeout=t, retry=None))
+# ---- HDFS (renames): webhdfs:// tested on a MiniDFSCluster, hdfs:// (libhdfs) through a local stand-in --
 
-
-# ---- HDFS (rename-based): webhdfs:// tested on a MiniDFSCluster, hdfs:// (libhdfs) through a local stand-in --
-
-def _aside_names(fs, inner: str) -> list[str]:
-    """The hidden names a replace stopped between its two renames left beside INNER."""
+def _hdfs_read(path: str) -> tuple[bytes | None, float | None]:
     import pyarrow.fs as pafs
 
-    directory, name = inner.rsplit("/", 1)
-    infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    return sorted(i.path for i in infos if i.base_name.startswith(f".{name}.") and i.base_name.endswith(".replaced"))
-
-
-def _hdfs_read(path: str, fs_inner=None) -> tuple[bytes | None, Version]:
-    import pyarrow.fs as pafs
-
-    fs, inner = fs_inner or resolve(path)
+    fs, inner = resolve(path)
     info = fs.get_file_info(inner)
     if info.type == pafs.FileType.NotFound:
-        aside = _aside_names(fs, inner)
-        if not aside:
-            return None, ABSENT
-        with contextlib.suppress(OSError):            # a replace stopped half-way: the previous version back
-            _rename_new(fs, aside[-1], inner)
-        info = fs.get_file_info(inner)
-        if info.type == pafs.FileType.NotFound:
-            return None, ABSENT
-    with fs.open_input_stream(inner) as f:
-        data = f.read()
-    return data, Version(_digest(data), info.mtime.timestamp() if info.mtime else None)
+        return None, None
+    try:
+        with fs.open_input_stream(inner) as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None, None
+    return data, info.mtime.timestamp() if info.mtime else None
 
 
-def _hdfs_write(path: str, data: bytes, expected: Version, fs_inner=None) -> Version:
-    fs, inner = fs_inner or resolve(path)
+def _hdfs_create(path: str, data: bytes) -> None:
+    """A hidden file written whole, then renamed to the name: HDFS's rename fails when the name
+    exists, so one creator wins (HDFS shows a file while it is written: never under its name)."""
+    fs, inner = resolve(path)
     tmp = staged_name(inner)
     client = webhdfs.client_of(fs)
-    if client is not None:
-        client.put(tmp, data)
-    else:
-        with fs.open_output_stream(tmp) as f:
-            f.write(data)
     try:
-        if expected.absent:
-            _hdfs_rename(fs, tmp, inner, f"{path}: exists (another writer created it)")
+        if client is not None:
+            client.put(tmp, data)
         else:
-            aside = _hdfs_take(fs, inner, path, expected, "replaced")
-            _hdfs_rename(fs, tmp, inner, f"{path}: created by another writer during the replace")
-            fs.delete_file(aside)
+            with fs.open_output_stream(tmp) as f:
+                f.write(data)
+        storage_op("rename", path)
+        try:
+            if client is not None:
+                client.rename_new(tmp, inner)          # pyarrow's move replaces over WebHDFS: not this
+            else:
+                fs.move(tmp, inner)
+        except FileExistsError:
+            raise Conflict(f"{path}: exists (another writer created it)") from None
+        except FileNotFoundError:
+            raise Conflict(f"{path}: its folder was removed") from None
+        except OSError:
+            if client is not None or fs.get_file_info(inner).type.name == "NotFound":
+                raise                                # WebHDFS says which; a name still free is no conflict
+            raise Conflict(f"{path}: exists (another writer created it)") from None
     finally:
         with contextlib.suppress(OSError):
             fs.delete_file(tmp)
-    return Version(_digest(data))
-
-
-def _hdfs_delete(path: str, expected: Version, fs_inner=None) -> None:
-    fs, inner = fs_inner or resolve(path)
-    fs.delete_file(_hdfs_take(fs, inner, path, expected, "deleted"))
-
-
-def _hdfs_take(fs, inner: str, path: str, expected: Version, why: str) -> str:
-    """Rename INNER aside (one renamer wins) and compare it with EXPECTED: the hidden name it is
-    under now; put back and Conflict when it is another version."""
-    directory = inner.rsplit("/", 1)[0]
-    aside = f"{directory}/.{basename(inner)}.{uuid.uuid4().hex}.{why}"
-    _hdfs_rename(fs, inner, aside, f"{path}: removed or being replaced by another writer")
-    with fs.open_input_stream(aside) as f:
-        current = _digest(f.read())
-    if current != expected.tag:
-        with contextlib.suppress(OSError):
-            _rename_new(fs, aside, inner)
-        raise Conflict(f"{path}: replaced by another writer")
-    return aside
-
-
-def _rename_new(fs, src: str, dst: str) -> None:
-    """HDFS's rename, which fails when DST exists (or SRC does not): one renamer wins. (pyarrow's
-    move replaces DST over WebHDFS, as pyarrow promises: the client's own rename_new does not.)"""
-    client = webhdfs.client_of(fs)
-    if client is not None:
-        client.rename_new(src, dst)
-    else:
-        fs.move(src, dst)
-
-
-def _hdfs_rename(fs, src: str, dst: str, conflict: str) -> None:
-    try:
-        _rename_new(fs, src, dst)
-    except (FileExistsError, FileNotFoundError):
-        raise Conflict(conflict) from None
-    except OSError:
-        if webhdfs.client_of(fs) is not None:       # WebHDFS says which: a store that did not answer is no conflict
-            raise
-        raise Conflict(conflict) from None          # libhdfs's rename says only that it failed
 
 
 def guarantee(path: str) -> str:
-    """What PATH's store guarantees for a conditional write, in words (docs, the check phase)."""
-    return {"local": "a link or a locked rename: fenced",
-            "s3": "If-None-Match / If-Match: fenced (a store answering 501 is refused)",
-            "gs": "generation preconditions: fenced", "gcs": "generation preconditions: fenced",
-            }.get(_scheme(path), "renames: fenced, but a replace is two renames (a stop between them is "
-                                 "repaired by the next read)")
+    """What PATH's store guarantees for put-if-absent, in words (docs, the check phase)."""
+    return {"local": "link(2): fenced", "s3": "If-None-Match: fenced (a store answering 501 is refused)",
+            "gs": "ifGenerationMatch=0: fenced", "gcs": "ifGenerationMatch=0: fenced",
+            }.get(_scheme(path), "a rename that fails if the name exists: fenced")
 
 
-__all__ = ["ABSENT", "Conflict", "Version", "create_new", "delete_if", "guarantee", "read_versioned", "write_if",
-           "UNFENCED_ENV"]
+__all__ = ["Conflict", "UNFENCED_ENV", "create_new", "guarantee", "read_stamped", "store_now"]

@@ -101,12 +101,14 @@ def open_output(path: str):
 
 
 @contextlib.contextmanager
-def _staged(inner: str, place):
+def _staged(inner: str, place, make_dirs: bool = True):
     """A hidden temporary file beside the local path INNER to write in the block; once written, on
     the disk (fsync) and PLACE(tmp, INNER) puts it there (os.replace, or os.link: which fails if
-    INNER exists), then the directory is synced too. The temporary file never stays behind."""
+    INNER exists), then the directory is synced too. The temporary file never stays behind.
+    MAKE_DIRS False: a missing folder is FileNotFoundError, not made."""
     directory = os.path.dirname(inner)
-    os.makedirs(directory, exist_ok=True)
+    if make_dirs:
+        os.makedirs(directory, exist_ok=True)
     tmp = staged_name(inner)
     try:
         with open(tmp, "wb") as f:
