@@ -468,6 +468,11 @@ def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...], fence=
             if STAGED_LEFTOVER.match(name) and storage.isfile(storage.join(output, name)):
                 fence()
                 storage.delete(storage.join(output, name))
+        log_dir = storage.join(output, storage.versions.LOG)
+        for name in storage.listdir(log_dir):      # a manifest version's, killed before its link (only a publisher writes those)
+            if STAGED_LEFTOVER.match(name) and "_manifest.json." in name:
+                fence()
+                storage.delete(storage.join(log_dir, name))
     work = storage.join(output, WORK)
     mine = manifest.get("run_id")
     for name in sorted(storage.listdir(work), key=lambda n: n == mine):

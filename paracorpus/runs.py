@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from common import storage
 from common.cli import UsageError
-from paracorpus.commit import OWNER, WORK, committed_files
+from common.storage.versions import LOG
+from paracorpus.commit import WORK, committed_files
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST, table_relative
 
 _RUN_TABLES = ((MANIFEST, "paraphrases"), (FILTER_MANIFEST, "scored"))
@@ -61,7 +62,7 @@ def open_input(path: str) -> ParquetInput:
     if not storage.isdir(path):
         raise FileNotFoundError(f"{path}: no such file or directory")
     names = storage.listdir(path)
-    if any(n in names for n in ("paraphrases", "scored", WORK, OWNER)):
+    if any(n in names for n in ("paraphrases", "scored", WORK, LOG)):
         raise UsageError(f"{path}: a run without its manifest (unfinished, failed or still running): "
                          "its files are not a committed corpus")
     files = tuple(p for p in storage.list_files(path) if p.endswith(".parquet")

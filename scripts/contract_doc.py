@@ -140,6 +140,8 @@ def layout() -> str:
              (f"OUT/{schema.REJECTS.name}/{part}", "their rejected input records"),
              (f"OUT/{schema.DEDUP.name}/{part}", "dedup keys of the pairs they decoded"),
              (f"OUT/{schema.MANIFEST}", "written last: lists every file of the run"),
+             (f"OUT/_log/<n>-{schema.MANIFEST}", "its versions, each created once: the newest is the truth"),
+             ("OUT/_log/<n>-_owner.json", "the claim of the run writing here (its versions)"),
              ("OUT/_work/<run id>/", "bookkeeping of a run in progress (removed when it commits)")]
     width = max(len(path) for path, _ in lines) + 3
     return "\n".join(f"{path.ljust(width)}{what}" for path, what in lines)
@@ -196,6 +198,23 @@ corpus. Each entry's `path` opens as `<the manifest's directory>/<path>`, or is 
   (keys have no `..`);
 - a refresh root's `ROOT/latest/` is a directory holding a copy of the current run's manifest
   whose paths open from there, so `ROOT/latest` reads like any run, on a disk or in a bucket.
+
+What a reader may rely on (`common/storage/versions.py`; a run written before versions has no
+`_log/`, and its `_manifest.json` is the truth):
+
+- **The truth is the newest version** in `_log/` (`<20-digit n>-_manifest.json`, the highest n;
+  `latest` likewise under a refresh root). Versions are created once, whole, and never changed.
+  `_manifest.json`, `latest.json` and `ROOT/latest/` are copies of it, each written whole after it:
+  a reader that opens one sees one version or the next, never a mix. A copy can lag its log: for
+  the instant between a version and its copy, and after a writer stopped there until the next
+  start repairs it; a reader that must see the newest reads the highest version.
+- **What a reader opened stays readable for `--retain` hours** (default 24) under a refresh root:
+  retention removes a run only when no kept run, no view and no version of `latest` written in
+  that time references it, and never while its claim is alive. Outside a refresh, a run's own
+  `--overwrite` removes the files the replaced manifest listed once the new one is published: a
+  reader of the old manifest then has to open the new one.
+- Files a manifest lists are never replaced or changed: every one has a name no other attempt
+  uses.
 
 The list of a table's files, with nothing but the standard library (`OUT` is a run directory or
 `ROOT/latest`):

@@ -18,7 +18,7 @@ its lease while the same command starts again and takes over (then SIGCONT). At 
   the rows of an uninterrupted run (a paused holder: the one that took over does, and the paused
   one exits 75 or finds the work done);
 * nothing is left that the manifest does not list: no unit files, no files of the run it replaced,
-  no ``_work``, no ``_owner.json``, no hidden temporary file.
+  no ``_work``, no claim, no hidden temporary file.
 
 The state every point starts from is made by SETUP commands (none: an empty output; a committed
 run of other settings that the stopped run replaces with ``--overwrite``; earlier refreshes).
@@ -131,7 +131,33 @@ def leftovers(out: str, which: Job = GENERATE) -> list[str]:
     manifest = read_manifest(out, which.manifest) or {}
     listed = {file_location(out, f) for files in manifest.get("files", {}).values() for f in files}
     return sorted(p for p in storage.list_files(out)
-                  if _canonical(p) not in listed and storage.basename(p) != which.manifest)
+                  if _canonical(p) not in listed and storage.basename(p) != which.manifest
+                  and not _record_version(out, p)) + _records_out_of_step(out, which.manifest)
+
+
+def _record_version(folder: str, path: str) -> bool:
+    """True when PATH is a version of one of FOLDER's records (common/storage/versions.py)."""
+    import re
+
+    from common import storage
+
+    return storage.parent(path) == storage.join(folder, "_log") and bool(re.match(r"^\d{20}-", storage.basename(path)))
+
+
+def _records_out_of_step(folder: str, *copies: str) -> list[str]:
+    """A claim still held, or a copy that is not its record's newest version."""
+    from common import storage
+    from paracorpus.commit import claim_record
+
+    left = [f"{name} (a claim still held)" for name in ("_owner.json", "_refresh.json")
+            if claim_record(folder, name)]
+    for name in copies:
+        path = storage.join(folder, name)
+        data = storage.read_versioned(path)[0]
+        copy = storage.read_bytes(path) if storage.isfile(path) else None
+        if copy != data:
+            left.append(f"{name} (not a copy of its newest version)")
+    return left
 
 
 def _refresh_leftovers(root: str) -> list[str]:
@@ -153,8 +179,10 @@ def _refresh_leftovers(root: str) -> list[str]:
     logs = storage.listdir(storage.join(root, "logs"))
     # the newest refresh's log stays when it was a no-op (no run of its own), until the next refresh
     left += [f"logs/{n}" for n in logs if n.removesuffix(".log") not in kept and n != max(logs)]
-    extra = sorted(set(storage.listdir(root)) - {"runs", "filtered", "logs", "latest", "latest.json"})
-    left += extra                                   # _refresh.lock, or anything else
+    extra = sorted(set(storage.listdir(root)) - {"runs", "filtered", "logs", "latest", "latest.json", "_log"})
+    left += extra                                   # anything else
+    left += [f"_log/{n}" for n in storage.listdir(storage.join(root, "_log")) if not _record_version(
+        root, storage.join(root, "_log", n))] + _records_out_of_step(root, "latest.json")
     named = rows(root, REFRESH)
     if named is not None and view(root) != named:
         left.append("latest/ (a view of another run than latest.json names)")
@@ -475,7 +503,8 @@ def refresh_sweep(work: str, models: str, store: Store | None = None, mode: str 
     filtered = [f"--filter_args=--config {config}"]
 
     def run(keep, with_filter, folder):
-        return ["--keep", keep, *(filtered if with_filter else []), "--", *refresh_job_args(models),
+        # --retain 0: retention by --keep and by reference alone, so that every sweep walks its deletes
+        return ["--keep", keep, "--retain", "0", *(filtered if with_filter else []), "--", *refresh_job_args(models),
                 "--input", inputs[folder]]
     modes = {"filtered": ([run("1", True, "one")], run("1", True, "changed")),
              "keep2": ([run("2", True, "one"), run("2", True, "two")], run("2", True, "three")),

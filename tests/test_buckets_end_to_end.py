@@ -15,6 +15,7 @@ from common import storage
 from paracorpus.commit import committed_files
 from tests.hdfs_cluster import hdfs_store  # noqa: F401  (fixture)
 from tests.object_stores import gcs_store, s3_store  # noqa: F401  (fixtures)
+from tests.claims import claim_record
 
 _FLOATS = ("forward_nll", "backward_nll", "combined_score")
 FILTER_CONFIG = "filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.6}}\n  - name: lm_perplexity\n"
@@ -92,7 +93,7 @@ def test_generation_filter_and_embeddings_on_a_bucket(bucket, local_runs, tmp_pa
     assert _rows(gen)
     _same(_rows(gen), _rows(str(local_runs / "gen")))
     _same(_rows(gen, "rejects"), _rows(str(local_runs / "gen"), "rejects"))
-    assert not storage.exists(f"{gen}/_work") and not storage.exists(f"{gen}/_owner.json")
+    assert not storage.exists(f"{gen}/_work") and not claim_record(gen)
     assert not any(os.path.exists(f"{s}:") for s in ("s3", "gs", "webhdfs"))     # nothing written to a local "s3:/..."
 
     filtered = f"{bucket}/runs/filtered"

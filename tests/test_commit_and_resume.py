@@ -16,6 +16,7 @@ from common.cli import OutputBusy, UsageError
 from paracorpus.commit import committed_files
 from paracorpus.runs import open_input
 from tests.jobs import committed_rows, quick_args, units_committed
+from tests.claims import claim_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,22 +135,22 @@ def test_a_failed_overwrite_leaves_the_previous_run_whole(bitext, tiny_nmt_model
     # the next run commits over both and cleans up after the dead attempt
     manifest = run(_args(bitext, out, tiny_nmt_models, "--overwrite", "--seed", "5"))
     assert manifest["run_id"] != before[1]["run_id"] and _rows(out) != before[0]
-    assert not (out / "_work").exists() and not (out / "_owner.json").exists()
+    assert not (out / "_work").exists() and not claim_record(out)
 
 
 @pytest.mark.slow
 def test_a_second_writer_is_refused_while_the_first_runs(bitext, tiny_nmt_models, tmp_path):
     out = tmp_path / "out"
     proc = _start(_args(bitext, out, tiny_nmt_models))
-    _wait_for(lambda: (out / "_owner.json").exists(), proc)
-    owner = json.load(open(out / "_owner.json"))
+    _wait_for(lambda: claim_record(out) is not None, proc)
+    owner = claim_record(out)
     with pytest.raises(OutputBusy, match=f"is being written by run {owner['run_id']}") as busy:
         run(_args(bitext, out, tiny_nmt_models, "--overwrite"))
     assert busy.value.code == 75                     # EX_TEMPFAIL: a scheduler tries again later
     assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
     manifest = json.load(open(out / "_manifest.json"))
     assert manifest["run_id"] == owner["run_id"] and manifest["counts"]["reconciled"]
-    assert not (out / "_owner.json").exists()
+    assert not claim_record(out)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 from tests.crash_points import Store, chosen, filter_sweep, generation_sweep, refresh_sweep, temporary_store
 from tests.hdfs_cluster import hdfs_store  # noqa: F401: fixture
 from tests.object_stores import gcs_store, s3_store  # noqa: F401: fixtures
+from tests.claims import claim_record
 
 pytestmark = pytest.mark.slow          # each point is two runs of the job
 
@@ -133,7 +134,7 @@ def test_a_stopped_refresh_is_continued_by_the_same_command(tiny_nmt_models, tmp
     assert killed.returncode in (-9, 137), killed.stderr[-2000:]
     (killed_id,) = set(storage.listdir(storage.join(out, "runs"))) - before
     run_dir = storage.join(out, "runs", killed_id)
-    assert storage.isfile(storage.join(run_dir, "_owner.json"))           # never released
+    assert claim_record(run_dir)                                          # never released
     committed = units_committed(run_dir)
     assert committed >= 2, committed
     again = job(args, sweep.env, which=REFRESH)

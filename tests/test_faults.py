@@ -30,6 +30,7 @@ import pytest
 from beam_pipelines.generate import run
 from tests.jobs import committed_rows, quick_args, start_job, units_committed, wait_for
 from tests.object_stores import s3_store  # noqa: F401: a fixture
+from tests.claims import claim_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI = ("--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
@@ -95,7 +96,7 @@ def test_sigterm_stops_run_and_workers_in_one_line_and_the_same_command_continue
     assert "Traceback" not in err, err[-3000:]
     committed = _units(out)
     assert 3 <= committed < 24 and f"{committed} of 24 work units committed" in errors[0]
-    assert not (out / "_manifest.json").exists() and not (out / "_owner.json").exists()
+    assert not (out / "_manifest.json").exists() and not claim_record(out)
     # the same command again: continues, and ends with the uninterrupted rows
     proc = _job(args)
     rc, err = _finish(proc, timeout=600)
@@ -235,7 +236,7 @@ F.embedding = embedding
 def test_a_device_error_ends_the_worker_in_one_line_not_in_rejects(bitext, tiny_nmt_models, tmp_path, uninterrupted,
                                                                    mode):
     """Exit status 70 in either running mode (multi_processing, the GPU default, used to end 1),
-    and the output's claim released (the in-memory runner used to leave _owner.json)."""
+    and the output's claim released (the in-memory runner used to leave its claim)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_INJECT)
@@ -250,7 +251,7 @@ def test_a_device_error_ends_the_worker_in_one_line_not_in_rejects(bitext, tiny_
         assert "failed while decoding unit" in errors[0] and "illegal memory access" in errors[0]
     else:
         assert "exit status 70: its device failed" in errors[0], errors
-    assert not (out / "_manifest.json").exists() and not (out / "_owner.json").exists()
+    assert not (out / "_manifest.json").exists() and not claim_record(out)
     # nothing it decoded became a decode_error reject; the next process (a healthy device) continues
     rc = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}).returncode

@@ -30,6 +30,7 @@ from beam_pipelines.generate import run
 from tests.crash_points import FILTER, REFRESH, leftovers
 from tests.flink_cluster import BOOT, JOB_SERVER_JAR, flink_cluster, missing
 from tests.jobs import FILTER_CONFIG, ROOT, committed_rows, quick_args, scored_rows, units_committed
+from tests.claims import claim_record
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(missing()), reason=missing() or "")]
 
@@ -188,7 +189,7 @@ def test_a_stopped_submission_cancels_its_flink_job_and_the_same_command_continu
     assert status == 128 + signal.SIGTERM, err[-3000:]
     job = _job_of(flink, f"paragen-generate-{run_id}")
     flink.wait(lambda: _job_of(flink, run_id)["state"] == "CANCELED", "the Flink job cancelled", 120)
-    assert not (out / "_owner.json").exists()
+    assert not claim_record(out)
     status, err = finish(submit(flink, args))
     assert status == 0, err[-3000:]
     manifest = json.load(open(out / "_manifest.json"))

@@ -43,7 +43,7 @@ def test_a_start_that_planned_before_another_published_does_not_replace_it(tmp_p
     args = quick_args(str(bitext), out, tiny_nmt_models)
     a = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_CRASH_AT": "~/_owner.json:STOP"})
+                         env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_CRASH_AT": "~-_owner.json:STOP"})
     try:
         _stopped(a)
         b = job([*args, "--num_samples", "2"])
@@ -77,14 +77,14 @@ def test_previous_output_itself_stopped_after_its_manifest_is_finished_by_the_sa
 
 
 def test_a_kill_between_a_manifests_sync_and_its_rename_leaves_no_hidden_file(tmp_path, bitext, tiny_nmt_models):
-    """SIGKILL after the manifest was written under its hidden temporary name and synced, before
-    the rename: nothing is published, and the same command publishes and leaves nothing behind
-    (the temporary ._manifest.json.*.tmp stayed for good)."""
+    """SIGKILL after the manifest's version was written under its hidden temporary name and
+    synced, before its link: nothing is published, and the same command publishes and leaves
+    nothing behind (the temporary file stayed for good once)."""
     out = tmp_path / "out"
     args = quick_args(str(bitext), out, tiny_nmt_models)
-    stopped = job(args, {"PARAGEN_CRASH_AT": "~/_manifest.json@2:KILL"})
+    stopped = job(args, {"PARAGEN_CRASH_AT": "~-_manifest.json@2:KILL"})
     assert stopped.returncode == -9 and rows(str(out)) is None
-    assert any(n.startswith("._manifest.json.") for n in os.listdir(out))
+    assert any(n.endswith("-_manifest.json." + n.rsplit(".", 2)[-2] + ".tmp") for n in os.listdir(out / "_log"))
     again = job(args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert rows(str(out)) and not leftovers(str(out)), leftovers(str(out))

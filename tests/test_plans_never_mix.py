@@ -20,6 +20,7 @@ from common.cli import UsageError
 from paracorpus.compaction import FileTarget, compact_group
 from tests.jobs import committed_rows, quick_args
 from tests.test_compaction import _unit
+from tests.claims import claim_record
 
 
 def test_a_group_record_of_another_plan_is_not_reused(tmp_path):
@@ -66,7 +67,7 @@ def test_a_run_id_of_another_plans_unfinished_run_is_refused_before_writing(bite
     with pytest.raises(UsageError, match="--run_id nightly: .* holds an unfinished run of another plan"):
         run(quick_args(bitext, out, tiny_nmt_models, "--run_id", "nightly"))
     assert (work / "plan.json").read_text() == before and sorted(os.listdir(work)) == ["plan.json"]
-    assert not (out / "_owner.json").exists()
+    assert not claim_record(out)
 
 
 @pytest.mark.slow

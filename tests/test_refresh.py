@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from beam_pipelines.refresh import LOCK, run as refresh
+from beam_pipelines.refresh import LEASE, run as refresh
+from common import processes
+from tests.claims import claim_record, take_over
 from paracorpus.latest import LATEST
 from common import storage
 from common.cli import JobFailed, OutputBusy, UsageError
@@ -92,8 +94,8 @@ def test_refreshes_on_a_local_disk(tmp_path, tiny_nmt_models):
 def test_overlapping_refreshes_are_refused(tmp_path, tiny_nmt_models):
     root = tmp_path / "root"
     root.mkdir()
-    (root / LOCK).write_text(json.dumps({"run_id": "20260101T000000Z-other", "host": os.uname().nodename,
-                                         "pid": os.getpid(), "heartbeat": time.time(), "started": time.time()}))
+    take_over(root, {"run_id": "20260101T000000Z-other", **processes.identity(), "heartbeat": time.time(),
+                     "started": time.time()}, name=LEASE)
     with pytest.raises(OutputBusy, match="is being written by run 20260101T000000Z-other"):
         refresh(["--root", str(root), "--", *_job(str(tmp_path), tiny_nmt_models)])
     assert not (root / "runs").exists()
@@ -131,7 +133,7 @@ def test_refreshes_on_a_bucket(tmp_path, monkeypatch, tiny_nmt_models, s3_store)
     assert [e["input_shard"] for e in m2["inputs"] if e["decoded_in"] == r2["run_id"]] == ["b.tsv"]
     assert {storage.basename(p) for p in committed_files(f"{root}/runs/{r2['run_id']}", "paraphrases")} >= \
         {storage.basename(p) for p in committed_files(f"{root}/runs/{r1['run_id']}", "paraphrases")}
-    assert storage.isfile(f"{root}/logs/{r2['run_id']}.log") and not storage.exists(f"{root}/{LOCK}")
+    assert storage.isfile(f"{root}/logs/{r2['run_id']}.log") and not claim_record(root, LEASE)
     assert refresh(["--root", root, "--", *_job(f"{bucket}/in", f"{bucket}/models")])["noop"]
 
 

@@ -11,6 +11,7 @@ import pytest
 from beam_pipelines.refresh import run as refresh
 from paracorpus.latest import LATEST
 from common.cli import JobFailed, OutputBusy, UsageError, cli_main
+from tests.claims import claim_record
 
 
 def _script(tmp_path, body: str) -> str:
@@ -90,6 +91,6 @@ def test_a_run_whose_holder_is_alive_is_neither_continued_nor_removed(tmp_path):
         with pytest.raises(OutputBusy, match=f"run {run_dir.name} of an earlier refresh is still being written") as info:
             _refresh(tmp_path, _script(tmp_path, f"open({str(marker)!r}, 'w').close()\n"))
         assert info.value.code == 75 and not marker.exists()
-        assert os.path.isfile(run_dir / "_owner.json")
+        assert claim_record(run_dir)
     finally:
         claim.release()

@@ -22,7 +22,7 @@ from common.cli import OutputBusy
 from paracorpus.commit import Claim
 from paracorpus.latest import Latest
 root, run_id = sys.argv[1], sys.argv[2]
-lease = Claim(root, "refresh-" + run_id, name="_refresh.lock").acquire() if sys.argv[3] == "lease" else None
+lease = Claim(root, "refresh-" + run_id, name="_refresh.json").acquire() if sys.argv[3] == "lease" else None
 try:
     latest = Latest(root)
     latest.publish(run_id)
@@ -102,8 +102,9 @@ def test_retention_never_removes_a_run_whose_claim_is_alive(tmp_path):
         (root / "runs" / name).mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     from common import processes
-    (root / "runs" / "r4" / "_owner.json").write_text(json.dumps(
-        {"run_id": "r4", "token": "t", **processes.identity(), "pid": int(dead.stdout), "heartbeat": time.time()}))
+    from tests.claims import take_over
+    take_over(root / "runs" / "r4", {"run_id": "r4", "token": "t", **processes.identity(), "pid": int(dead.stdout),
+                                     "heartbeat": time.time()})
     claim = Claim(str(root / "runs" / "r3"), "r3").acquire()
     try:
         assert prune(str(root), 1, False, "r2") == ["r1", "r4"]
@@ -144,14 +145,14 @@ def test_the_latest_view_never_shows_two_runs(tmp_path):
 
 @pytest.mark.parametrize("store", ["local"])
 def test_a_refresh_paused_past_its_lease_cannot_move_latest(tmp_path, store):
-    """Refresh A holds the lease and stops just before latest.json; refresh B takes the lease
-    over once it is stale and publishes r3; A resumes: its latest.json write is refused by the
-    store (exit 75), latest stays r3 (the old code moved latest back to A's run)."""
+    """Refresh A holds the lease and stops just before it creates latest's next version; refresh B
+    takes the lease over once it is stale and publishes r3; A resumes: that number is taken (exit
+    75), latest stays r3 (the first code moved latest back to A's run)."""
     from tests.test_fencing import LEASE, _stopped
 
     root = _root(tmp_path, runs=("r1", "r2", "r3"))
     env = {"PARAGEN_LEASE_SECONDS": LEASE}
-    a = _publish(root, "r2", {**env, "PARAGEN_CRASH_AT": "~/latest.json:STOP"}, lease=True, wait=False)
+    a = _publish(root, "r2", {**env, "PARAGEN_CRASH_AT": "~-latest.json:STOP"}, lease=True, wait=False)
     try:
         _stopped(a)
         time.sleep(float(LEASE) + 1)
@@ -160,5 +161,46 @@ def test_a_refresh_paused_past_its_lease_cannot_move_latest(tmp_path, store):
     finally:
         a.send_signal(signal.SIGCONT)
     _out, err = a.communicate(timeout=60)
-    assert a.returncode == 75 and "written by another refresh" in err, err[-2000:]
+    assert a.returncode == 75 and "moved by another refresh" in err, err[-2000:]
     assert json.loads((root / "latest.json").read_text())["run_id"] == "r3" and _view(root) == ("r3", "r3")
+
+
+_TINY_RUN_JOB = """
+import json, os, sys
+import pyarrow as pa
+import pyarrow.parquet as pq
+from common import storage
+out = sys.argv[sys.argv.index("--output") + 1]
+os.makedirs(os.path.join(out, "paraphrases"), exist_ok=True)
+pq.write_table(pa.table({"row": [os.path.basename(out)]}), os.path.join(out, "paraphrases", "part-0.parquet"))
+manifest = {"run_id": os.path.basename(out), "files": {"paraphrases": [{"path": "paraphrases/part-0.parquet"}]}}
+storage.write_if(os.path.join(out, "_manifest.json"), json.dumps(manifest).encode(), storage.ABSENT)
+"""
+
+
+@pytest.mark.parametrize("retain, kept", [(None, True), ("0", False)])
+def test_a_reader_holding_an_old_manifest_outlasts_three_refreshes(tmp_path, monkeypatch, retain, kept):
+    """A reader opens the run latest names and reads its files slowly; three refreshes with
+    --keep 1 pass meanwhile. Retention keeps every run a version of latest written in the last
+    --retain hours named (default 24), so the reader's files are all there; with --retain 0
+    (retention by --keep alone, as before) the run the reader holds is gone."""
+    import pyarrow.parquet as pq
+
+    from beam_pipelines.refresh import run as refresh
+    from paracorpus.commit import committed_files
+    from paracorpus.latest import latest_run
+
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    job = tmp_path / "job.py"
+    job.write_text(_TINY_RUN_JOB)
+    root = str(tmp_path / "root")
+    args = ["--root", root, "--keep", "1", *(["--retain", retain] if retain else []),
+            "--job_cmd", f"{sys.executable} {job}", "--", "--input", "x"]
+    refresh(args)
+    reading = committed_files(latest_run(root), "paraphrases")          # the reader opened its manifest
+    for _ in range(3):
+        refresh(args)
+    assert all(os.path.exists(f) for f in reading) == kept
+    if kept:
+        assert [pq.read_table(f).num_rows for f in reading] == [1]
+    assert len(os.listdir(os.path.join(root, "runs"))) == (4 if kept else 1)

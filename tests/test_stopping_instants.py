@@ -1,7 +1,7 @@
 """A stop at the instants the fault table of issue 41 did not cover (issue 53): a second signal,
 a signal right after the manifest, a stop whose listing of the committed units would outlast the
 grace period. Each ends in one line within the grace period, with nothing left to hold the output
-(no _owner.json), and the same command then finishes the run (its clean-up too)."""
+(no claim), and the same command then finishes the run (its clean-up too)."""
 import os
 import signal
 import subprocess
@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.jobs import committed_rows, quick_args, start_job, units_committed, wait_for
+from tests.claims import claim_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI = ("--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
@@ -38,7 +39,7 @@ def _rerun_finishes(args, out, want_rows):
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     assert committed_rows(out) == want_rows
-    assert not (out / "_work").exists() and not (out / "_owner.json").exists()
+    assert not (out / "_work").exists() and not claim_record(out)
     return done
 
 
@@ -71,7 +72,7 @@ def test_a_second_sigterm_ends_the_job_at_once_in_one_line_and_frees_the_output(
     assert seconds < 8, (seconds, err[-2000:])
     errors = _errors(err)
     assert len(errors) == 1 and "stopped by SIGTERM" in errors[0], err[-2000:]
-    assert not (out / "_owner.json").exists()
+    assert not claim_record(out)
     _rerun_finishes(args, out, uninterrupted)
 
 
@@ -90,6 +91,6 @@ def test_a_signal_while_the_manifest_is_written_reports_the_run_published_and_th
     errors = _errors(err)
     assert len(errors) == 1 and "published" in errors[0] and "run the same command again to finish" in errors[0], err
     assert committed_rows(out) == uninterrupted                 # readers see the whole run
-    assert (out / "_work").exists() and not (out / "_owner.json").exists()
+    assert (out / "_work").exists() and not claim_record(out)
     done = _rerun_finishes(args, out, uninterrupted)
     assert "clean-up" in done.stdout + done.stderr

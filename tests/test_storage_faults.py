@@ -128,7 +128,7 @@ def test_an_answer_lost_after_the_store_acted_is_retried_to_the_same_result(s3_s
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
         # 412 on the retry: the bytes read back are this writer's, so the create succeeded
-        assert not storage.create_new(f"s3://{bucket}/owner.json", b"mine").absent
+        storage.create_new(f"s3://{bucket}/owner.json", b"mine")          # no Conflict
         assert proxy.counts[kind] == 1
         assert storage.read_bytes(f"s3://{bucket}/owner.json") == b"mine"
     for name, value in s3_store.env.items():

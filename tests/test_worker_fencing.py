@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.crash_points import leftovers, rows
+from tests.claims import claim_record
 from tests.jobs import ROOT, quick_args, units_committed, wait_for
 
 pytestmark = pytest.mark.slow
@@ -38,8 +39,8 @@ def _alive(pids) -> list[int]:
 
 
 def test_a_stopped_job_releases_its_claim_only_after_its_workers_stopped(tmp_path, bitext, tiny_nmt_models):
-    """SIGTERM to a job with two DirectRunner worker processes: at the instant its owner record
-    goes, none of them is alive (the old order released the claim first: for a moment the next
+    """SIGTERM to a job with two DirectRunner worker processes: at the instant its claim is
+    released, none of them is alive (the old order released the claim first: for a moment the next
     start could take the output while the workers still wrote)."""
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate",
@@ -51,13 +52,12 @@ def test_a_stopped_job_releases_its_claim_only_after_its_workers_stopped(tmp_pat
     workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)
                if c.name() not in ("sh", "dash", "bash")]
     assert len(workers) >= 2
-    owner = out / "_owner.json"
-    assert owner.exists()
+    assert claim_record(out)
     proc.send_signal(signal.SIGTERM)
     alive_at_release = None
     deadline = time.time() + 60
     while time.time() < deadline:
-        if not owner.exists():
+        if not claim_record(out):
             alive_at_release = _alive(workers)
             break
         time.sleep(0.002)

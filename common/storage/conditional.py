@@ -98,7 +98,7 @@ def store_now(directory: str) -> float:
     """The store's own time now, read from a probe file created (and removed) in DIRECTORY; and,
     once per store, proof that it honours put-if-absent: the probe created a second time must be
     refused. StorageError, in one line, for a store that accepts the condition and ignores it."""
-    probe = join(directory, f".probe-{uuid.uuid4().hex}")
+    probe = join(directory, f".probe.{uuid.uuid4().hex}.tmp")      # a killed probe: a staged leftover
     create_new(probe, b"1")
     try:
         key = _store_key(directory)
