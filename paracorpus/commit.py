@@ -185,7 +185,8 @@ class Claim:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.time()
-        self._made: str | None = None                    # the local folder acquire() created, if it did
+        self._made = False                               # OUT was empty or absent when acquire() began
+        self._first: int | None = None                   # this claim's first version, when it was over a free one
 
     def _record(self) -> bytes:
         return json.dumps({"run_id": self.run_id, "token": self.token, **processes.identity(),
@@ -202,8 +203,7 @@ class Claim:
         (exit status 75: try again later) if another live run holds OUT (another process of the
         same run, the same command started twice, too). The store's put-if-absent is checked
         first (storage.store_now), and its clock read for the lease."""
-        local = storage.resolve(self.output)[1] if storage.is_local(self.output) else None
-        self._made = local if local is not None and not os.path.exists(local) else None
+        self._made = not storage.exists(self.output)
         now = storage.store_now(self.output)
         for _ in range(5):
             raw, version = storage.read_versioned(self.path)
@@ -215,6 +215,7 @@ class Claim:
                 log.info("taking over %s from run %s: %s", self.output, owner.get("run_id"), why)
             try:                                   # one taker wins; the others read its version next
                 self.version = storage.write_if(self.path, self._record(), version, copy=False)
+                self._first = self.version.number if owner is None else None
                 break
             except storage.Conflict:
                 continue
@@ -287,8 +288,23 @@ class Claim:
             log.warning("could not release the claim %s (%s); the next run takes it over once it is stale",
                         self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             released = False
-        if released and self._made:     # a folder the claim made and nothing filled (a run that found nothing to do)
-            _remove_if_only_claims(self._made)
+        if released and self._first is not None:
+            self._forget_own(version.number + 1)
+        if released and self._made:     # an output the claim made and nothing filled (a run that found nothing to do)
+            _remove_if_only_claims(self.output, storage.basename(self.path))
+
+    def _forget_own(self, tombstone: int) -> None:
+        """Remove this claim's own versions, its tombstone last, when it was taken over a free
+        record (never after a takeover: a paused holder could then create a number again): the
+        record is as it was before, so a refused or no-op run leaves nothing behind. A taker that
+        read a version removed here is refused by its own check and reads again."""
+        with contextlib.suppress(OSError, storage.StorageError):
+            for number in range(self._first, tombstone + 1):
+                with contextlib.suppress(FileNotFoundError):
+                    storage.delete(storage.versions.version_path(self.path, number))
+            log_dir = storage.versions.log_dir(self.path)
+            if storage.is_local(log_dir) and not storage.listdir(log_dir):
+                os.rmdir(storage.resolve(log_dir)[1])
 
     def __enter__(self):
         return self.acquire()
@@ -301,15 +317,17 @@ class Claim:
 _RELEASED: set = set()            # tokens of the claims released in this process
 
 
-def _remove_if_only_claims(folder: str) -> None:
-    """Remove the local FOLDER when it holds nothing but claim versions (a run that found nothing
-    to do leaves no empty output behind)."""
-    import shutil
-
-    with contextlib.suppress(OSError):
-        if os.listdir(folder) == [storage.versions.LOG] and all(
-                n.endswith(f"-{OWNER}") for n in os.listdir(os.path.join(folder, storage.versions.LOG))):
-            shutil.rmtree(folder)
+def _remove_if_only_claims(output: str, name: str) -> None:
+    """Remove OUTPUT (a folder or a bucket prefix) when it holds nothing but the versions of the
+    claim record NAME: a run that found nothing to do leaves no empty output behind."""
+    log_dir = storage.join(output, storage.versions.LOG)
+    with contextlib.suppress(OSError, storage.StorageError):
+        names = storage.listdir(output)
+        if names == [storage.versions.LOG] and all(n.endswith(f"-{name}") for n in storage.listdir(log_dir)):
+            storage.delete_tree(log_dir)
+            names = []
+        if not names and storage.is_local(output):
+            os.rmdir(storage.resolve(output)[1])
 
 
 def _read_quietly(path: str) -> bytes | None:
@@ -441,6 +459,18 @@ def publish(output: str, manifest_name: str, manifest: dict, tables: tuple[str, 
 STAGED_LEFTOVER = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")     # common/storage/writing._staged's names
 
 
+def remove_staged(folder: str, fence=None) -> None:
+    """Remove the hidden temporary files killed writes left in the local FOLDER (FENCE() before
+    each). A write in progress in this process (a heartbeat) that loses its file is retried."""
+    if not storage.is_local(folder):
+        return
+    for name in storage.listdir(folder):
+        if STAGED_LEFTOVER.match(name) and storage.isfile(storage.join(folder, name)):
+            if fence is not None:
+                fence()
+            storage.delete(storage.join(folder, name))
+
+
 def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...], fence=None) -> list[str]:
     """Remove what MANIFEST does not list under OUTPUT/<table> (an earlier run's files, a dead
     attempt's), the hidden temporary files a killed write left in OUTPUT, and OUTPUT/_work: the
@@ -464,15 +494,8 @@ def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...], fence=
                 storage.delete(path)
                 removed.append(table + "/" + _relative(root, path))
     if storage.is_local(output):
-        for name in storage.listdir(output):
-            if STAGED_LEFTOVER.match(name) and storage.isfile(storage.join(output, name)):
-                fence()
-                storage.delete(storage.join(output, name))
-        log_dir = storage.join(output, storage.versions.LOG)
-        for name in storage.listdir(log_dir):      # a manifest version's, killed before its link (only a publisher writes those)
-            if STAGED_LEFTOVER.match(name) and "_manifest.json." in name:
-                fence()
-                storage.delete(storage.join(log_dir, name))
+        remove_staged(output, fence)
+        remove_staged(storage.join(output, storage.versions.LOG), fence)      # a version's, killed before its link
     work = storage.join(output, WORK)
     mine = manifest.get("run_id")
     for name in sorted(storage.listdir(work), key=lambda n: n == mine):

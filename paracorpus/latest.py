@@ -30,7 +30,7 @@ import time
 
 from common import storage
 from common.cli import OutputBusy
-from paracorpus.commit import entry_path, file_location, holder, is_under
+from paracorpus.commit import entry_path, file_location, holder, is_under, remove_staged
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
 log = logging.getLogger("paragen.refresh")
@@ -253,6 +253,8 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
     # its lease) would find its folder gone; kept with its filter run and logs, as any kept run
     kept |= {n for n in names if n not in kept and _held(storage.join(runs_dir, n), now)}
     removed = [n for n in names if n not in kept]
+    for folder in (root, storage.join(root, storage.versions.LOG)):      # killed writes' and probes' hidden files
+        remove_staged(folder, fence)
     for name in removed:
         fence()
         storage.delete_tree(storage.join(runs_dir, name))

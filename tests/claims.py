@@ -29,3 +29,12 @@ def holder_token(output, name: str = OWNER) -> str | None:
 
 
 __all__ = ["claim_record", "holder_token", "take_over"]
+
+
+def run_files(folder) -> list[str]:
+    """The files under FOLDER, relative to it, sorted, without the versions of its records
+    (``_log/``: the claim's and the manifest's, common/storage/versions.py)."""
+    import os
+
+    found = (os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder) for f in fs)
+    return sorted(p for p in found if not p.startswith("_log/"))

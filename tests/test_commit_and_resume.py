@@ -16,7 +16,7 @@ from common.cli import OutputBusy, UsageError
 from paracorpus.commit import committed_files
 from paracorpus.runs import open_input
 from tests.jobs import committed_rows, quick_args, units_committed
-from tests.claims import claim_record
+from tests.claims import claim_record, run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,7 +83,7 @@ def _resumes_to_the_uninterrupted_run(bitext, models, out, uninterrupted) -> Non
     assert manifest["counts"] == uninterrupted[1]["counts"]
     assert _rows(out) == _rows(uninterrupted[0])
     assert _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
-    on_disk = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
+    on_disk = run_files(out)
     listed = sorted(e["path"] for t in manifest["files"].values() for e in t)
     assert on_disk == sorted(listed + ["_manifest.json"])        # the killed attempt's leftovers are gone
 

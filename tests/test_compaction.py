@@ -17,6 +17,7 @@ import pytest
 from common import storage
 from paracorpus.commit import committed_files
 from paracorpus.compaction import FileTarget, compact_group, group_record_path
+from tests.claims import run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -150,8 +151,7 @@ def test_compacted_rows_are_the_units_rows(bitext, tiny_nmt_models, tmp_path):
     for table in ("paraphrases", "rejects", "dedup"):
         assert _rows(tmp_path / "many", table) == _rows(tmp_path / "one", table)
         assert sum(e["rows"] for e in many["files"][table]) == sum(e["rows"] for e in one["files"][table])
-    on_disk = sorted(os.path.relpath(os.path.join(d, f), tmp_path / "many")
-                     for d, _, fs in os.walk(tmp_path / "many") for f in fs)
+    on_disk = run_files(tmp_path / "many")
     assert on_disk == sorted([e["path"] for t in many["files"].values() for e in t] + ["_manifest.json"])
     assert many["counts"] == one["counts"]
 
@@ -186,7 +186,7 @@ def test_a_kill_during_compaction_then_resume_gives_the_uninterrupted_rows(bitex
     for table in ("paraphrases", "rejects", "dedup"):
         assert _rows(out, table, drop=()) == _rows(tmp_path / "whole", table, drop=())
     listed = {e["path"] for t in resumed["files"].values() for e in t}
-    on_disk = {os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs}
+    on_disk = set(run_files(out))
     assert on_disk == listed | {"_manifest.json"}                  # the killed attempt's files are gone
 
 

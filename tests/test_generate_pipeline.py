@@ -13,6 +13,7 @@ from beam_pipelines.generate import run
 from beam_pipelines.options import worker_threads
 from common.cli import UsageError
 from common import storage
+from tests.claims import run_files
 from paracorpus.commit import committed_files
 from paracorpus.schema import PARAPHRASE_SCHEMA, REJECT_SCHEMA
 
@@ -99,7 +100,7 @@ def test_parquet_matches_the_contract(direct_run):
             assert (lang_pair, int(shard)) == ("cs-en", storage.parquet_file(f).read().column("shard")[0].as_py())
             assert entry["rows"] == storage.parquet_file(f).metadata.num_rows
     # every file in the table directories is listed, nothing is left of attempts or bookkeeping
-    on_disk = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
+    on_disk = run_files(out)
     listed = sorted(e["path"] for t in manifest["files"].values() for e in t)
     assert on_disk == sorted(listed + ["_manifest.json"])
     import hashlib

@@ -49,7 +49,7 @@ def test_single_node_job_requeued_and_warned_of_its_time_limit_continues_to_the_
     assert info["Restarts"] == "2"
     assert text.count("stopped by SIGTERM") == 2 and "time limit near: requeued batch job" in text, text[-3000:]
     assert committed_rows(out) == local_rows
-    assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]      # nothing left over
+    assert sorted(os.listdir(out)) == ["_log", "_manifest.json", "dedup", "paraphrases", "rejects"]      # nothing left over
 
 
 @pytest.mark.slow
@@ -90,7 +90,7 @@ def test_many_nodes_a_cancelled_worker_is_replaced_and_a_requeued_driver_continu
     assert len(names) == 1                                # both starts name their workers after the run
     wait_for(lambda: not workers(), timeout=60)              # and cancelled them at its end
     assert committed_rows(out) == local_rows
-    assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
+    assert sorted(os.listdir(out)) == ["_log", "_manifest.json", "dedup", "paraphrases", "rejects"]
 
 
 @pytest.mark.slow

@@ -146,6 +146,6 @@ def test_one_allocation_runs_driver_and_workers_together_and_continues_after_its
     assert "time limit near: requeued batch job" in text
     assert (logs / f"allocation-{job}-1" / "worker-n2.log").exists()
     assert committed_rows(out) == local_rows
-    assert sorted(os.listdir(out)) == ["_manifest.json", "dedup", "paraphrases", "rejects"]
+    assert sorted(os.listdir(out)) == ["_log", "_manifest.json", "dedup", "paraphrases", "rejects"]
     # the scheduler and workers of both starts ended with the job (they used to run on after it)
     assert running_with(str(logs)) == {}
