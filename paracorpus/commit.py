@@ -328,6 +328,8 @@ def _remove_if_only_claims(output: str, name: str) -> None:
             names = []
         if not names and storage.is_local(output):
             os.rmdir(storage.resolve(output)[1])
+        elif not names:             # pyarrow leaves a folder marker behind a bucket's last delete
+            storage.delete_tree(output)
 
 
 def _read_quietly(path: str) -> bytes | None:

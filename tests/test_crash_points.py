@@ -81,15 +81,16 @@ def test_the_filter_job_with_its_report_stopped_at_sampled_operations(tmp_path):
 
 
 def test_refreshes_with_keep_2_stopped_at_their_own_steps(tiny_nmt_models, tmp_path):
-    """At the refresh's own steps (its jobs' are the sweeps above): the latest/ view, latest.json,
-    and retention; --keep 2 after a refresh that took files from the one before."""
+    """At the refresh's own steps (its jobs' are the sweeps above): latest's next version (the
+    commit point), the latest/ view written after it, and retention; --keep 2 after a refresh
+    that took files from the one before."""
     sweep = refresh_sweep(str(tmp_path), tiny_nmt_models, mode="keep2")
     ops = sweep.prepare()
-    named = _op(ops, lambda o: o[2].endswith("/latest.json") and o[1] == "write")
+    named = _op(ops, lambda o: o[2].endswith("-latest.json") and o[1] == "write")
     view = _op(ops, lambda o: o[2].endswith("latest/_manifest.json") and o[1] == "write")
     points = [sweep.point(*view[:3], "KILL"), sweep.point(*named[:3], "TERM")]
     _check(points)
-    assert [p.seen for p in points] == ["previous", "previous"] and points[0].seen_view in ("previous", "partial")
+    assert [p.seen for p in points] == ["new", "previous"] and points[0].seen_view in ("previous", "partial")
 
 
 def test_a_stopped_refresh_is_continued_by_the_same_command(tiny_nmt_models, tmp_path):
