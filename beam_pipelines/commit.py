@@ -51,7 +51,8 @@ def commit(output: str, manifest_name: str, manifest: dict, tables: tuple[str, .
     too, before each delete: a run that lost any stops, exit 75, touching nothing."""
     fence = claim.fence if claim is not None else Fence(output, "")
     for path, version, what in watch:
-        fence = fence.watching(path, version, what)
+        if path != storage.join(output, manifest_name):     # the output's own: its next version is the publish
+            fence = fence.watching(path, version, what)
     fence(force=True)
     if problem is not None:
         storage.write_json(storage.join(work, "manifest.json"), manifest)
