@@ -356,11 +356,4 @@ def _hdfs_create(path: str, data: bytes) -> None:
             fs.delete_file(tmp)
 
 
-def guarantee(path: str) -> str:
-    """What PATH's store guarantees for put-if-absent, in words (docs, the check phase)."""
-    return {"local": "link(2): fenced", "s3": "If-None-Match: fenced (a store answering 501 is refused)",
-            "gs": "ifGenerationMatch=0: fenced", "gcs": "ifGenerationMatch=0: fenced",
-            }.get(_scheme(path), "a rename that fails if the name exists: fenced")
-
-
-__all__ = ["Conflict", "UNFENCED_ENV", "create_new", "guarantee", "read_stamped", "store_now"]
+__all__ = ["Conflict", "UNFENCED_ENV", "create_new", "read_stamped", "store_now"]
