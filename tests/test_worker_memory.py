@@ -77,3 +77,34 @@ def test_one_heartbeat_thread_serves_every_progress_of_a_process():
     assert heartbeats() == 1
     for p in progresses:
         p.idle()
+
+
+def test_what_a_unit_leaves_in_cycles_is_collected_after_the_first_call_froze_the_rest():
+    """release_memory() freezes what is alive at its first call (modules, models: a full collection
+    walks them all, 0.2-0.3 s a unit), and its later calls still collect what units made."""
+    import subprocess
+    import sys
+
+    code = """
+import gc, weakref
+from common.memory import release_memory
+
+class Node:
+    pass
+
+release_memory()
+frozen = gc.get_freeze_count()
+assert frozen > 1000, frozen
+for unit in range(3):
+    a, b = Node(), Node()
+    a.other, b.other = b, a                  # a cycle: only the collector frees it
+    dead = weakref.ref(a)
+    del a, b
+    release_memory()
+    assert dead() is None, unit
+assert gc.get_freeze_count() == frozen, "frozen once, not at every unit"
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
