@@ -303,11 +303,15 @@ def score(job: FilterJob, fitted: Fitted, work: str, fence=None) -> tuple[dict, 
     return storage.read_json(storage.join(work, "stats.json")), counters
 
 
-def collect(job: FilterJob, fitted: Fitted, run_id: str, stats: dict, counters: dict, elapsed: float) -> dict:
-    """The filter run's manifest from the pipeline's merged STATS."""
+def collect(job: FilterJob, fitted: Fitted, run_id: str, stats: dict, elapsed: float) -> dict:
+    """The filter run's manifest from the pipeline's merged STATS (what its workers wrote: its
+    counters are these, the same on every runner; Beam's Dask runner reports no metrics)."""
     gen_manifest, rows_expected = job.generation_manifest, job.rows_expected
     scored = sorted(stats.pop("files"), key=lambda e: e["path"])
     rows_out = sum(e["rows"] for e in scored)
+    counters = {"rows": stats.get("rows", 0), "kept": stats.get("kept", 0), "files": len(scored),
+                **{"rejected_" + k[7:].replace("<", "_below_").replace(">", "_above_"): v
+                   for k, v in sorted(stats.items()) if k.startswith("reason:")}}
     return {"contract_version": CONTRACT_VERSION, "run_id": run_id, "input": job.input_path,
             "input_run_id": (job.input.manifest or {}).get("run_id"),
             "input_config_hash": (gen_manifest or {}).get("config_hash"),
@@ -366,8 +370,8 @@ def _filter_run(job: FilterJob, claim: Claim, version, stopping: Stopping) -> di
           flush=True)
     fitted = fit(job, run_id)                           # 2. plan: the models fitted on a sample
     work = work_dir(output, run_id)
-    stats, counters = score(job, fitted, work, Fence(output, claim.token, throttle=False))   # 3. score: the pipeline
-    manifest = collect(job, fitted, run_id, stats, counters, time.time() - started)
+    stats, _beam_counters = score(job, fitted, work, Fence(output, claim.token, throttle=False))   # 3. score
+    manifest = collect(job, fitted, run_id, stats, time.time() - started)
     print_filter_summary(manifest, job.rows_expected, manifest["seconds"])   # 4. report
     problem = None if manifest["reconciled"] else JobFailed(f"rows in != rows out; not published; see "
                                                             f"{work}/manifest.json")

@@ -76,13 +76,14 @@ def run(argv=None) -> dict:
             from beam_pipelines.generation.decode import decode
 
             # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept
-            counters, elapsed, sharing = decode(job, plan, inputs, finished, stopping)
-            outcome = collect(job, request, inputs, plan, counters, elapsed, sharing, last_usage())
+            # (Beam's counters: the manifest's come from the records the workers wrote)
+            _beam_counters, elapsed, sharing = decode(job, plan, inputs, finished, stopping)
+            outcome = collect(job, request, inputs, plan, elapsed, sharing, last_usage())
             try:                                        # 5. commit: publish only if the counts reconcile
                 commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical,
                        claim, plan.committed_version, watch=previous)
             finally:                                    # 6. report, published or not
-                report_generation(outcome.manifest, counters, elapsed, plan.output)
+                report_generation(outcome.manifest, outcome.counters, elapsed, plan.output)
     return outcome.manifest
 
 

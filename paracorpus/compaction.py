@@ -170,6 +170,18 @@ def carry_item(table: str, location: str, input_shards: list[str], entry: dict) 
             "rows": entry["rows"], "bytes": entry["bytes"]}
 
 
+def unit_setups(records: list[dict]) -> list[dict]:
+    """How RECORDS' units were decoded: one entry per worker, device, precision, decode step and
+    input shard, with its number of units (records of code before setups: all None)."""
+    counted: Counter = Counter()
+    for r in records:
+        setup = r.get("setup") or {}
+        counted[(r["worker"], setup.get("device"), setup.get("precision"), setup.get("decode_step"),
+                 r["input_shard"])] += 1
+    return [{"worker": w, "device": d, "precision": p, "decode_step": s, "input_shard": n, "units": k}
+            for (w, d, p, s, n), k in sorted(counted.items(), key=lambda kv: [str(x) for x in kv[0]])]
+
+
 def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: int, unit_records: list[dict],
                   carries: list[dict], target: FileTarget, plan_key: str = "", fence=None) -> dict:
     """The record of one group, bin BIN_ in output partition PARTITION, after its unit files
@@ -221,6 +233,7 @@ def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: 
               "counts": sum_counts(records, ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected")),
               "counts_per_shard": {n: sum_counts(rs) for n, rs in sorted(by_shard.items())},
               "counters": dict(sum((Counter(r.get("counters", {})) for r in records), Counter())),
+              "setups": unit_setups(records),
               "per_worker": dict(per_worker), "decoding_seconds_per_worker": {w: round(s, 3) for w, s in seconds.items()},
               "reused_units": sum(1 for r in records if r.get("reused")),
               "unit_files": sum(len(r["files"].get(t, [])) for r in records for t in TABLES),

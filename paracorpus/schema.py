@@ -219,12 +219,14 @@ FILTER_MANIFEST_KEYS = ("contract_version", "run_id", "input", "input_run_id", "
 # The run's bookkeeping records (OUT/_work/<run id>/): one per input shard read (the left-hand
 # side of the reconciliation) and one per finished work unit (its files and counts; --resume).
 READ_RECORD_KEYS = ("input_shard", "kind", "paths", "records_read", "sha256", "bytes")
-UNIT_RECORD_KEYS = ("unit", "input_shard", "shard", "attempt", "files", "counts", "counters", "worker", "seconds")
+UNIT_RECORD_KEYS = ("unit", "input_shard", "shard", "attempt", "files", "counts", "counters", "worker", "setup",
+                    "seconds")
 UNIT_COUNT_KEYS = ("records", "pairs_with_paraphrases", "paraphrase_rows", "rejected", "rejected_by_reason")
 # ... and one per group (a bin's units and carried rows in one output partition) once its files were
 # compacted into files sized for readers (paracorpus/compaction.py): what the driver summarizes.
 GROUP_RECORD_KEYS = ("bin", "shard", "input_shards", "carried", "units", "carried_files", "files", "counts",
-                     "counts_per_shard", "counters", "per_worker", "decoding_seconds_per_worker", "reused_units", "unit_files", "compaction_seconds")
+                     "counts_per_shard", "counters", "setups", "per_worker", "decoding_seconds_per_worker", "reused_units",
+                     "unit_files", "compaction_seconds")
 
 
 def check_manifest(manifest: dict, keys=MANIFEST_KEYS, what: str = "manifest") -> dict:

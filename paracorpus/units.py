@@ -81,6 +81,7 @@ class UnitResult:
     rejects: list = field(default_factory=list)       # reject rows (schema.REJECTS)
     kept: list = field(default_factory=list)          # dedup rows of the pairs the unit decoded (schema.DEDUP)
     counters: Counter = field(default_factory=Counter)
+    setup: dict = field(default_factory=dict)         # how it was decoded: device, precision, decode_step
 
 
 def _clean_pair(rec: dict) -> CleanPair:
@@ -184,6 +185,7 @@ def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str
                          "paraphrase_rows": len(rows), "rejected": len(rejects),
                          "rejected_by_reason": dict(sorted(reasons.items()))},
               "counters": dict(result.counters), "worker": f"{socket.gethostname()}:{os.getpid()}",
+              "setup": dict(result.setup),
               "seconds": round(seconds, 3), "finished_at": time.time(), "plan_key": plan_key}
     check_manifest(record, UNIT_RECORD_KEYS, "unit record")
     check_manifest(record["counts"], UNIT_COUNT_KEYS, "unit counts")
@@ -255,6 +257,42 @@ def summarize_run(group_records: list[dict], read_records: list[dict]) -> tuple[
              "unit_files": unit_files, "published_files": sum(len(v) for v in files.values()),
              "compaction_seconds": round(compaction, 2)}
     return counts, files, units, shards
+
+
+def record_counters(group_records: list[dict], counts: dict) -> dict:
+    """The run's counters from what it wrote, the same on every runner (Beam's metrics are not
+    reported by the Dask runner): its units' counters summed (their decoding, the workers' warm-up
+    and compilation; units an earlier attempt decoded included), the records read and the rejects
+    by reason (COUNTS: totals())."""
+    summed: Counter = Counter()
+    for rec in group_records:
+        summed.update(rec.get("counters", {}))
+    summed["records_read"] = counts["records_read"]
+    for reason, n in counts["rejected_by_reason"].items():
+        summed[f"rejected_{reason}"] = n
+    return dict(sorted(summed.items()))
+
+
+def run_setups(group_records: list[dict]) -> dict:
+    """How the run's units were decoded, from its groups' records: the workers of each device and
+    precision ({"cpu_fp32": 2}) and of each decode step, the units of each precision, and the
+    precisions each input shard's units were decoded in (units of code before setups: none)."""
+    workers, steps = {}, {}
+    units: Counter = Counter()
+    per_shard: dict = {}
+    for rec in group_records:
+        for s in rec.get("setups", []):
+            if s["precision"] is None:
+                continue
+            workers.setdefault(f"{s['device']}_{s['precision']}", set()).add(s["worker"])
+            if s["decode_step"]:
+                steps.setdefault(s["decode_step"], set()).add(s["worker"])
+            units[s["precision"]] += s["units"]
+            per_shard.setdefault(s["input_shard"], Counter())[s["precision"]] += s["units"]
+    return {"workers": {k: len(v) for k, v in sorted(workers.items())},
+            "decode_steps": {k: len(v) for k, v in sorted(steps.items())},
+            "units": dict(sorted(units.items())),
+            "per_shard": {n: dict(sorted(c.items())) for n, c in sorted(per_shard.items())}}
 
 
 def totals(shards: dict) -> dict:

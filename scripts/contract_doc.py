@@ -73,8 +73,10 @@ KEY_DOCS = {
         "attempt": "the attempt id in its files' names",
         "files": "its files per table, as in the manifest",
         "counts": "see the unit counts below",
-        "counters": "its Beam counters",
+        "counters": ("what its decoding counted: candidates, pairs, milliseconds per stage; the first unit a "
+                     "worker process wrote also its warm-up and up-front compilation (`ms_warm_up`, `ms_compile`)"),
         "worker": "`host:pid` of the worker that decoded it",
+        "setup": "how that worker decoded it: `device` (`cpu`, `cuda`), `precision` as it resolved it, `decode_step`",
         "seconds": "decoding time",
     },
     "group record": {
@@ -87,7 +89,8 @@ KEY_DOCS = {
         "files": "the group's files per table after compaction, as in the manifest",
         "counts": "the sums of its units' counts",
         "counts_per_shard": "the sums of its units' counts per input shard",
-        "counters": "the sums of its units' Beam counters",
+        "counters": "the sums of its units' counters",
+        "setups": "its units per worker, device, precision, decode step and input shard",
         "per_worker": "units per `host:pid` of the worker that decoded them",
         "decoding_seconds_per_worker": "decoding time per worker (units decoded by this attempt)",
         "reused_units": ("units an earlier attempt finished (the same command run again continues a stopped run; "
@@ -350,9 +353,14 @@ Each job publishes its run by writing its manifest last. These keys are always t
 
 {key_table("manifest")}
 
-The job also records the preset, the cleaning settings, the runner, the device, the precision
-each worker resolved, torch threads per worker, `previous` (for an incremental run), the Beam
-counters, whether it was resumed, its `plan_key` (what the same command run again compares: the
+The job also records the preset, the cleaning settings, the runner, the device, `precision`
+(requested, resolved by the driver where it can tell, the worker processes per device and
+precision they resolved, the units decoded in each, and `mixed`: true when the run's rows, those
+reused from an earlier run included, were decoded in more than one precision, which the job also
+says in a warning; each `inputs` entry it decoded names its units' precisions), torch threads per
+worker, `previous` (for an incremental run), the counters (summed from the unit records, the same
+on every runner, units of an earlier attempt included, with the records read and the rejects by
+reason), whether it was resumed, its `plan_key` (what the same command run again compares: the
 config hash, the input shards to decode and their sizes, the unit size, the previous run and the
 bins), its seconds, and `slurm` (with `--slurm_workers`; else null): the
 worker jobs' name, their ids, how many ran, failed starts, excluded nodes, `worker_job_hours` and

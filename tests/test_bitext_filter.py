@@ -152,9 +152,14 @@ def test_generation_job_rejects_before_back_translation_with_reasons(runner, tmp
     assert bad_rejected >= 0.6 * n_bad, (bad_rejected, at_filter)
     by_reason = manifest["counts"]["rejected_by_reason"]
     assert sum(by_reason.get(r, 0) for r in ("bitext_similarity", "divergent")) == len(at_filter)
-    if runner == "direct":      # Beam's counters (the DaskRunner reports none)
-        counters = manifest["counters"]
-        assert sum(counters.get(f"rejected_{r}", 0) for r in ("bitext_similarity", "divergent")) == len(at_filter)
+    # counters and precision from the records the workers wrote, on Dask too (whose runner reports
+    # no Beam metrics: before, its manifests had no counters and no workers' precision)
+    counters = manifest["counters"]
+    assert sum(counters.get(f"rejected_{r}", 0) for r in ("bitext_similarity", "divergent")) == len(at_filter)
+    assert counters["records_read"] == n_good + n_bad and counters["ms_warm_up"] > 0 and counters["ms_sample"] > 0
+    precision = manifest["precision"]
+    assert set(precision["workers"]) == {"cpu_fp32"} and precision["workers"]["cpu_fp32"] >= 1
+    assert precision["units"] == {"fp32": manifest["units"]["written"]} and precision["mixed"] is False
 
 
 def test_filter_job_scores_source_against_reference_and_paraphrase(tmp_path, bitext_models):

@@ -393,6 +393,10 @@ def test_dask_cluster_gives_the_same_rows(generation_output, direct_filter_run, 
     manifest = _run(generation_output, tmp_path / "dask", "--runner", "DaskRunner", "--dask_client_address",
                     dask_cluster, "--no_report")
     assert manifest["reconciled"]
+    # its counters from what the workers wrote, as on the DirectRunner (Dask's runner reports no metrics)
+    direct = direct_filter_run[1]
+    assert manifest["counters"] == direct["counters"] and manifest["counters"]["rows"] == manifest["rows_out"]
+    assert sum(v for k, v in manifest["counters"].items() if k.startswith("rejected_")) > 0
     cols = ["pair_id", "rank", "keep", "reasons", "trigram_overlap", "paraphrase_score", "lm_perplexity"]
 
     def rows(path):

@@ -38,7 +38,11 @@ def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tm
     manifest = json.load(open(out / "_manifest.json"))
     assert manifest["command"][1:3] == ["--input", str(inp)]
     assert {"paragen", "beam", "torch", "fairseq"} <= set(manifest["versions"]) and manifest["versions"]["fairseq"]
-    assert manifest["precision"] == {"requested": "auto", "resolved": "fp32", "workers": {"cpu_fp32": 1}}
+    units = manifest["units"]["written"]
+    assert manifest["precision"] == {"requested": "auto", "resolved": "fp32", "workers": {"cpu_fp32": 1},
+                                     "units": {"fp32": units}, "mixed": False}
+    assert manifest["decode_step"]["workers"] == {"tree": 1}
+    assert [entry["precision"] for entry in manifest["inputs"]] == [{"fp32": units}]
     counters = manifest["counters"]
     rejected = {k: v for k, v in counters.items() if k.startswith("rejected_")}
     assert sum(rejected.values()) == manifest["counts"]["rejected"]

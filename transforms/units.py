@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 
 import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
@@ -36,6 +37,18 @@ class _Models:
         self.forward, self.backward, self.steps = forward, backward, steps
         self._compile_ms = 0                 # the forward step's compile time counted so far
         self._lock = threading.Lock()        # DoFn instances of one process share these models
+        self._pending: Counter = Counter()   # one-off costs (warm-up, compiling) not yet in a unit's record
+
+    def add_pending(self, name: str, n: int) -> None:
+        with self._lock:
+            self._pending[name] += n
+
+    def take_pending(self) -> Counter:
+        """The one-off costs of this process not yet written in a unit's record (the run sums the
+        records, so each is counted once, whichever DoFn instance of the process reports it)."""
+        with self._lock:
+            pending, self._pending = self._pending, Counter()
+            return pending
 
     def compile_ms_since_last_call(self) -> int:
         """Milliseconds the forward engine spent compiling since the last call (in this process)."""
@@ -89,7 +102,9 @@ class UnitTranslatorHandler(ModelHandler):
         seconds = sum(e.warm_up(self.cfg.mode) for e in (forward, backward) if e is not None)
         self._warm_up_ms += round(seconds * 1000)
         log.info("engines warmed up on %s in %.2f s", device, seconds)
-        return _Models(forward, backward, decoding_steps(forward, backward, self.cfg, self.config_hash, limits, bitext))
+        models = _Models(forward, backward, decoding_steps(forward, backward, self.cfg, self.config_hash, limits, bitext))
+        models.add_pending("ms_warm_up", round(seconds * 1000))
+        return models
 
     def should_skip_batching(self) -> bool:
         return True                 # a unit is already a batch of pairs; elements arrive as [unit]
@@ -109,7 +124,11 @@ class UnitTranslatorHandler(ModelHandler):
             step_mode = getattr(model.forward, "step_mode", None)         # the fairseq engine's
             if step_mode:
                 self._progress.inc(f"decode_step_{step_mode}")
-                self._progress.inc("ms_compile", model.compile_ms_since_last_call())
+                up_front = model.compile_ms_since_last_call()
+                self._progress.inc("ms_compile", up_front)
+                model.add_pending("ms_compile", up_front)
+        setup = {"device": model.forward.device_type, "precision": model.forward.precision,
+                 "decode_step": getattr(model.forward, "step_mode", None)}
         for unit, elements in batch:
             start = time.time()
             elements = list(elements)
@@ -139,6 +158,14 @@ class UnitTranslatorHandler(ModelHandler):
             for r in result.rejects:
                 if r["stage"] in ("bitext_filter", "segment", "dual_xent", "generate"):
                     self._progress.inc(f"rejected_{r['reason']}")
+            # what the unit's record says of how it ran (the manifest's counters and precision on
+            # every runner, Dask's included, whose runner reports no Beam metrics)
+            result.counters["generate_pairs_in"] += pairs
+            if compiled:
+                result.counters["ms_compile"] += compiled
+                result.counters["ms_compile_in_units"] += compiled
+            result.counters.update({k: v for k, v in model.take_pending().items() if v})
+            result.setup = setup
             yield PredictionResult(unit, (result, time.time() - start))
         self._progress.flush()
 

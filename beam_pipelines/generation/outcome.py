@@ -8,6 +8,7 @@ published (its counts reconcile; it has rows, or --allow_empty) for the commit p
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -20,7 +21,9 @@ from paracorpus.commit import entry_path, file_location
 from paracorpus.compaction import TABLES as DATA_TABLES
 from paracorpus.incremental import Reuse
 from paracorpus.schema import CONTRACT_VERSION, check_manifest
-from paracorpus.units import summarize_run, totals
+
+log = logging.getLogger("paragen.generate")
+from paracorpus.units import record_counters, run_setups, summarize_run, totals
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class Outcome:
     """A finished pipeline's run: its manifest and what decides whether it is published."""
     manifest: dict
     output: str
-    counters: dict                   # the pipeline's counters
+    counters: dict                   # the run's counters (summed from its records)
     elapsed: float                   # seconds the pipeline took
     work: str                        # the run's _work directory
     allow_empty: bool
@@ -50,28 +53,39 @@ class Outcome:
         return None
 
 
-def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: dict, elapsed: float,
+def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, elapsed: float,
             gpu_sharing: dict | None = None, slurm: dict | None = None) -> Outcome:
-    """The Outcome of PLAN's pipeline, from the summary it wrote and its COUNTERS (GPU_SHARING:
+    """The Outcome of PLAN's pipeline, from the summary and records its workers wrote (GPU_SHARING:
     decode()'s, where the workers could decode on a GPU; SLURM: the worker jobs of --slurm_workers,
     their failed starts, excluded nodes and GPU-hours: beam_pipelines/slurm.py last_usage())."""
     reuse, output = inputs.reuse, plan.output
     summary = read_summary(plan.work)
-    _counts, new_files, units, decoded = summarize_run(summary["groups"], summary["reads"])
+    decoded_counts, new_files, units, decoded = summarize_run(summary["groups"], summary["reads"])
     shards = input_entries(plan.run_id, summary["reads"], decoded, reuse, plan.bins)
     files = {t: sorted([_reused_entry(output, reuse.previous, f) for f in reuse.kept_files[t]] + new_files[t],
                        key=lambda e: (e["bin"], e["shard"], e["path"])) for t in DATA_TABLES}
     units.update(planned=plan.num_units, published_files=sum(len(v) for v in files.values()))
     precision = job.precision
+    # what ran, from the records the workers wrote: the same on every runner (Beam's counters
+    # are not reported by the Dask runner) and across attempts
+    counters = record_counters(summary["groups"], decoded_counts)
+    setups = run_setups(summary["groups"])
+    for name, entry in shards.items():
+        if name in setups["per_shard"]:
+            entry["precision"] = setups["per_shard"][name]
+    mixed = precisions_of(shards)
+    if len(mixed) > 1:
+        log.warning("this run's rows were decoded in %s precision (units by input shard: the manifest's "
+                    "inputs[].precision): their scores and samples differ slightly; set --precision "
+                    "explicitly to have one", " and ".join(sorted(mixed)))
     manifest = check_manifest({
         "contract_version": CONTRACT_VERSION, "run_id": plan.run_id, "config_hash": plan.config_hash,
         "preset": job.preset, "config": job.cfg.to_dict(), "cleaning": job.cleaning_dict, "models": job.models,
         "runner": job.runner.rsplit(".", 1)[-1],
         "precision": {"requested": job.requested_precision, "resolved": precision if precision != "auto" else None,
-                      "workers": {k[len("workers_"):]: v for k, v in counters.items() if k.startswith("workers_")}},
+                      "workers": setups["workers"], "units": setups["units"], "mixed": len(mixed) > 1},
         "device": job.device, "torch_threads_per_worker": job.threads,
-        "decode_step": {"requested": job.decode_step,
-                        "workers": {k[len("decode_step_"):]: v for k, v in counters.items() if k.startswith("decode_step_")},
+        "decode_step": {"requested": job.decode_step, "workers": setups["decode_steps"],
                         "compile_ms": counters.get("ms_compile", 0),
                         "compile_in_units_ms": counters.get("ms_compile_in_units", 0)},
         "gpu_sharing": gpu_sharing,
@@ -87,6 +101,12 @@ def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, counters: di
         "plan_key_version": PLAN_KEY_VERSION,
         "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return Outcome(manifest, output, counters, elapsed, plan.work, request.allow_empty)
+
+
+def precisions_of(shards: dict) -> set:
+    """The precisions the rows of SHARDS (the manifest's inputs by name) were decoded in, those
+    reused from an earlier run included (entries of code before setups name none)."""
+    return {p for entry in shards.values() for p in (entry.get("precision") or {})}
 
 
 def input_entries(run_id: str, reads: list[dict], decoded: dict, reuse: Reuse, bins: dict) -> dict:

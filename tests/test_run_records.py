@@ -1,0 +1,52 @@
+"""What a generation run's manifest says of how it ran comes from the records its workers wrote
+(the same on every runner: Beam's Dask runner reports no metrics), and rows decoded in two
+precisions are recorded and said, never mixed silently: write_unit -> compact_group ->
+record_counters / run_setups -> the manifest's precision."""
+from collections import Counter
+
+from beam_pipelines.generation.outcome import precisions_of
+from paracorpus.cleaning import pair_id
+from paracorpus.compaction import FileTarget, compact_group
+from paracorpus.schema import reject_row
+from paracorpus.units import UnitResult, record_counters, run_setups, summarize_run, write_unit
+
+
+def _unit(shard: str, unit: int, precision: str) -> UnitResult:
+    item = {"pair_id": pair_id(shard, unit, f"věta {unit}", f"sentence {unit}"), "input_shard": shard,
+            "input_index": unit, "source": f"věta {unit}", "reference": f"sentence {unit}"}
+    return UnitResult(rejects=[reject_row(item, "generate", "no_paraphrase", None, "h")],
+                      counters=Counter(ms_sample=5, generate_pairs_in=1, **({"ms_warm_up": 700} if unit == 0 else {})),
+                      setup={"device": "cuda", "precision": precision, "decode_step": "fixed"})
+
+
+def test_counters_and_precisions_are_summed_from_the_unit_records(tmp_path):
+    out, work = str(tmp_path / "out"), str(tmp_path / "out" / "_work" / "r1")
+    # an A100 worker (auto: tf32) took units 0-2 of a.tsv, a V100 (auto: fp32) 3 of a.tsv and b.tsv's 4
+    plan = [("a.tsv", 0, "tf32"), ("a.tsv", 1, "tf32"), ("a.tsv", 2, "tf32"), ("a.tsv", 3, "fp32"), ("b.tsv", 4, "fp32")]
+    records = [write_unit(out, work, unit, 0, "cs-en", _unit(shard, unit, precision), 1.0, shard)
+               for shard, unit, precision in plan]
+    group = compact_group(out, work, "cs-en", "b0", 0, records, [], FileTarget())
+    reads = [{"input_shard": "a.tsv", "records_read": 4}, {"input_shard": "b.tsv", "records_read": 1}]
+    counts, _files, _units, shards = summarize_run([group], reads)
+
+    counters = record_counters([group], counts)
+    assert counters["ms_sample"] == 25 and counters["generate_pairs_in"] == 5 and counters["ms_warm_up"] == 700
+    assert counters["records_read"] == 5 and counters["rejected_no_paraphrase"] == 5
+
+    setups = run_setups([group])
+    assert setups["units"] == {"fp32": 2, "tf32": 3} and setups["decode_steps"] == {"fixed": 1}
+    assert setups["workers"] == {"cuda_fp32": 1, "cuda_tf32": 1}         # one process here wrote all five
+    assert setups["per_shard"] == {"a.tsv": {"fp32": 1, "tf32": 3}, "b.tsv": {"fp32": 1}}
+    entries = {name: {"precision": p} for name, p in setups["per_shard"].items()}
+    assert precisions_of(entries) == {"fp32", "tf32"}
+    # a shard reused from an earlier run keeps what its entry said; entries of code before setups none
+    assert precisions_of({"old.tsv": {}, "b.tsv": {"precision": {"fp32": 1}}}) == {"fp32"}
+
+
+def test_records_of_code_before_setups_count_no_precision(tmp_path):
+    out, work = str(tmp_path / "out"), str(tmp_path / "out" / "_work" / "r1")
+    result = _unit("a.tsv", 0, "fp32")
+    result.setup = {}
+    group = compact_group(out, work, "cs-en", "b0", 0, [write_unit(out, work, 0, 0, "cs-en", result, 1.0, "a.tsv")],
+                          [], FileTarget())
+    assert run_setups([group]) == {"workers": {}, "decode_steps": {}, "units": {}, "per_shard": {}}
