@@ -247,3 +247,16 @@ def test_dry_run_writes_nothing(bitext, tiny_nmt_models, tmp_path, capsys):
     job = _args(bitext, "x", tiny_nmt_models)
     refreshed = refresh(["--root", str(tmp_path / "root"), "--dry_run", "--", *(job[:2] + job[4:])])
     assert refreshed["dry_run"] and os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_dask_dry_run_estimates_for_the_clusters_workers(bitext, tiny_nmt_models, dask_cluster, tmp_path, capsys):
+    """The scheduler is asked how many workers it has (two here), nothing submitted or written:
+    the estimate was one worker's before."""
+    from beam_pipelines.generate import run
+
+    plan = run(_args(bitext, tmp_path / "out", tiny_nmt_models, "--dry_run", "--rate", "2", "--runner", "DaskRunner",
+                     "--dask_client_address", dask_cluster))
+    assert plan["worker_processes"] == 2 and plan["estimated_seconds"] == pytest.approx(12.0)   # 48 / (2 x 2)
+    assert "with 2 worker process(es) (the Dask cluster's workers now" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()

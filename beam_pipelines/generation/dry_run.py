@@ -5,6 +5,7 @@ decoded by the job's own decoding steps, after one pair of warm-up (or ``--rate`
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from beam_pipelines.generation.check import Job, Request
@@ -12,7 +13,10 @@ from beam_pipelines.generation.plan import Inputs
 from common.shards import shard_size
 from paracorpus.bins import bin_capacity
 from paracorpus.units import plan_units
+from common.cli import option_value
 from common.progress import format_seconds
+
+log = logging.getLogger("paragen.generate")
 
 DRY_RUN_SAMPLE = 16          # pairs decoded on the driver to measure a rate for --dry_run
 
@@ -80,6 +84,24 @@ def _slurm_fleet(job: Job):
     return settings_from(PipelineOptions(list(job.beam_args)))
 
 
+def _dask_workers(job: Job) -> int | None:
+    """The worker processes of the Dask cluster a DaskRunner run would use, asked of its scheduler
+    (nothing submitted); None for another runner, a cluster of the runner's own making, or a
+    scheduler that does not answer (said)."""
+    address = option_value(list(job.beam_args), "--dask_client_address")
+    if not job.runner.endswith("DaskRunner") or not address:
+        return None
+    from distributed import Client
+
+    try:
+        with Client(address, timeout=15) as client:
+            return len(client.scheduler_info()["workers"]) or None
+    except (OSError, TimeoutError) as exc:
+        log.warning("the Dask scheduler at %s did not say how many workers it has (%s): the estimate is for one",
+                    address, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+
+
 def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
     """Print what the run would do and cost, write nothing; its plan as a dict."""
     cfg, reuse, bins, decode, file_target = job.cfg, inputs.reuse, inputs.bins, inputs.decode, job.file_target
@@ -97,7 +119,8 @@ def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
     else:
         rate, timed = 0.0, 0
     fleet = _slurm_fleet(job)
-    processes = fleet.workers * fleet.processes if fleet else job.workers or 1
+    dask = None if fleet else _dask_workers(job)
+    processes = fleet.workers * fleet.processes if fleet else dask or job.workers or 1
     seconds = records / (rate * processes) if rate else None
     lines = [f"dry run: nothing written to {request.output}",
              f"  input shards to decode: {len(decode)} ({'' if inputs.exact else '~'}{records:,} records, "
@@ -117,7 +140,9 @@ def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
              "  estimated decoding time: " + (f"{format_seconds(seconds)} with {processes} worker process(es)"
                                               if seconds is not None else "unknown")
              + (f" ({fleet.workers} SLURM worker job(s) x {fleet.processes} process(es); the rate is one process's "
-                "here: measure it on a worker node, or give --rate)" if fleet else "")]
+                "here: measure it on a worker node, or give --rate)" if fleet else "")
+             + (" (the Dask cluster's workers now; the rate is one process's here: measure it on a worker, or "
+                "give --rate)" if dask else "")]
     if fleet:
         from beam_pipelines.slurm_settings import worker_script
 
@@ -132,5 +157,6 @@ def dry_run(job: Job, request: Request, inputs: Inputs) -> dict:
             "files_per_table": files,
             "rows_per_file": rows // files if files else 0, "unit_files": 3 * units,
             "kept_files_per_table": kept, "copied_records": copied, "rate": rate, "estimated_seconds": seconds,
+            "worker_processes": processes,
             "reused_shards": sorted(reuse.reused), "copied_shards": sorted(reuse.carried),
             "removed_shards": reuse.removed}
