@@ -21,9 +21,9 @@ from paracorpus.commit import entry_path, file_location
 from paracorpus.compaction import TABLES as DATA_TABLES
 from paracorpus.incremental import Reuse
 from paracorpus.schema import CONTRACT_VERSION, check_manifest
+from paracorpus.units import record_counters, run_setups, summarize_run, totals
 
 log = logging.getLogger("paragen.generate")
-from paracorpus.units import record_counters, run_setups, summarize_run, totals
 
 
 @dataclass(frozen=True)
