@@ -276,6 +276,9 @@ class Stopping:
         # the worker processes first, then the claim: no worker of this run writes after the claim is
         # released (threads of this process are refused by the release itself: paracorpus.commit.Fence)
         workers = stop_descendants()
+        # a file this process's other threads are creating (its claim lost while the main thread
+        # published, say) is not left as a hidden temporary
+        storage.remove_staged_in_flight()
         for active in reversed([*_ACTIVE, self] if self not in _ACTIVE else _ACTIVE):   # a refresh's job too
             with contextlib.suppress(Exception):
                 if active.cleanup:

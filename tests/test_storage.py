@@ -152,3 +152,36 @@ def test_a_write_whose_claim_is_gone_once_written_is_taken_back(tmp_path):
     finally:
         storage.unfence_writes(str(tmp_path))
     storage.write_bytes(str(tmp_path / "b.json"), b"{}")     # unfenced again
+
+
+def test_a_process_that_ends_itself_leaves_no_temporary_another_thread_was_placing(tmp_path):
+    """A job that ends itself from one thread (its claim found lost by the heartbeat) while another
+    thread has written a create's hidden temporary and not yet linked it into place: the
+    temporary goes with the process (seen under load: a paused run's manifest version, resumed,
+    left `_log/.<n>-_manifest.json.<hex>.tmp` when its heartbeat ended it first)."""
+    code = f"""
+import os, sys, threading, time
+from common.stopping import Stopping
+from common.storage import writing
+
+placing = threading.Event()
+
+def slow_link(tmp, dst):          # the link a loaded machine has not run yet
+    placing.set()
+    time.sleep(60)
+
+def create():
+    with writing._staged({str(tmp_path / 'v1')!r}, slow_link) as f:
+        f.write(b"a version")
+
+with Stopping("the test job") as stopping:
+    threading.Thread(target=create, daemon=True).start()
+    assert placing.wait(30)
+    assert [n.startswith(".") for n in os.listdir({str(tmp_path)!r})] == [True]     # the hidden temporary, written
+    stopping.end("lost its claim", 75)
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 75, done.stderr[-2000:]
+    assert "error: lost its claim" in done.stderr
+    assert os.listdir(tmp_path) == []

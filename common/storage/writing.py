@@ -100,6 +100,18 @@ def open_output(path: str):
         _fenced_after(path)
 
 
+_IN_FLIGHT: set = set()      # local hidden temporaries being written or placed now, by any thread
+
+
+def remove_staged_in_flight() -> None:
+    """Remove the hidden temporaries this process is writing: a process that ends itself from
+    another thread (a lost claim, a second signal) leaves none of its own behind, whatever its
+    writing threads were doing (a killed process's are swept by the next clean-up)."""
+    for tmp in list(_IN_FLIGHT):
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
 @contextlib.contextmanager
 def _staged(inner: str, place, make_dirs: bool = True):
     """A hidden temporary file beside the local path INNER to write in the block; once written, on
@@ -110,6 +122,7 @@ def _staged(inner: str, place, make_dirs: bool = True):
     if make_dirs:
         os.makedirs(directory, exist_ok=True)
     tmp = staged_name(inner)
+    _IN_FLIGHT.add(tmp)
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -125,6 +138,7 @@ def _staged(inner: str, place, make_dirs: bool = True):
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        _IN_FLIGHT.discard(tmp)
 
 
 def _put_renamed(path: str, client, inner: str, spool) -> None:
