@@ -44,7 +44,7 @@ from common.cli import (EXIT_EMPTY, JobFailed, UsageError, check_apart, check_ou
 from paracorpus.commit import Fence, new_run_id, read_manifest, read_manifest_versioned, work_dir
 from paracorpus.runs import ParquetInput, open_input
 from paracorpus.schema import CONTRACT_VERSION, FILTER_MANIFEST, FILTER_MANIFEST_KEYS, check_manifest, manifest_reconciled
-from transforms.filtering import ScoreFile, merge_stats
+from transforms.filtering import ScoreFile, merge_stats, rejected_counter
 
 log = logging.getLogger("paragen.filter")
 TABLES = ("scored", "_fitted", "report")
@@ -293,14 +293,14 @@ def write_stats(stats: dict, work: str, fence=None) -> str:
     return storage.write_json(storage.join(work, "stats.json"), stats)
 
 
-def score(job: FilterJob, fitted: Fitted, work: str, fence=None) -> tuple[dict, dict]:
-    """Run the scoring pipeline: (the merged stats, its counters). FENCE: what its workers check
+def score(job: FilterJob, fitted: Fitted, work: str, fence=None) -> dict:
+    """Run the scoring pipeline: the merged stats its workers wrote. FENCE: what its workers check
     before each write (paracorpus.commit.Fence)."""
     todo = list(zip(job.input.files, job.input.relatives))        # (file to read, its path inside the table)
-    counters = run_pipeline(lambda p: p | "Files" >> beam.Create(todo)
-                            | "ScoreFiles" >> ScoreFiles(job, fitted, work, fence), list(job.beam_args),
-                            name=f"paragen-filter-{storage.basename(work.rstrip('/'))}")
-    return storage.read_json(storage.join(work, "stats.json")), counters
+    run_pipeline(lambda p: p | "Files" >> beam.Create(todo)
+                 | "ScoreFiles" >> ScoreFiles(job, fitted, work, fence), list(job.beam_args),
+                 name=f"paragen-filter-{storage.basename(work.rstrip('/'))}")
+    return storage.read_json(storage.join(work, "stats.json"))
 
 
 def collect(job: FilterJob, fitted: Fitted, run_id: str, stats: dict, elapsed: float) -> dict:
@@ -310,8 +310,7 @@ def collect(job: FilterJob, fitted: Fitted, run_id: str, stats: dict, elapsed: f
     scored = sorted(stats.pop("files"), key=lambda e: e["path"])
     rows_out = sum(e["rows"] for e in scored)
     counters = {"rows": stats.get("rows", 0), "kept": stats.get("kept", 0), "files": len(scored),
-                **{"rejected_" + k[7:].replace("<", "_below_").replace(">", "_above_"): v
-                   for k, v in sorted(stats.items()) if k.startswith("reason:")}}
+                **{rejected_counter(k): v for k, v in sorted(stats.items()) if k.startswith("reason:")}}
     return {"contract_version": CONTRACT_VERSION, "run_id": run_id, "input": job.input_path,
             "input_run_id": (job.input.manifest or {}).get("run_id"),
             "input_config_hash": (gen_manifest or {}).get("config_hash"),
@@ -370,7 +369,7 @@ def _filter_run(job: FilterJob, claim: Claim, version, stopping: Stopping) -> di
           flush=True)
     fitted = fit(job, run_id)                           # 2. plan: the models fitted on a sample
     work = work_dir(output, run_id)
-    stats, _beam_counters = score(job, fitted, work, Fence(output, claim.token, throttle=False))   # 3. score
+    stats = score(job, fitted, work, Fence(output, claim.token, throttle=False))   # 3. score: the pipeline
     manifest = collect(job, fitted, run_id, stats, time.time() - started)
     print_filter_summary(manifest, job.rows_expected, manifest["seconds"])   # 4. report
     problem = None if manifest["reconciled"] else JobFailed(f"rows in != rows out; not published; see "

@@ -76,8 +76,7 @@ def run(argv=None) -> dict:
             from beam_pipelines.generation.decode import decode
 
             # 3-4. the pipeline: decode, then compact; a failure is one line, the committed units kept
-            # (Beam's counters: the manifest's come from the records the workers wrote)
-            _beam_counters, elapsed, sharing = decode(job, plan, inputs, finished, stopping)
+            elapsed, sharing = decode(job, plan, inputs, finished, stopping)
             outcome = collect(job, request, inputs, plan, elapsed, sharing, last_usage())
             try:                                        # 5. commit: publish only if the counts reconcile
                 commit(plan.output, MANIFEST, outcome.manifest, TABLES, plan.work, outcome.problem, stopping.critical,

@@ -1,5 +1,5 @@
-"""Beam's side of a job's command line: the runner, its options, worker threads, and what a
-finished pipeline's counters were. Shared by the generation and filter jobs.
+"""Beam's side of a job's command line: the runner, its options, worker threads, and running a
+pipeline to its end. Shared by the generation and filter jobs.
 
 A job parses its own options first and hands the rest to Beam. Beam only warns about options
 it does not know and runs with its defaults, so a typo (``--presett``, ``--num-samples``) would
@@ -169,10 +169,10 @@ def torch_threads_for(requested: int, beam_args: list[str]) -> int | None:
                           os.cpu_count() or 1)
 
 
-def run_pipeline(build, beam_args: list[str], name: str = "paragen") -> dict:
-    """Build a pipeline with BUILD(pipeline), run it to the end, and return its counters in the
-    'paragen' and 'filter' namespaces ({} where the runner reports none, as the DaskRunner). On a
-    Flink cluster the Flink job is called NAME (unless --job_name is given) and a stop of this
+def run_pipeline(build, beam_args: list[str], name: str = "paragen") -> None:
+    """Build a pipeline with BUILD(pipeline) and run it to the end. Its Beam counters are for the
+    runner's UI; what the jobs record comes from the records their workers write (the DaskRunner
+    reports no metrics). On a Flink cluster the Flink job is called NAME (unless --job_name is given) and a stop of this
     process cancels it (beam_pipelines/flink.py)."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
@@ -198,24 +198,3 @@ def run_pipeline(build, beam_args: list[str], name: str = "paragen") -> dict:
     finally:
         if cancel is not None:          # the Flink job has ended: a later stop has nothing to cancel
             not_at_end(cancel)
-    return counters_of(result)
-
-
-def counters_of(result) -> dict:
-    from apache_beam.metrics.metric import MetricsFilter
-
-    try:
-        counters = result.metrics().query(MetricsFilter())["counters"]
-    except (NotImplementedError, AttributeError, KeyError):
-        return {}
-    out: dict[str, int] = {}
-    for c in counters:
-        if c.key.metric.namespace not in ("paragen", "filter"):
-            continue
-        try:
-            value = c.committed
-        except Exception:  # noqa: BLE001: runners without committed metrics raise here
-            value = None
-        value = c.attempted if value is None else value
-        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
-    return dict(sorted(out.items()))

@@ -64,10 +64,16 @@ class ScoreFile(beam.DoFn):
         self.files.inc()
         for key, n in stats.items():
             if key.startswith("reason:"):
-                Metrics.counter("filter", "rejected_" + key[7:].replace("<", "_below_").replace(">", "_above_")).inc(n)
+                Metrics.counter("filter", rejected_counter(key)).inc(n)
         self.progress.add("files", 1)
         self.progress.flush()                 # a line per file done, beside the heartbeat's
         yield {**stats, "files": [{"path": rel_out, "rows": stats["rows"], "bytes": storage.size(dst)}]}
+
+
+def rejected_counter(key: str) -> str:
+    """The counter of a stats key 'reason:<rule>' ('reason:translation_cost>max' ->
+    'rejected_translation_cost_above_max'): the Beam counter's name and the manifest's."""
+    return "rejected_" + key[len("reason:"):].replace("<", "_below_").replace(">", "_above_")
 
 
 def merge_stats(dicts) -> dict:

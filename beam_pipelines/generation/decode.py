@@ -123,8 +123,8 @@ def build(p: beam.Pipeline, job: Job, plan: Plan, inputs: Inputs, finished: froz
 
 
 def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset,
-           stopping: Stopping) -> tuple[dict, float, dict]:
-    """Run PLAN's pipeline to the end on JOB's runner: (its counters, seconds it took, how its GPU
+           stopping: Stopping) -> tuple[float, dict]:
+    """Run PLAN's pipeline to the end on JOB's runner: (seconds it took, how its GPU
     worker processes shared a GPU). A failure is one line (JobFailed) with the committed units
     kept; a worker process that dies ends the job through STOPPING at once
     (common/stopping.py). GPU worker processes of this machine run under an MPS daemon
@@ -139,13 +139,13 @@ def decode(job: Job, plan: Plan, inputs: Inputs, finished: frozenset,
     try:
         with mps, RunnerNoise(stopping.on_worker_lost(plan.work)) as noise, \
                 DriverProgress(plan.work, plan.num_units, inputs.expected or None, finished):
-            counters = run_pipeline(
+            run_pipeline(
                 lambda p: build(p, job, plan, inputs, finished, handler, use_run_inference=not dask), beam_args,
                 name=f"paragen-generate-{plan.run_id}")
     except Exception as exc:  # noqa: BLE001: any failure of the pipeline is one line; its units are kept
         raise pipeline_failure(exc, plan.work, units_committed(plan), noise.kept, plan.output) from None
     sharing = {"processes_per_gpu": job.processes_per_gpu, "mps": mps.state.to_dict()} if job.device != "cpu" else None
-    return counters, time.time() - start, sharing
+    return time.time() - start, sharing
 
 
 

@@ -10,11 +10,11 @@ import time
 
 from beam_pipelines.generation.check import Job, Request
 from beam_pipelines.generation.plan import Inputs
+from common.cli import option_value
+from common.progress import format_seconds
 from common.shards import shard_size
 from paracorpus.bins import bin_capacity
 from paracorpus.units import plan_units
-from common.cli import option_value
-from common.progress import format_seconds
 
 log = logging.getLogger("paragen.generate")
 
