@@ -61,7 +61,10 @@ def _java_opts() -> str:
 CONFIG = """env:
   java:
     opts:
-      all: {java_opts}
+      all: {java_opts} -Djava.io.tmpdir={tmp}
+io:
+  tmp:
+    dirs: {tmp}
 jobmanager:
   bind-host: 127.0.0.1
   rpc:
@@ -108,6 +111,9 @@ class Flink:
         self.dir = folder
         self.conf = os.path.join(folder, "conf")
         self.logs = os.path.join(folder, "log")
+        # the JVMs' temporaries (Flink's io.tmp.dirs, its JAAS file, lz4's native library) in the
+        # test's folder: Java does not read TMPDIR, and a killed task manager removes nothing
+        self.tmp = os.path.join(folder, "tmp")
         self.rest_port = _free_port()
         self.master = f"127.0.0.1:{self.rest_port}"
         self.jobmanager: subprocess.Popen | None = None
@@ -127,12 +133,13 @@ class Flink:
     def start(self, taskmanagers: int = 2) -> "Flink":
         os.makedirs(self.conf, exist_ok=True)
         os.makedirs(self.logs, exist_ok=True)
+        os.makedirs(self.tmp, exist_ok=True)
         for name in os.listdir(os.path.join(FLINK_HOME, "conf")):
             if name.startswith("log4j"):
                 with open(os.path.join(FLINK_HOME, "conf", name)) as src, open(os.path.join(self.conf, name), "w") as dst:
                     dst.write(src.read())
         with open(os.path.join(self.conf, "config.yaml"), "w") as f:
-            f.write(CONFIG.format(java_opts=_java_opts(), rpc=_free_port(), blob=_free_port(), rest=self.rest_port))
+            f.write(CONFIG.format(java_opts=_java_opts(), tmp=self.tmp, rpc=_free_port(), blob=_free_port(), rest=self.rest_port))
             if self.restarts:
                 f.write(RESTARTS.format(attempts=self.restarts[0], delay_ms=self.restarts[1]))
         self.jobmanager = self._start("jobmanager.sh", "jobmanager.out")

@@ -55,7 +55,10 @@ def hdfs_server(base: str):
     if why:
         raise ServerUnavailable(why)
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(["java", "-Xmx512m", "-XX:+UseSerialGC", "-cp", os.path.join(LIB, "*"), LAUNCHER, base],
+        tmp = base.rstrip("/") + "-jvm-tmp"     # the JVM's temporaries: Java does not read TMPDIR
+        os.makedirs(tmp, exist_ok=True)
+        proc = subprocess.Popen(["java", "-Xmx512m", "-XX:+UseSerialGC", f"-Djava.io.tmpdir={tmp}",
+                                 "-cp", os.path.join(LIB, "*"), LAUNCHER, base],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                 preexec_fn=_die_with_parent)
         try:

@@ -92,14 +92,16 @@ def test_a_node_that_fails_two_starts_is_excluded_and_the_run_finishes(slurm, sm
 @pytest.mark.slow
 def test_a_driver_killed_outright_and_started_again_cancels_the_workers_it_left(slurm, bitext, tiny_nmt_models,
                                                                                local_rows, tmp_path):
-    # the 128-pair input: the run outlasts the moment its two workers are both running
     out, logs = tmp_path / "out", tmp_path / "logs"
     args = [*quick_args(bitext, out, tiny_nmt_models), "--slurm_workers", "2"]
     # the killed driver's claim lapses soon; its workers wait 15 min for their scheduler (not
     # the default minute), so they are still there when the same command starts again, however
     # long a loaded machine takes to start it (seen: both had left on their own)
     env = {"PARAGEN_LEASE_SECONDS": "4", "PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS": "900"}
-    job = login_node_job(slurm, args, logs, env)
+    # and each worker pauses (SIGSTOP) at its first unit's file: the run is still decoding when its
+    # driver is killed, however long the second worker job waits for a node (seen under load: the
+    # first worker had decoded everything, and the second start had no cluster to start)
+    job = login_node_job(slurm, args, logs, {**env, "PARAGEN_CRASH_AT": "*part-u:STOP"})
     deadline = time.time() + 300
     while len([j for j in slurm.jobs("paragen-worker-") if j["JobState"] == "RUNNING"
                and str(logs) in j.get("StdErr", "")]) < 2:
@@ -114,7 +116,7 @@ def test_a_driver_killed_outright_and_started_again_cancels_the_workers_it_left(
     _, err = again.communicate(timeout=600)
     assert again.returncode == 0, err[-3000:]
     # those of its workers still queued or running
-    said = next(line for line in err.splitlines() if "an earlier start of this run left" in line)
+    said = next((line for line in err.splitlines() if "an earlier start of this run left" in line), err[-3000:])
     named = re.search(r"cancelled (\d) worker job\(s\) an earlier start of this run left \(([\d, ]+)\)", said)
     assert named and set(named.group(2).split(", ")) <= set(left) and int(named.group(1)) >= 1, said
     assert committed_rows(out) == local_rows
