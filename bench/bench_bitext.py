@@ -3,7 +3,7 @@ speed, and the generation job's bitext filter on a bitext with injected misalign
 
     python bench/bench_bitext.py --data ../shared/data [--part align,filter]
         [--encoders runs/bilingual-{lang}-en] [--train PREFIX] [--eval PREFIX] [--nmt runs/multi30k-fr-models]
-        [--divergence runs/divergence-en-fr]
+        [--divergence runs/divergence-en-fr] [--filter_lang fr]
 
 Parts (Markdown on stdout, every figure beside its baseline from the same run):
 
@@ -14,7 +14,7 @@ Parts (Markdown on stdout, every figure beside its baseline from the same run):
           the error by source length and by the pair's words absent from the encoder's training
           text (--train); and encoding speed (sentences/s on this CPU). --eval PREFIX scores
           other pairs than val, e.g. a split of train held out to choose settings on.
-  filter  the generation job on --pairs Multi30k fr-en training pairs of which 10% are replaced
+  filter  the generation job on --pairs Multi30k fr-en (--filter_lang) training pairs of which 10% are replaced
           by misaligned ones (a French sentence with another line's English), plus the 100
           labelled OpenSubtitles dev pairs, with and without the bitext filter (the fr-en encoder's
           cosine at a percentile of clean held-out pairs, and the en-fr divergence detector
@@ -147,12 +147,13 @@ def part_filter(a, bitext: str, tmp: str) -> None:
     from common.text import tokenize
     from filtering.text_scores import ngram_overlap
 
-    enc_dir = a.encoders.format(lang="fr")
-    fr, en = lines(f"{bitext}/train.fr.gz", a.pairs), lines(f"{bitext}/train.en.gz", a.pairs)
+    lang = a.filter_lang           # fr: the OpenSubtitles dev pairs (en-fr) join the bitext
+    enc_dir = a.encoders.format(lang=lang)
+    fr, en = lines(f"{bitext}/train.{lang}.gz", a.pairs), lines(f"{bitext}/train.en.gz", a.pairs)
     rng = random.Random(7)
     injected = set(rng.sample(range(len(fr)), len(fr) // 10))
     other = {i: (i + rng.randrange(1, len(fr))) % len(fr) for i in injected}
-    subs = _tsv_rows(os.path.join(a.data, "divergence", "opensubs.dev.tsv"))
+    subs = _tsv_rows(os.path.join(a.data, "divergence", "opensubs.dev.tsv")) if lang == "fr" else []
     rows = [(fr[i], en[other[i]] if i in injected else en[i]) for i in range(len(fr))] + [(f, e) for f, e, _ in subs]
     kinds = ["misaligned" if i in injected else "clean" for i in range(len(fr))] + \
         ["subtitles, equivalent" if y else "subtitles, divergent" for _, _, y in subs]
@@ -161,13 +162,13 @@ def part_filter(a, bitext: str, tmp: str) -> None:
         f.writelines(f"{x}\t{y}\n" for x, y in rows)
 
     enc = load_bilingual_encoder(enc_dir, device="cpu")
-    held_fr, held_en = lines(f"{bitext}/val.fr.gz", 500), lines(f"{bitext}/val.en.gz", 500)
-    clean_cos = cosine_pairs(enc.encode(held_fr, "fr"), enc.encode(held_en, "en"))
+    held_fr, held_en = lines(f"{bitext}/val.{lang}.gz", 500), lines(f"{bitext}/val.en.gz", 500)
+    clean_cos = cosine_pairs(enc.encode(held_fr, lang), enc.encode(held_en, "en"))
     threshold = float(np.percentile(clean_cos, a.similarity_percentile))
     div = load_divergence_detector(a.divergence)
 
-    base = ["--input", inp, "--src_lang", "fr", "--tgt_lang", "en", "--forward_model", f"{a.nmt}/fr-en",
-            "--backward_model", f"{a.nmt}/en-fr", "--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples",
+    base = ["--input", inp, "--src_lang", lang, "--tgt_lang", "en", "--forward_model", f"{a.nmt}/{lang}-en",
+            "--backward_model", f"{a.nmt}/en-{lang}", "--preset", "parabank2-cpu", "--num_sets", "2", "--num_samples",
             "5", "--dual_xent_threshold", "-1", "--device", "cpu", "--num_output_shards", "2", "--overwrite"]
     plain_s, plain_manifest = _generate([*base, "--output", os.path.join(tmp, "plain")])
     filt_s, filt_manifest = _generate([*base, "--output", os.path.join(tmp, "filtered"), "--bitext_encoder", enc_dir,
@@ -192,12 +193,12 @@ def part_filter(a, bitext: str, tmp: str) -> None:
     plain = summary(os.path.join(tmp, "plain"))
     filt = summary(os.path.join(tmp, "filtered"))
     print()
-    print(f"### Bitext filter in the generation job: {len(fr):,} Multi30k fr-en pairs ({len(injected)} replaced by "
+    print(f"### Bitext filter in the generation job: {len(fr):,} Multi30k {lang}-en pairs ({len(injected)} replaced by "
           f"misaligned ones) + {len(subs)} OpenSubtitles dev pairs")
     print()
     print(f"Bilingual-encoder cosine threshold {threshold:.4f} ({a.similarity_percentile:g}th percentile of 500 "
           f"clean `val` pairs); divergence detector {a.divergence} with its threshold "
-          f"{div.threshold:.4f}. Generation: preset parabank2-cpu, S=2 x N=5, fr-en models {a.nmt}.")
+          f"{div.threshold:.4f}. Generation: preset parabank2-cpu, S=2 x N=5, {lang}-en models {a.nmt}.")
     print()
     print("| pairs | count | rejected by the bitext filter | of which `bitext_similarity` | of which `divergent` |")
     print("|---|---:|---:|---:|---:|")
@@ -221,7 +222,8 @@ def main() -> None:
     ap.add_argument("--part", default="align,filter")
     ap.add_argument("--encoders", default=os.path.join(ROOT, "runs", "bilingual-{lang}-en"))
     ap.add_argument("--nmt", default=os.path.join(ROOT, "runs", "multi30k-fr-models"),
-                    help="fr-en/ and en-fr/ NMT models (paragen-train-nmt on Multi30k fr-en; see docs/benchmarks.md)")
+                    help="fr-en/ and en-fr/ NMT models (paragen-train-nmt on Multi30k fr-en; see docs/benchmarks.md); "
+                         "LANG-en/ and en-LANG/ with --filter_lang LANG")
     ap.add_argument("--divergence", default=os.path.join(ROOT, "runs", "divergence-en-fr"),
                     help="en-fr divergence detector (paragen-train-divergence; see docs/benchmarks.md)")
     ap.add_argument("--similarity_percentile", type=float, default=5.0,
@@ -233,6 +235,8 @@ def main() -> None:
                     help="the align part's pairs, PREFIX.<lang>.gz (default: Multi30k val under --data)")
     ap.add_argument("--mlp_pairs", type=int, default=5000, help="training pairs of the MLP (0: no MLP)")
     ap.add_argument("--pairs", type=int, default=1000, help="Multi30k pairs of the filter run (default 1000)")
+    ap.add_argument("--filter_lang", default="fr", choices=("cs", "de", "fr"),
+                    help="the filter part's language besides English (default fr; fr adds the OpenSubtitles dev pairs)")
     ap.add_argument("--workdir", help="write the filter part's input and runs here and keep them (default: a "
                                       "temporary directory)")
     a = ap.parse_args()

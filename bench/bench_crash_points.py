@@ -6,7 +6,7 @@ command rerun as it was, --previous on itself, worker processes' operations, a r
 --keep 2 or gaining / losing --filter_args); at each instant what a reader sees, then the same
 command again (tests/crash_points.py says what is checked).
 
-    python bench/bench_crash_points.py --models M [--cases generate:local:same:KILL,...] [--every N]
+    python bench/bench_crash_points.py --models M [--cases generate:local:same:KILL,...] [--every N | --points N]
     python bench/bench_crash_points.py --models M --list      # the cases this script knows
 
 A case is JOB:STORE:MODE:SIGNAL[:PATH]: JOB generate, filter or refresh; STORE local, s3, gcs or
@@ -81,9 +81,10 @@ def make_sweep(job: str, mode: str, store, work: str, models: str, pairs: int, e
     return refresh_sweep(work, models, store, mode)
 
 
-def picked(ops, every: int, sweep, path: str):
+def picked(ops, every: int, sweep, path: str, points: int = 0):
     """The operations to stop at: with PATH workers, the worker processes' writes (each by a path
-    pattern unique in the run); else every EVERY-th driver operation plus the marked ones."""
+    pattern unique in the run); else every EVERY-th driver operation plus the marked ones (the first
+    of each kind of step), or only the first POINTS of those."""
     from tests.crash_points import chosen, worker_crash
 
     if path == "workers":
@@ -94,6 +95,8 @@ def picked(ops, every: int, sweep, path: str):
                 if crash and crash not in [c for _, c in found]:
                     found.append((o, crash))
         return found[::every] if every > 1 else found
+    if points:
+        return [(o, None) for o in chosen(ops, points)[:points]]
     if every <= 1:
         return [(o, None) for o in ops]
     return [(o, None) for o in chosen(ops, max(6, len(ops) // every))]
@@ -117,7 +120,7 @@ def run_case(case: str, args, failures: list) -> None:
             else:
                 ops = sweep.prepare()
             points = []
-            for op, crash in picked(ops, args.every, sweep, path):
+            for op, crash in picked(ops, args.every, sweep, path, args.points):
                 if mode == "dask":           # the workers' crash point is in their environment: a cluster a point
                     points.append(_dask_point(sweep, op, sig, crash, work))
                 else:
@@ -173,6 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=12, help="pairs of a generation run (default 12: three work units)")
     ap.add_argument("--cases", default=DEFAULT, help="JOB:STORE:MODE:SIGNAL[:PATH], comma-separated")
     ap.add_argument("--every", type=int, default=1, help="every Nth operation (default 1: all)")
+    ap.add_argument("--points", type=int, default=0,
+                    help="instead, only the first N of the marked driver operations (the run's first operation, "
+                         "a unit's first write, ...): a quick check of this script")
     ap.add_argument("--list", action="store_true", help="print the default cases and exit")
     args = ap.parse_args(argv)
     if args.list:

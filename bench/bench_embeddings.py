@@ -91,7 +91,8 @@ def main(argv=None) -> int:
                 out = os.path.join(tmp, f"run{i}")
                 rep = train(data, out, TrainConfig(encoder=enc, dim=a.dim, epochs=a.epochs, megabatch=m,
                                                    progress=False), dev, log=lambda msg: None)
-                speed = sum(e["pairs"] for e in rep["epochs"]) / sum(e["seconds"] for e in rep["epochs"])
+                seconds = sum(e["seconds"] for e in rep["epochs"])      # rounded to 0.01 s: 0 on a tiny run
+                speed = sum(e["pairs"] for e in rep["epochs"]) / seconds if seconds else None
                 best = rep["best_epoch"]
                 scores = _score(load_encoder(out).similarity, sets)
             results.append({"run": label, "megabatch": m, "pairs_per_s": speed, "best_epoch": best, **scores})

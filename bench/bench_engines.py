@@ -8,7 +8,7 @@ engine, every figure beside the fairseq engine's from the same run.
      of the same engine: sources/s;
   3. peak memory (RSS) of each engine's process.
 
-    python bench/bench_engines.py --work runs/bench-models
+    python bench/bench_engines.py --work runs/bench-models [--layers 6 --dim 512] [--skip_job]
 
 The model is realistic in size, not in quality: a fairseq transformer base (6+6 layers, d512,
 ffn 2048, 8 heads, shared embeddings) with random weights on bench_models.py's Multi30k
@@ -32,23 +32,25 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
-def random_archive(work: str, src: str, tgt: str) -> str:
-    """WORK/random-SRC-TGT: a hub-style archive of a random transformer base (6+6, d512)."""
+def random_archive(work: str, src: str, tgt: str, layers: int = 6, dim: int = 512) -> str:
+    """WORK/random-SRC-TGT: a hub-style archive of a random transformer base (6+6, d512; or
+    LAYERS+LAYERS, dDIM, ffn 4 x DIM)."""
     import argparse as ap
 
     import torch
     from fairseq.models.transformer import base_architecture
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-    out = os.path.join(work, f"random-{src}-{tgt}")
+    out = os.path.join(work, f"random-{src}-{tgt}" + ("" if (layers, dim) == (6, 512) else f"-{layers}x{dim}"))
     if os.path.exists(os.path.join(out, "model.pt")):
         return out
     os.makedirs(out, exist_ok=True)
     data_bin = os.path.join(work, "data-bin")
     torch.manual_seed(0 if src == "cs" else 1)
-    args = ap.Namespace(arch="transformer", encoder_layers=6, decoder_layers=6, encoder_embed_dim=512,
-                        decoder_embed_dim=512, encoder_ffn_embed_dim=2048, decoder_ffn_embed_dim=2048,
-                        encoder_attention_heads=8, decoder_attention_heads=8, share_all_embeddings=True,
+    heads = 8 if dim % 64 == 0 else 2
+    args = ap.Namespace(arch="transformer", encoder_layers=layers, decoder_layers=layers, encoder_embed_dim=dim,
+                        decoder_embed_dim=dim, encoder_ffn_embed_dim=4 * dim, decoder_ffn_embed_dim=4 * dim,
+                        encoder_attention_heads=heads, decoder_attention_heads=heads, share_all_embeddings=True,
                         max_source_positions=1024, max_target_positions=1024, dropout=0.1)
     base_architecture(args)
     task = TranslationTask.setup_task(TranslationConfig(data=data_bin, source_lang=src, target_lang=tgt))
@@ -63,15 +65,16 @@ def random_archive(work: str, src: str, tgt: str) -> str:
     return out
 
 
-def prepare(work: str) -> dict:
+def prepare(work: str, layers: int = 6, dim: int = 512) -> dict:
     """{engine: (forward dir, backward dir)} imported from the random archives (kept in WORK)."""
     from models.nmt.importing import import_fairseq_to_ct2, import_model
 
     dirs = {}
     for src, tgt in (("cs", "en"), ("en", "cs")):
-        archive = random_archive(work, src, tgt)
+        archive = random_archive(work, src, tgt, layers, dim)
+        size = os.path.basename(archive)[len(f"random-{src}-{tgt}"):]          # "" for the base, else -LxD
         for engine in ("fairseq", "int8", "float32"):
-            out = os.path.join(work, f"engine-{engine}-{src}-{tgt}")
+            out = os.path.join(work, f"engine-{engine}-{src}-{tgt}{size}")
             if not os.path.exists(os.path.join(out, "model.json")):
                 if engine == "fairseq":
                     import_model(archive, src, tgt, out, tokenizer="moses")
@@ -137,15 +140,17 @@ def main(argv=None) -> int:
     ap.add_argument("--sources", type=int, default=30, help="Multi30k val pairs (default 30)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip_job", action="store_true", help="decoding alone (no whole-job rows)")
+    ap.add_argument("--layers", type=int, default=6, help="encoder and decoder layers of the random models (default 6)")
+    ap.add_argument("--dim", type=int, default=512, help="their model dimension; ffn 4x (default 512)")
     a = ap.parse_args(argv)
     if not os.path.isdir(DATA):
         print(f"error: {DATA} not found (../shared/data)", file=sys.stderr)
         return 2
     prepare_models(a.work, 3, 256, 300, 8000)          # the dictionary and codes the random models use
-    dirs = prepare(a.work)
+    dirs = prepare(a.work, a.layers, a.dim)
     pairs = list(zip(read_lines("val", "cs", a.sources), read_lines("val", "en", a.sources)))
-    print(f"# bench_engines: transformer base 6+6 d512, random weights, Multi30k dictionary; {len(pairs)} sources; "
-          f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one thread per engine process\n")
+    print(f"# bench_engines: transformer {a.layers}+{a.layers} d{a.dim}, random weights, Multi30k dictionary; "
+          f"{len(pairs)} sources; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one thread per engine process\n")
     rows = {name: [] for name in ("fairseq", "int8", "float32", "int8 no bans")}
     for _ in range(a.repeats):                     # interleaved: every engine under the same load
         rows["fairseq"].append(_fresh("decode", dirs["fairseq"][0], pairs, True))

@@ -1,6 +1,6 @@
 """What survives what: faults injected into real runs of the generation job, and the outcome.
 
-    python bench/bench_faults.py [--models DIR] [--pairs 900] [--only NAME ...]
+    python bench/bench_faults.py [--models DIR] [--pairs 900] [--unit_pairs 50] [--only NAME ...]
 
 Each scenario runs the job (tiny cs<->en models on a toy bitext: 900 pairs, 50 per work unit,
 DirectRunner unless said), causes one fault for real, and, where the job ended, runs the *same
@@ -55,10 +55,10 @@ def ensure_models(models: str | None) -> str:
 
 
 class Bench:
-    def __init__(self, models: str, pairs: int, work: str):
+    def __init__(self, models: str, pairs: int, work: str, unit_pairs: int = 50):
         from tests.toydata import toy_bitext
 
-        self.models, self.work = models, work
+        self.models, self.work, self.unit_pairs = models, work, unit_pairs
         self.input = os.path.join(work, "toy.tsv")
         with open(self.input, "w", encoding="utf-8") as f:
             f.writelines(f"{s}\t{t}\n" for s, t in toy_bitext(pairs * 3, seed=4)[:pairs])
@@ -67,7 +67,8 @@ class Bench:
 
     def args(self, out: str, *extra) -> list[str]:
         return ["--input", self.input, "--output", out, "--forward_model", f"{self.models}/cs-en",
-                "--backward_model", f"{self.models}/en-cs", "--unit_pairs", "50", "--device", "cpu", *extra]
+                "--backward_model", f"{self.models}/en-cs", "--unit_pairs", str(self.unit_pairs), "--device", "cpu",
+                *extra]
 
     def start(self, args, env=None):
         return subprocess.Popen([PY, "-m", "beam_pipelines.generate", *args], cwd=ROOT, stdout=subprocess.PIPE,
@@ -302,11 +303,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=None)
     ap.add_argument("--pairs", type=int, default=900)
+    ap.add_argument("--unit_pairs", type=int, default=50,
+                    help="the job's work unit (default 50); the faults strike after 6 units")
     ap.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), default=None)
     a = ap.parse_args()
     models = ensure_models(a.models)
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as work:
-        b = Bench(models, a.pairs, work)
+        b = Bench(models, a.pairs, work, a.unit_pairs)
         out = os.path.join(work, "reference")
         t = time.monotonic()
         rc, err = b.whole(b.args(out))

@@ -52,7 +52,7 @@ def _fairseq(command: str, args: list[str], log: str) -> None:
         raise SystemExit(f"fairseq-{command} failed; see {log}")
 
 
-def prepare(work: str, layers: int, dim: int, updates: int, merges: int) -> dict:
+def prepare(work: str, layers: int, dim: int, updates: int, merges: int, train_lines: int | None = None) -> dict:
     """A hub-style archive WORK/archive (model1.pt, model2.pt, dicts, fastBPE bpecodes) and the
     imported directories WORK/ensemble (both members) and WORK/single (model1.pt); reused."""
     from models.nmt.importing import import_model
@@ -65,7 +65,8 @@ def prepare(work: str, layers: int, dim: int, updates: int, merges: int) -> dict
     text = os.path.join(work, "text")
     os.makedirs(text, exist_ok=True)
     t0 = time.time()
-    raw = {split: (read_lines(split, "cs"), read_lines(split, "en")) for split in ("train", "val")}
+    raw = {split: (read_lines(split, "cs", train_lines), read_lines(split, "en", train_lines))
+           for split in ("train", "val")}
     tok = {split: (moses_tokenize(cs, "cs"), moses_tokenize(en, "en")) for split, (cs, en) in raw.items()}
     fast = os.path.join(work, "bpecodes")
     write_fastbpe_codes(learn_subword_nmt(tok["train"][0] + tok["train"][1], os.path.join(work, "codes.subword_nmt"),
@@ -241,6 +242,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--updates", type=int, default=400)
     ap.add_argument("--merges", type=int, default=8000)
+    ap.add_argument("--train_lines", type=int, help="train on the first N Multi30k pairs (default: all 29,000)")
     ap.add_argument("--sources", type=int, default=100, help="Multi30k val pairs decoded (default 100)")
     ap.add_argument("--sentences", type=int, default=1000, help="sentences tokenized (default 1000)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds, engines interleaved (default 3)")
@@ -248,7 +250,7 @@ def main(argv=None) -> int:
     if not os.path.isdir(DATA):
         print(f"error: {DATA} not found (../shared/data)", file=sys.stderr)
         return 2
-    info = prepare(a.work, a.layers, a.dim, a.updates, a.merges)
+    info = prepare(a.work, a.layers, a.dim, a.updates, a.merges, a.train_lines)
     print(f"# bench_models: Multi30k cs->en, {info['layers']}+{info['layers']} layers d{info['dim']}, "
           f"{info['updates']} updates, fastBPE {info['merges']} merges, 2 seeds (prepared in {info['seconds']} s); "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one torch thread per engine\n")

@@ -17,7 +17,7 @@ flat: the figures behind "50 million pairs" (docs/benchmarks.md).
   4. a refresh's copy: the rows of 7 of 8 input shards copied out of a 1M-row compacted file.
 
     python bench/bench_scale.py --work runs/bench-scale [--sizes 2000,20000,200000] [--units 240]
-        [--parts memory,dask,direct,cost,files,copy]
+        [--parts memory,dask,direct,cost,files,copy] [--models DIR]
 
 The tiny models (tests/conftest.py's TINY settings) are trained into --work once. Inputs are the
 toy bitext of tests/toydata.py, each pair made unique by a counter word on both sides (the toy
@@ -398,10 +398,15 @@ def main(argv=None) -> int:
     ap.add_argument("--units", type=int, default=240, help="units of the memory runs (default 240)")
     ap.add_argument("--unit_pairs", type=int, default=50, help="pairs per unit in the memory runs (default 50)")
     ap.add_argument("--parts", default="memory,dask,direct,cost,files,copy")
+    ap.add_argument("--models", help="a folder with cs-en/ and en-cs/ (default: tiny models trained into --work)")
     a = ap.parse_args(argv)
-    os.makedirs(a.work, exist_ok=True)
-    model_dir = models(a.work)
     parts = a.parts.split(",")
+    if set(parts) - {"memory", "dask", "direct", "cost", "files", "copy"}:
+        ap.error(f"unknown --parts: {a.parts}")
+    if "memory" in parts and a.units < 10:            # its table compares the RSS after unit 10 with the last
+        ap.error(f"--units {a.units}: the memory part needs at least 10")
+    os.makedirs(a.work, exist_ok=True)
+    model_dir = a.models or models(a.work)
     print(f"# bench_scale: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores\n", flush=True)
     if "memory" in parts:
         print(f"## 1a. A plain loop over {a.units} units of {a.unit_pairs} pairs (parabank2-cpu with 2x4 samples), "

@@ -1,7 +1,7 @@
 """How long each job takes to refuse a store it cannot reach (the figures tests/test_unreachable_stores.py
 no longer bounds: wall-clock time is load, not behaviour).
 
-    python bench/bench_unreachable.py [--models DIR] [--budget 25] [--rounds 1]
+    python bench/bench_unreachable.py [--models DIR] [--budget 25] [--rounds 1] [--stores S,..] [--jobs J,..]
 
 For each store (S3 on a refused port, S3 on a host that does not resolve, S3 behind a server that
 accepts connections and never answers, GCS without credentials) and each job (generation, filter,
@@ -78,7 +78,15 @@ def main(argv=None) -> None:
     ap.add_argument("--models", help="a folder with cs-en/ and en-cs/ (default: tiny models trained into runs/)")
     ap.add_argument("--budget", type=float, default=25.0, help="PARAGEN_FIRST_CONTACT_SECONDS (default 25)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--stores", default="refused,no_host,never_answers,gs",
+                    help="comma-separated, of refused, no_host, never_answers, gs (default: all)")
+    ap.add_argument("--jobs", default="generate,filter,embeddings,refresh", help="comma-separated (default: all)")
     a = ap.parse_args(argv)
+    wanted_stores, wanted_jobs = set(a.stores.split(",")), set(a.jobs.split(","))
+    unknown = (wanted_stores - {"refused", "no_host", "never_answers", "gs"}) | (
+        wanted_jobs - {"generate", "filter", "embeddings", "refresh"})
+    if unknown:
+        ap.error(f"unknown store or job: {', '.join(sorted(unknown))}")
     from bench_faults import ensure_models
 
     models = ensure_models(a.models)
@@ -88,13 +96,18 @@ def main(argv=None) -> None:
           f"median of {a.rounds}\n\n| store | job | exit | seconds | less a usage mistake's |\n|---|---|---|---|---|",
           flush=True)
     with tempfile.TemporaryDirectory() as tmp, Blackhole() as hole:
-        stores = {"s3, a refused port": ("s3://bucket", {**s3, "AWS_ENDPOINT_URL": "http://127.0.0.1:1"}),
-                  "s3, no such host": ("s3://bucket", {**s3, "AWS_ENDPOINT_URL": "http://no-such-host.invalid:9000"}),
-                  "s3, never answers": ("s3://bucket", {**s3, "AWS_ENDPOINT_URL": f"http://{hole}"}),
-                  "gs, no credentials": ("gs://bucket", {})}
+        stores = {"refused": ("s3, a refused port", "s3://bucket", {**s3, "AWS_ENDPOINT_URL": "http://127.0.0.1:1"}),
+                  "no_host": ("s3, no such host", "s3://bucket",
+                              {**s3, "AWS_ENDPOINT_URL": "http://no-such-host.invalid:9000"}),
+                  "never_answers": ("s3, never answers", "s3://bucket", {**s3, "AWS_ENDPOINT_URL": f"http://{hole}"}),
+                  "gs": ("gs, no credentials", "gs://bucket", {})}
         mistake = _commands(os.path.join(tmp, "missing"), models)
-        for store, (url, extra) in stores.items():
+        for key, (store, url, extra) in stores.items():
+            if key not in wanted_stores:
+                continue
             for job, args in _commands(url, models).items():
+                if job not in wanted_jobs:
+                    continue
                 times, base, status = [], [], None
                 for _ in range(a.rounds):
                     status, seconds = _timed(args, _env({**extra, **budget}))

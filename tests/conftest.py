@@ -48,9 +48,9 @@ def pytest_configure(config):
 # Test files by their total time in a whole run (docs/testing.md, "Where the time goes"), slowest
 # first; a file not named here comes after them in its usual order. Only the run's length depends
 # on this list.
-SLOWEST_FIRST = ("test_crash_points", "test_faults", "test_flink", "test_batch_independence", "test_slurm_workers",
-                 "test_common_mistakes", "test_fairseq_fixtures", "test_slurm", "test_buckets_end_to_end",
-                 "test_model_import", "test_incremental", "test_store_away_at_commit", "test_commit_and_resume",
+SLOWEST_FIRST = ("test_crash_points", "test_faults", "test_flink", "test_batch_independence", "test_bench_smoke",
+                 "test_slurm_workers", "test_common_mistakes", "test_fairseq_fixtures", "test_slurm",
+                 "test_buckets_end_to_end", "test_model_import", "test_incremental", "test_store_away_at_commit", "test_commit_and_resume",
                  "test_generation_reruns", "test_one_writer", "test_generate_pipeline", "test_ct2_engine",
                  "test_stopping_instants", "test_compaction", "test_fixed_sampler", "test_unreachable_stores",
                  "test_hostile_input", "test_ct2_transformers", "test_worker_fencing", "test_fencing",
