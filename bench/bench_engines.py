@@ -1,14 +1,19 @@
-"""Benchmark of the two engines on one model: CTranslate2 (int8, float32) against the fairseq
-engine, every figure beside the fairseq engine's from the same run.
+"""Benchmark of the two engines on one model on a CPU: CTranslate2 (int8, int8_float32, float32)
+against the fairseq engine (fp32, and bf16 where the CPU has it), every figure beside the fairseq
+engine's fp32 from the same run.
 
-  1. decoding alone at the parabank2-cpu preset (3 constraint sets x 10 samples, top-k 10, banned
+  1. sampling at the parabank2-cpu preset (3 constraint sets x 10 samples, top-k 10, banned
      words per pair), sources/s; and CTranslate2 without banned words (its per-pair calls: each
      (pair, set) is its own call when it has banned words);
-  2. the whole generation job (DirectRunner, one worker) on the same pairs, with a backward model
+  2. beam search (beam 12, the ParaNMT setting), sources/s;
+  3. forced decoding (the dual score's half: each reference scored given its source), pairs/s,
+     and how far each engine's scores are from fairseq fp32's;
+  4. the whole generation job (DirectRunner, one worker) on the same pairs, with a backward model
      of the same engine: sources/s;
-  3. peak memory (RSS) of each engine's process.
+  and the peak memory (RSS) of each engine's process.
 
-    python bench/bench_engines.py --work runs/bench-models [--layers 6 --dim 512] [--skip_job]
+    python bench/bench_engines.py --work runs/bench-models [--layers 6 --dim 512]
+        [--sections sample,beam,score,job] [--sources 30] [--repeats 3]
 
 The model is realistic in size, not in quality: a fairseq transformer base (6+6 layers, d512,
 ffn 2048, 8 heads, shared embeddings) with random weights on bench_models.py's Multi30k
@@ -73,7 +78,7 @@ def prepare(work: str, layers: int = 6, dim: int = 512) -> dict:
     for src, tgt in (("cs", "en"), ("en", "cs")):
         archive = random_archive(work, src, tgt, layers, dim)
         size = os.path.basename(archive)[len(f"random-{src}-{tgt}"):]          # "" for the base, else -LxD
-        for engine in ("fairseq", "int8", "float32"):
+        for engine in ("fairseq", "int8", "int8_float32", "float32"):
             out = os.path.join(work, f"engine-{engine}-{src}-{tgt}{size}")
             if not os.path.exists(os.path.join(out, "model.json")):
                 if engine == "fairseq":
@@ -88,17 +93,23 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def decode(model_dir: str, pairs: list, bans: bool) -> dict:
-    """Decoding alone, in this process: sources/s at the parabank2-cpu preset."""
+def _engine(model_dir: str, precision: str):
     import torch
 
-    from models.nmt.engine import SampleRequest
     from models.nmt.engines.loading import load_engine
-    from paracorpus.constraints import draw_constraint_sets
 
     torch.set_num_threads(1)
-    engine = load_engine(model_dir, device="cpu", threads=1)
+    engine = load_engine(model_dir, device="cpu", threads=1, precision=precision)
     engine.start_unit("bench")
+    return engine
+
+
+def decode(model_dir: str, pairs: list, bans: bool, precision: str = "fp32") -> dict:
+    """Sampling alone, in this process: sources/s at the parabank2-cpu preset."""
+    from models.nmt.engine import SampleRequest
+    from paracorpus.constraints import draw_constraint_sets
+
+    engine = _engine(model_dir, precision)
     requests = [SampleRequest(s, f"p{i}:{k}", tuple(words) if bans else (), 10) for i, (s, r) in enumerate(pairs)
                 for k, words in enumerate(draw_constraint_sets(r, 3, 1, f"p{i}", 3))]
     start = time.perf_counter()
@@ -109,7 +120,27 @@ def decode(model_dir: str, pairs: list, bans: bool) -> dict:
             "samples": sum(map(len, hyps)), "peak_rss_mb": _peak_rss_mb()}
 
 
-def job(forward: str, backward: str, pairs: list, workdir: str) -> dict:
+def beam(model_dir: str, pairs: list, precision: str = "fp32") -> dict:
+    """Beam search (beam 12, the best hypothesis), in this process: sources/s."""
+    engine = _engine(model_dir, precision)
+    start = time.perf_counter()
+    hyps = engine.beam_search([s for s, _ in pairs], beam=12, nbest=1)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "sources_per_s": len(pairs) / seconds,
+            "tokens": sum(len(h.pieces) + 1 for hs in hyps for h in hs), "peak_rss_mb": _peak_rss_mb()}
+
+
+def score(model_dir: str, pairs: list, precision: str = "fp32") -> dict:
+    """Forced decoding of each reference given its source, in this process: pairs/s, the scores."""
+    engine = _engine(model_dir, precision)
+    start = time.perf_counter()
+    scores = engine.score([s for s, _ in pairs], [r for _, r in pairs])
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "sources_per_s": len(pairs) / seconds, "scores": [float(x) for x in scores],
+            "peak_rss_mb": _peak_rss_mb()}
+
+
+def job(forward: str, backward: str, pairs: list, workdir: str, precision: str | None = None) -> dict:
     """The whole generation job (DirectRunner, one worker) on PAIRS: sources/s."""
     from beam_pipelines.generate import run
 
@@ -119,7 +150,8 @@ def job(forward: str, backward: str, pairs: list, workdir: str) -> dict:
     start = time.perf_counter()
     manifest = run(["--input", inp, "--output", os.path.join(workdir, "out"), "--forward_model", forward,
                     "--backward_model", backward, "--preset", "parabank2-cpu", "--torch_threads", "1",
-                    "--score_threshold", "-1", "--dual_xent_threshold", "-1", "--allow_empty"])
+                    "--score_threshold", "-1", "--dual_xent_threshold", "-1", "--allow_empty",
+                    *(["--precision", precision] if precision else [])])
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "sources_per_s": len(pairs) / seconds,
             "paraphrase_rows": manifest["counts"]["paraphrase_rows"], "peak_rss_mb": _peak_rss_mb()}
@@ -132,6 +164,31 @@ def _fresh(function: str, *args) -> dict:
     return in_fresh_process("bench_engines", function, *args)
 
 
+# row: (the imported directory, the fairseq engine's precision)
+ENGINES = {"fairseq fp32": ("fairseq", "fp32"), "fairseq bf16": ("fairseq", "bf16"),
+           "CTranslate2 int8": ("int8", "fp32"), "CTranslate2 int8_float32": ("int8_float32", "fp32"),
+           "CTranslate2 float32": ("float32", "fp32")}
+SECTIONS = ("sample", "beam", "score", "job")
+
+
+def _bf16_cpu() -> bool:
+    import torch
+
+    return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
+
+
+def _table(title: str, unit: str, runs_of: dict, extra: str, extra_of) -> None:
+    """One section's Markdown table: the median rate of each row and its ratio to fairseq fp32's
+    in the same round (the first row)."""
+    base = next(iter(runs_of.values()))
+    print(f"\n## {title}, {unit}\n")
+    print(f"| engine | {unit} | vs fairseq fp32 | {extra} | peak RSS MB |\n|---|---|---|---|---|")
+    for name, runs in runs_of.items():
+        ratio = statistics.median(r["sources_per_s"] / b["sources_per_s"] for r, b in zip(runs, base))
+        print(f"| {name} | {statistics.median(r['sources_per_s'] for r in runs):.2f} | {ratio:.2f}x | "
+              f"{extra_of(runs)} | {max(r['peak_rss_mb'] for r in runs):.0f} |", flush=True)
+
+
 def main(argv=None) -> int:
     from bench_models import DATA, prepare as prepare_models, read_lines
 
@@ -139,44 +196,58 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=os.path.join(ROOT, "runs", "bench-models"))
     ap.add_argument("--sources", type=int, default=30, help="Multi30k val pairs (default 30)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--skip_job", action="store_true", help="decoding alone (no whole-job rows)")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"of {','.join(SECTIONS)} (default: all)")
+    ap.add_argument("--skip_job", action="store_true", help="the same as leaving job out of --sections")
     ap.add_argument("--layers", type=int, default=6, help="encoder and decoder layers of the random models (default 6)")
     ap.add_argument("--dim", type=int, default=512, help="their model dimension; ffn 4x (default 512)")
     a = ap.parse_args(argv)
+    sections = [x for x in a.sections.split(",") if x and not (a.skip_job and x == "job")]
+    if set(sections) - set(SECTIONS):
+        ap.error(f"unknown --sections: {a.sections}")
     if not os.path.isdir(DATA):
         print(f"error: {DATA} not found (../shared/data)", file=sys.stderr)
         return 2
     prepare_models(a.work, 3, 256, 300, 8000)          # the dictionary and codes the random models use
     dirs = prepare(a.work, a.layers, a.dim)
     pairs = list(zip(read_lines("val", "cs", a.sources), read_lines("val", "en", a.sources)))
+    engines = {name: spec for name, spec in ENGINES.items() if spec[1] != "bf16" or _bf16_cpu()}
     print(f"# bench_engines: transformer {a.layers}+{a.layers} d{a.dim}, random weights, Multi30k dictionary; "
-          f"{len(pairs)} sources; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one thread per engine process\n")
-    rows = {name: [] for name in ("fairseq", "int8", "float32", "int8 no bans")}
-    for _ in range(a.repeats):                     # interleaved: every engine under the same load
-        rows["fairseq"].append(_fresh("decode", dirs["fairseq"][0], pairs, True))
-        rows["int8"].append(_fresh("decode", dirs["int8"][0], pairs, True))
-        rows["float32"].append(_fresh("decode", dirs["float32"][0], pairs, True))
-        rows["int8 no bans"].append(_fresh("decode", dirs["int8"][0], pairs, False))
-    print("## 1. Decoding alone, parabank2-cpu (3 sets x 10 samples, top-k 10), sources/s\n")
-    print("| engine | sources/s | vs fairseq engine | tokens | peak RSS MB |\n|---|---|---|---|---|")
-    for name, runs in rows.items():
-        ratio = statistics.median(r["sources_per_s"] / f["sources_per_s"] for r, f in zip(runs, rows["fairseq"]))
-        print(f"| {name} | {statistics.median(r['sources_per_s'] for r in runs):.2f} | {ratio:.2f}x | "
-              f"{runs[0]['tokens']} | {max(r['peak_rss_mb'] for r in runs):.0f} |")
-    if not a.skip_job:
-        print("\n## 2. The whole job (DirectRunner, 1 worker, forward and backward of the same engine), sources/s\n")
-        print("| engine | sources/s | vs fairseq engine | paraphrase rows | peak RSS MB |\n|---|---|---|---|---|")
-        jobs = {name: [] for name in ("fairseq", "int8", "float32")}
+          f"{len(pairs)} sources; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one thread per engine process"
+          + ("" if _bf16_cpu() else "; no bf16 row: this CPU has no AVX512-BF16"))
+    if "sample" in sections:
+        rows = {name: [] for name in [*engines, "CTranslate2 int8, no banned words"]}
+        for _ in range(a.repeats):                     # interleaved: every engine under the same load
+            for name, (key, precision) in engines.items():
+                rows[name].append(_fresh("decode", dirs[key][0], pairs, True, precision))
+            rows["CTranslate2 int8, no banned words"].append(_fresh("decode", dirs["int8"][0], pairs, False))
+        _table("1. Sampling, parabank2-cpu (3 sets x 10 samples, top-k 10, banned words)", "sources/s", rows,
+               "tokens", lambda runs: runs[0]["tokens"])
+    if "beam" in sections:
+        rows = {name: [] for name in engines}
+        for _ in range(a.repeats):
+            for name, (key, precision) in engines.items():
+                rows[name].append(_fresh("beam", dirs[key][0], pairs, precision))
+        _table("2. Beam search (beam 12, the best hypothesis)", "sources/s", rows, "tokens",
+               lambda runs: runs[0]["tokens"])
+    if "score" in sections:
+        rows = {name: [] for name in engines}
+        for _ in range(a.repeats):
+            for name, (key, precision) in engines.items():
+                rows[name].append(_fresh("score", dirs[key][0], pairs, precision))
+        reference = rows["fairseq fp32"][0]["scores"]
+        _table("3. Forced decoding (each reference given its source)", "pairs/s", rows,
+               "largest score difference from fairseq fp32",
+               lambda runs: f"{max(abs(x - y) for x, y in zip(runs[0]['scores'], reference)):.3g}")
+    if "job" in sections:
+        rows = {name: [] for name in engines}
         for _ in range(max(1, a.repeats - 1)):
-            for name in jobs:
+            for name, (key, precision) in engines.items():
                 with tempfile.TemporaryDirectory() as tmp:
-                    jobs[name].append(_fresh("job", dirs[name][0], dirs[name][1], pairs, tmp))
-        for name, runs in jobs.items():
-            ratio = statistics.median(r["sources_per_s"] / f["sources_per_s"] for r, f in zip(runs, jobs["fairseq"]))
-            print(f"| {name} | {statistics.median(r['sources_per_s'] for r in runs):.2f} | {ratio:.2f}x | "
-                  f"{runs[0]['paraphrase_rows']} | {max(r['peak_rss_mb'] for r in runs):.0f} |")
+                    rows[name].append(_fresh("job", dirs[key][0], dirs[key][1], pairs, tmp,
+                                             precision if key == "fairseq" else None))
+        _table("4. The whole job (DirectRunner, 1 worker, forward and backward of the same engine)", "sources/s",
+               rows, "paraphrase rows", lambda runs: runs[0]["paraphrase_rows"])
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
