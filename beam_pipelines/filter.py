@@ -237,6 +237,16 @@ def filter_plan_key(inp: ParquetInput, cfg, overrides: dict, report: bool) -> st
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def plan_key_of(argv: list[str]) -> str:
+    """The plan key a filter run of ARGV (the filter job's options, --input included) would have:
+    what paragen-refresh compares with the filter run latest names to tell whether its
+    --filter_args changed. Nothing written; --output plays no part."""
+    known, _ = build_parser().parse_known_args(["--output", "-", *join_dashed_values(argv)])
+    inp = open_input(known.input)
+    cfg, overrides = filter_config(known, inp.manifest if inp.kind == "generation" else None)
+    return filter_plan_key(inp, cfg, overrides, not known.no_report)
+
+
 def refuse_other_filter_run(committed: dict | None, key: str, output: str, overwrite: bool) -> None:
     """UsageError when OUTPUT holds a filter run of another plan and --overwrite is not given (a
     committed run of this plan is the same command's: done, not refused)."""

@@ -53,9 +53,9 @@ from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, USER_ERRORS, JobFaile
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
 from common.stopping import Stopping, at_end, not_at_end
-from paracorpus.commit import holder, new_run_id
-from paracorpus.latest import DEFAULT_RETAIN_HOURS, Latest, filter_dir, latest_run, prune
-from paracorpus.schema import MANIFEST
+from paracorpus.commit import claim_record, cleanup_pending, entry_path, holder, new_run_id, read_manifest
+from paracorpus.latest import DEFAULT_RETAIN_HOURS, Latest, committed_plan, filter_target, prune
+from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
 log = logging.getLogger("paragen.refresh")
 LEASE = "_refresh.json"
@@ -195,8 +195,12 @@ def dry_run(req: RefreshRequest) -> dict:
     """The generation job's --dry_run against the run latest names; nothing written, not even a log."""
     from beam_pipelines.generate import run as generate
 
-    previous = latest_run(req.root) if storage.isdir(req.root) else None
+    latest = Latest(req.root) if storage.isdir(req.root) else None
+    previous = latest.run_dir if latest else None
     print(f"refresh dry run: previous run {previous or 'none'}", flush=True)
+    if previous and req.filter_args and committed_plan(latest.filter_path) != filter_plan_key(req, latest.run_id):
+        print(f"refresh dry run: the filter run of {latest.run_id} was made with other --filter_args (or none): "
+              "with no new bitext the filter job would run on it again", flush=True)
     return generate([*req.job_args, "--output", storage.join(req.root, "runs", "dry-run"), "--dry_run"]
                     + (["--previous", previous] if previous else []))
 
@@ -240,18 +244,19 @@ def stopped_run(req: RefreshRequest, latest_id: str | None, previous: str | None
     return None
 
 
-def _finish_cleanup(run_dir: str) -> None:
-    """The clean-up of a published run that a stop cut short (its _work left), finished under the
-    run's own claim as the generation job's next start would; nothing for an unpublished run
-    (retention removes it) or one whose clean-up was done."""
+def _finish_cleanup(run_dir: str, manifest_name: str = MANIFEST) -> None:
+    """The clean-up of a published run (a generation run, or with MANIFEST_NAME a filter run) that
+    a stop cut short (its _work left), finished under the run's own claim as the job's next start
+    would; nothing for an unpublished run (retention removes it) or one whose clean-up was done."""
     from beam_pipelines.commit import finish_cleanup
-    from beam_pipelines.generate import TABLES
+    from beam_pipelines import filter as filter_job, generate
 
-    if not storage.isfile(storage.join(run_dir, MANIFEST)):
+    if not storage.isfile(storage.join(run_dir, manifest_name)):
         return
+    tables = filter_job.TABLES if manifest_name == FILTER_MANIFEST else generate.TABLES
     try:
         with Claim(run_dir, new_run_id()) as claim:
-            finish_cleanup(run_dir, MANIFEST, TABLES, claim)
+            finish_cleanup(run_dir, manifest_name, tables, claim)
     except OutputBusy as exc:            # its holder's claim not stale yet: the next refresh finishes it
         log.warning("the clean-up of %s left for the next refresh: %s", run_dir, exc)
 
@@ -277,14 +282,38 @@ def generate_run(req: RefreshRequest, run_id: str, previous: str | None, log_fil
     return False
 
 
-def filter_run(req: RefreshRequest, run_id: str, log_file, log_path: str) -> None:
-    """The filter job on run RUN_ID, into ROOT/filtered/RUN_ID; RefreshFailed when it fails."""
+def filter_plan_key(req: RefreshRequest, run_id: str) -> str:
+    """The plan key of the filter job this refresh's --filter_args make on run RUN_ID."""
+    from beam_pipelines.filter import plan_key_of
+
+    return plan_key_of(["--input", storage.join(req.root, "runs", run_id), *req.filter_args])
+
+
+def filter_run(req: RefreshRequest, run_id: str, log_file, log_path: str) -> str:
+    """The filter job on run RUN_ID, into ROOT/filtered/RUN_ID (or, when that holds a filter run
+    of other --filter_args, ROOT/filtered/RUN_ID.<plan key>): that folder; RefreshFailed when
+    it fails."""
+    output = filter_target(req.root, run_id, filter_plan_key(req, run_id))
     since = log_file.tell()
     rc, _ = _run_job("beam_pipelines.filter", list(req.filter_cmd),
-                     ["--input", storage.join(req.root, "runs", run_id), "--output", filter_dir(req.root, run_id),
-                      *req.filter_args], log_file)
+                     ["--input", storage.join(req.root, "runs", run_id), "--output", output, *req.filter_args],
+                     log_file)
     if rc != 0:
         raise _failed("filter", rc, log_file, since, log_path)
+    return output
+
+
+def filter_is_current(req: RefreshRequest, latest: Latest) -> bool:
+    """Whether the filter run latest names was made with this refresh's --filter_args (its plan
+    key: the same input run, config and options), its clean-up finished when a stop cut it short.
+    A refresh that adds or changes them with no new bitext runs the filter job on latest's run
+    instead of leaving the old (or no) filter view."""
+    folder = latest.filter_path
+    if committed_plan(folder) != filter_plan_key(req, latest.run_id):
+        return False
+    if claim_record(folder) is not None or cleanup_pending(folder, read_manifest(folder, FILTER_MANIFEST)):
+        _finish_cleanup(folder, FILTER_MANIFEST)          # its job killed after it published
+    return True
 
 
 def attempt_log_path(root: str, run_id: str) -> str:
@@ -359,17 +388,27 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
         print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)
         with run_log(log_path) as log_file:
             changed = generate_run(req, run_id, previous, log_file, log_path)  # 3. the generation job
-            if changed:
-                if req.filter_args:
-                    filter_run(req, run_id, log_file, log_path)                # 4. the filter job
+            refilter = (not changed and req.filter_args and latest.run_id is not None
+                        and not filter_is_current(req, latest))
+            if changed or refilter:
+                target = run_id if changed else latest.run_id
+                if refilter:
+                    print(f"refresh {run_id}: nothing new to decode, but the filter run of {target} was made "
+                          "with other --filter_args (or none): filtering it again", flush=True)
+                filtered = filter_run(req, target, log_file, log_path) if req.filter_args else None  # 4. filter
                 lease.check()                   # a refresh that lost its lease moves and removes nothing
-                latest.publish(run_id, lease.fence)                             # 5. publish: latest moves
-                moved.append(run_id)
+                latest.publish(target, lease.fence, filtered)                  # 5. publish: latest moves
+                moved.append(target)
         lease.check()
         # 6. retention, also after a no-op: it finishes the clean-up of a refresh stopped after publishing
-        current = run_id if changed else latest.run_id
+        current = latest.run_id
         removed = prune(root, req.keep, bool(req.filter_args), current, log_of=run_id,
                         fence=latest.fence(lease.fence), retain_seconds=req.retain_seconds)
+        if refilter:
+            print(f"refresh {run_id} done; latest -> runs/{latest.run_id} filtered by "
+                  f"{entry_path(root, latest.filter_path)}; removed {len(removed)} old run(s)", flush=True)
+            return {"run_id": run_id, "noop": False, "latest": previous, "filtered": latest.filter_path,
+                    "removed": removed}
         if not changed:
             print(f"refresh {run_id}: nothing changed since {previous}; nothing published, latest unchanged",
                   flush=True)

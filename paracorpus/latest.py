@@ -30,7 +30,7 @@ import time
 
 from common import storage
 from common.cli import OutputBusy
-from paracorpus.commit import entry_path, file_location, holder, is_under, remove_staged
+from paracorpus.commit import entry_path, file_location, holder, is_under, read_manifest, remove_staged
 from paracorpus.schema import FILTER_MANIFEST, MANIFEST
 
 log = logging.getLogger("paragen.refresh")
@@ -38,12 +38,38 @@ LATEST = "latest.json"
 
 
 def filter_dir(root: str, run_id: str) -> str:
-    """Where run RUN_ID's filter run is: ROOT/filtered/<run id>, or inside the run in roots that
-    earlier versions wrote (the filter job now refuses an output inside the run it reads)."""
+    """Where run RUN_ID's first filter run is: ROOT/filtered/<run id>, or inside the run in roots
+    that earlier versions wrote (the filter job now refuses an output inside the run it reads)."""
     legacy = storage.join(root, "runs", run_id, "filtered")
     if storage.isfile(storage.join(legacy, FILTER_MANIFEST)):
         return legacy
     return storage.join(root, "filtered", run_id)
+
+
+def filter_target(root: str, run_id: str, plan_key: str) -> str:
+    """Where run RUN_ID's filter run of plan PLAN_KEY goes: its first folder (filter_dir) unless
+    that holds a committed filter run of another plan (the refresh's --filter_args changed), then
+    ROOT/filtered/<run id>.<plan key>: the filter run latest names is never replaced in place,
+    so a reader of the latest/ view keeps every file it opened."""
+    first = filter_dir(root, run_id)
+    if committed_plan(first) in (None, plan_key):
+        return first
+    return storage.join(root, "filtered", f"{run_id}.{plan_key}")
+
+
+def committed_plan(filtered: str) -> str | None:
+    """The plan key of the filter run committed in FILTERED ("?" for an unreadable manifest), or
+    None when none is."""
+    try:
+        committed = read_manifest(filtered, FILTER_MANIFEST)
+    except ValueError:
+        return "?"
+    return None if committed is None else str(committed.get("plan_key"))
+
+
+def _run_of_filter_folder(name: str) -> str:
+    """The run a folder of ROOT/filtered belongs to: <run id> or <run id>.<plan key>."""
+    return name.split(".", 1)[0]
 
 
 def _manifest_copy(manifest: dict, run_dir: str, copy_dir: str) -> dict:
@@ -87,28 +113,39 @@ class Latest:
                           "paused past its lease, or another took the root over); this refresh moves and removes "
                           "nothing more")
 
-    def _wanted(self, run_id: str) -> dict:
-        """The view's two manifests for run RUN_ID (the filter view None when it has no filter run)."""
+    @property
+    def filter_path(self) -> str | None:
+        """The filter run latest names: its ``filtered`` entry, else its run's first filter folder
+        (versions written before the entry existed); None without a run."""
+        if not self.run_id:
+            return None
+        named = self.named.get("filtered")
+        return storage.join(self.root, named) if named else filter_dir(self.root, self.run_id)
+
+    def _wanted(self, run_id: str, filtered: str | None) -> dict:
+        """The view's two manifests for run RUN_ID and its filter run in FILTERED (default: its
+        first folder); the filter view None when there is no filter run there."""
         run_dir = storage.join(self.root, "runs", run_id)
         wanted = {self.view_run: _manifest_copy(storage.read_json(storage.join(run_dir, MANIFEST)), run_dir,
                                                 self.view),
                   self.view_filter: None}
-        filtered = filter_dir(self.root, run_id)
+        filtered = filtered or filter_dir(self.root, run_id)
         if storage.isfile(storage.join(filtered, FILTER_MANIFEST)):
             wanted[self.view_filter] = _manifest_copy(storage.read_json(storage.join(filtered, FILTER_MANIFEST)),
                                                       filtered, storage.join(self.view, "filtered"))
         return wanted
 
-    def write_view(self, run_id: str, fence=None) -> bool:
-        """Make latest/ the view of run RUN_ID, leaving what already says so alone: the filter view
-        removed first, the run's manifest written, then its filter view (never two runs' at once),
+    def write_view(self, run_id: str, fence=None, filtered: str | None = None) -> bool:
+        """Make latest/ the view of run RUN_ID and its filter run in FILTERED (default: its first
+        folder), leaving what already says so alone: the filter view removed first, the run's
+        manifest written, then its filter view (never two runs' or two filter runs' at once),
         FENCE() before each. True when something was written or removed."""
         fence = fence or (lambda force=False: None)
         if storage.is_local(self.root):
             link = storage.resolve(self.view)[1]
             if os.path.islink(link):              # earlier versions made latest a symlink
                 os.remove(link)
-        wanted = self._wanted(run_id)
+        wanted = self._wanted(run_id, filtered)
         current = {path: _read_json_or_none(path) for path in wanted}
         if current == wanted:
             return False
@@ -123,18 +160,21 @@ class Latest:
             storage.write_bytes(self.view_filter, _encode(wanted[self.view_filter]))
         return True
 
-    def publish(self, run_id: str, fence=None) -> None:
-        """Make run RUN_ID current for every reader: the next version of latest (the commit
-        point; OutputBusy when another refresh took its number), then its copies (latest.json,
-        the latest/ view). A refresh that finds a newer version after writing the view (it was
-        paused in between) makes the view the newer one's again and stops (OutputBusy)."""
+    def publish(self, run_id: str, fence=None, filtered: str | None = None) -> None:
+        """Make run RUN_ID (with its filter run in FILTERED, when it has one) current for every
+        reader: the next version of latest (the commit point; OutputBusy when another refresh took
+        its number), then its copies (latest.json, the latest/ view). A refresh that finds a newer
+        version after writing the view (it was paused in between) makes the view the newer one's
+        again and stops (OutputBusy)."""
+        record = {"run_id": run_id, "path": f"runs/{run_id}", "published_at": time.time()}
+        if filtered and storage.isfile(storage.join(filtered, FILTER_MANIFEST)):
+            record["filtered"] = entry_path(self.root, filtered)
         try:
-            self.version = storage.write_if(self.named_path, _encode(
-                {"run_id": run_id, "path": f"runs/{run_id}", "published_at": time.time()}), self.version, keep=None)
+            self.version = storage.write_if(self.named_path, _encode(record), self.version, keep=None)
         except storage.Conflict:
             raise self._busy("its next version was taken") from None
-        self.named = {"run_id": run_id}
-        self.write_view(run_id, fence)
+        self.named = record
+        self.write_view(run_id, fence, self.filter_path)
         if storage.read_versioned(self.named_path)[1].number != self.version.number:
             Latest(self.root).repair()
             raise self._busy("a newer version appeared while the view was written")
@@ -143,7 +183,7 @@ class Latest:
         """A refresh stopped while publishing left latest.json or latest/ a copy of another run
         than latest's newest version names (or half of one): made that run's again."""
         storage.versions.repair_copy(self.named_path)
-        if self.run_id and self.write_view(self.run_id):
+        if self.run_id and self.write_view(self.run_id, filtered=self.filter_path):
             log.warning("latest/ did not match latest (a refresh stopped while publishing): made it run %s again",
                         self.run_id)
 
@@ -259,7 +299,7 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
         fence()
         storage.delete_tree(storage.join(runs_dir, name))
     for name in storage.listdir(storage.join(root, "filtered")):       # filter runs of runs gone
-        if name not in kept:
+        if _run_of_filter_folder(name) not in kept:
             fence()
             storage.delete_tree(storage.join(root, "filtered", name))
     for log_name in storage.listdir(storage.join(root, "logs")):      # logs of runs gone, of no-op refreshes

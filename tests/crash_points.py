@@ -89,8 +89,11 @@ def rows(out: str, which: Job = GENERATE):
         named = storage.join(out, "latest.json")
         if not storage.isfile(named):
             return None
-        run_id = storage.read_json(named)["run_id"]
-        return rows(storage.join(out, "runs", run_id)), rows(storage.join(out, "filtered", run_id), FILTER)
+        latest = storage.read_json(named)
+        run_id = latest["run_id"]
+        # the filter run latest names (a refresh that changed --filter_args: filtered/<run id>.<plan key>)
+        filtered = storage.join(out, latest.get("filtered") or f"filtered/{run_id}")
+        return rows(storage.join(out, "runs", run_id)), rows(filtered, FILTER)
     manifest = read_manifest(out, which.manifest)
     if manifest is None:
         return None
@@ -172,7 +175,8 @@ def _refresh_leftovers(root: str) -> list[str]:
         kept.add(name)
         left += [f"runs/{name}: {p}" for p in leftovers(run_dir)]
     for name in storage.listdir(storage.join(root, "filtered")):
-        if name not in kept or not storage.isfile(storage.join(root, "filtered", name, FILTER.manifest)):
+        if name.split(".", 1)[0] not in kept or not storage.isfile(storage.join(root, "filtered", name,
+                                                                                  FILTER.manifest)):
             left.append(f"filtered/{name} (of no kept run)")
         else:
             left += [f"filtered/{name}: {p}" for p in leftovers(storage.join(root, "filtered", name), FILTER)]
@@ -483,7 +487,8 @@ def refresh_sweep(work: str, models: str, store: Store | None = None, mode: str 
     - ``keep2``: with the filter job, ``--keep 2``, after two refreshes whose second takes files
       from the first: the new one takes files from both, so retention keeps them by reference;
     - ``filter_on``: refreshes without the filter job, then one with ``--filter_args`` that finds
-      nothing new (a no-op: retention must keep every file ``latest`` reads);
+      nothing new: it filters latest's run and publishes that filter run (retention must keep
+      every file ``latest`` reads);
     - ``filter_off``: refreshes with the filter job, then one without, a shard added."""
     from tests.jobs import refresh_job_args
     from tests.toydata import toy_bitext

@@ -91,6 +91,52 @@ def test_refreshes_on_a_local_disk(tmp_path, tiny_nmt_models):
 
 
 @pytest.mark.slow
+def test_new_or_changed_filter_args_filter_latest_with_no_new_bitext(tmp_path, tiny_nmt_models, capsys):
+    """--filter_args added, then changed, with the same bitext: the filter job runs on latest's
+    run (no decoding), into a folder of its own when the run has a filter run of other arguments,
+    and latest names it; the same arguments again are a no-op. A reader of the old filter view
+    keeps every file it opened."""
+    from paracorpus.schema import FILTER_MANIFEST
+
+    inp, root = tmp_path / "in", str(tmp_path / "root")
+    inp.mkdir()
+    (inp / "a.tsv").write_text(_lines(0, 10))
+    configs = {}
+    for name, most in (("a", 0.9), ("b", 0.95)):
+        configs[name] = tmp_path / f"{name}.yaml"
+        configs[name].write_text(FILTER.replace("max: 0.9", f"max: {most}"))
+    job = _job(str(inp), tiny_nmt_models)
+
+    def filtered(name):
+        return [f"--filter_args=--config {configs[name]} --no_report"]
+
+    def view_filter():
+        return json.load(open(os.path.join(root, "latest", "filtered", FILTER_MANIFEST)))
+
+    r1 = refresh(["--root", root, "--", *job])["run_id"]
+    assert not os.path.exists(os.path.join(root, "latest", "filtered"))
+    refresh(["--root", root, "--dry_run", *filtered("a"), "--", *job])
+    assert "with no new bitext the filter job would run on it again" in capsys.readouterr().out
+    added = refresh(["--root", root, *filtered("a"), "--", *job])
+    assert not added["noop"] and _latest(root) == r1 and not os.path.exists(os.path.join(root, "runs", added["run_id"]))
+    assert storage.read_json(os.path.join(root, LATEST))["filtered"] == f"filtered/{r1}"
+    first = view_filter()
+    assert first["input"].endswith(f"runs/{r1}")
+    assert refresh(["--root", root, *filtered("a"), "--", *job])["noop"]            # the same arguments: nothing
+
+    changed = refresh(["--root", root, *filtered("b"), "--", *job])
+    assert not changed["noop"] and _latest(root) == r1
+    named = storage.read_json(os.path.join(root, LATEST))["filtered"]
+    assert named.startswith(f"filtered/{r1}.") and view_filter()["plan_key"] != first["plan_key"]
+    assert named == f"filtered/{r1}.{view_filter()['plan_key']}"
+    old_files = committed_files(os.path.join(root, "filtered", r1), "scored", FILTER_MANIFEST)
+    assert old_files and all(os.path.isfile(f) for f in old_files)       # the old view's files stay
+    back = refresh(["--root", root, *filtered("a"), "--", *job])              # back: the first filter run again
+    assert not back["noop"] and storage.read_json(os.path.join(root, LATEST))["filtered"] == f"filtered/{r1}"
+    assert view_filter()["run_id"] == first["run_id"]
+
+
+@pytest.mark.slow
 def test_overlapping_refreshes_are_refused(tmp_path, tiny_nmt_models):
     root = tmp_path / "root"
     root.mkdir()
