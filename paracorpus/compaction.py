@@ -171,15 +171,15 @@ def carry_item(table: str, location: str, input_shards: list[str], entry: dict) 
 
 
 def unit_setups(records: list[dict]) -> list[dict]:
-    """How RECORDS' units were decoded: one entry per worker, device, precision, decode step and
-    input shard, with its number of units (records of code before setups: all None)."""
+    """How RECORDS' units were decoded: one entry per worker, device, precision, decode step, MPS
+    (on a GPU) and input shard, with its number of units (records of code before setups: all None)."""
     counted: Counter = Counter()
     for r in records:
         setup = r.get("setup") or {}
         counted[(r["worker"], setup.get("device"), setup.get("precision"), setup.get("decode_step"),
-                 r["input_shard"])] += 1
-    return [{"worker": w, "device": d, "precision": p, "decode_step": s, "input_shard": n, "units": k}
-            for (w, d, p, s, n), k in sorted(counted.items(), key=lambda kv: [str(x) for x in kv[0]])]
+                 setup.get("mps"), r["input_shard"])] += 1
+    return [{"worker": w, "device": d, "precision": p, "decode_step": s, "mps": m, "input_shard": n, "units": k}
+            for (w, d, p, s, m, n), k in sorted(counted.items(), key=lambda kv: [str(x) for x in kv[0]])]
 
 
 def compact_group(output: str, work: str, lang_pair: str, bin_: str, partition: int, unit_records: list[dict],

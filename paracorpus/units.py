@@ -275,9 +275,11 @@ def record_counters(group_records: list[dict], counts: dict) -> dict:
 
 def run_setups(group_records: list[dict]) -> dict:
     """How the run's units were decoded, from its groups' records: the workers of each device and
-    precision ({"cpu_fp32": 2}) and of each decode step, the units of each precision, and the
-    precisions each input shard's units were decoded in (units of code before setups: none)."""
-    workers, steps = {}, {}
+    precision ({"cpu_fp32": 2}) and of each decode step, the units of each precision, the
+    precisions each input shard's units were decoded in (units of code before setups: none), and
+    the workers that decoded on a GPU under an MPS server and without one ({"mps": 4, "no_mps": 0};
+    {} when none decoded on a GPU)."""
+    workers, steps, gpu = {}, {}, {}
     units: Counter = Counter()
     per_shard: dict = {}
     for rec in group_records:
@@ -287,12 +289,15 @@ def run_setups(group_records: list[dict]) -> dict:
             workers.setdefault(f"{s['device']}_{s['precision']}", set()).add(s["worker"])
             if s["decode_step"]:
                 steps.setdefault(s["decode_step"], set()).add(s["worker"])
+            if s["device"] == "cuda":
+                gpu.setdefault("mps" if s.get("mps") else "no_mps", set()).add(s["worker"])
             units[s["precision"]] += s["units"]
             per_shard.setdefault(s["input_shard"], Counter())[s["precision"]] += s["units"]
     return {"workers": {k: len(v) for k, v in sorted(workers.items())},
             "decode_steps": {k: len(v) for k, v in sorted(steps.items())},
             "units": dict(sorted(units.items())),
-            "per_shard": {n: dict(sorted(c.items())) for n, c in sorted(per_shard.items())}}
+            "per_shard": {n: dict(sorted(c.items())) for n, c in sorted(per_shard.items())},
+            "gpu_workers": {k: len(gpu.get(k, ())) for k in ("mps", "no_mps")} if gpu else {}}
 
 
 def totals(shards: dict) -> dict:

@@ -170,3 +170,16 @@ def test_a_step_mode_for_a_ctranslate2_model_is_refused():
         check_decode_step("compiled", {"engine": "ctranslate2"}, "cpu", "DirectRunner")
     check_decode_step("auto", {"engine": "ctranslate2"}, "cpu", "DirectRunner")
     check_decode_step("compiled", {"engine": "fairseq"}, "cpu", "DirectRunner")
+
+
+def test_a_worker_knows_whether_an_mps_daemon_serves_it(tmp_path):
+    """A worker records whether its GPU work goes through MPS (the manifest's gpu_sharing on every
+    runner): a control daemon listens where the CUDA driver looks (its named pipe ``control``)."""
+    from models.nmt.devices import under_mps
+
+    pipes = tmp_path / "pipes"
+    pipes.mkdir()
+    assert not under_mps({"CUDA_MPS_PIPE_DIRECTORY": str(pipes)})
+    os.mkfifo(pipes / "control")
+    assert under_mps({"CUDA_MPS_PIPE_DIRECTORY": str(pipes)})
+    assert not under_mps({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")})

@@ -49,4 +49,30 @@ def test_records_of_code_before_setups_count_no_precision(tmp_path):
     result.setup = {}
     group = compact_group(out, work, "cs-en", "b0", 0, [write_unit(out, work, 0, 0, "cs-en", result, 1.0, "a.tsv")],
                           [], FileTarget())
-    assert run_setups([group]) == {"workers": {}, "decode_steps": {}, "units": {}, "per_shard": {}}
+    assert run_setups([group]) == {"workers": {}, "decode_steps": {}, "units": {}, "per_shard": {}, "gpu_workers": {}}
+
+
+def test_gpu_sharing_is_what_the_workers_recorded(tmp_path):
+    """On Dask or SLURM the launcher runs the MPS daemon, not the job: the driver's own state says
+    "cpu" (it started none), so the manifest takes whether MPS was on from the workers' records."""
+    from beam_pipelines.generation.outcome import gpu_sharing_of
+
+    out, work = str(tmp_path / "out"), str(tmp_path / "out" / "_work" / "r1")
+    result = _unit("a.tsv", 0, "fp32")
+    result.setup["mps"] = True
+    group = compact_group(out, work, "cs-en", "b0", 0, [write_unit(out, work, 0, 0, "cs-en", result, 1.0, "a.tsv")],
+                          [], FileTarget())
+    gpu = run_setups([group])["gpu_workers"]
+    assert gpu == {"mps": 1, "no_mps": 0}
+    driver = {"processes_per_gpu": 2, "mps": {"on": False, "how": "cpu"}}
+    on_cluster = gpu_sharing_of(driver, gpu, False, 2)
+    assert on_cluster["mps"] == {"on": True, "how": "the workers' launcher"} and on_cluster["workers"] == gpu
+    assert gpu_sharing_of(driver, gpu, True, 2)["mps"] == driver["mps"]        # this machine: the job's daemon
+    assert gpu_sharing_of(None, gpu, False, 3) == {"processes_per_gpu": 3, "workers": gpu,
+                                                   "mps": {"on": True, "how": "the workers' launcher"}}
+    assert gpu_sharing_of(None, {}, False, 1) is None                          # nothing decoded on a GPU
+    result.setup["mps"] = None                                                 # a CPU worker: not counted
+    result.setup["device"] = "cpu"
+    group = compact_group(out, str(tmp_path / "w2"), "cs-en", "b0", 0,
+                          [write_unit(out, str(tmp_path / "w2"), 0, 0, "cs-en", result, 1.0, "a.tsv")], [], FileTarget())
+    assert run_setups([group])["gpu_workers"] == {}

@@ -17,7 +17,7 @@ from apache_beam.utils.shared import Shared
 from common.stopping import DEVICE_FAILURE_EXIT   # 70 (EX_SOFTWARE): a worker whose device failed
 from common import storage
 from common.memory import release_memory
-from models.nmt.devices import DeviceFailure
+from models.nmt.devices import DeviceFailure, under_mps
 from paracorpus.compaction import compact_group
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
@@ -128,7 +128,9 @@ class UnitTranslatorHandler(ModelHandler):
                 self._progress.inc("ms_compile", up_front)
                 model.add_pending("ms_compile", up_front)
         setup = {"device": model.forward.device_type, "precision": model.forward.precision,
-                 "decode_step": getattr(model.forward, "step_mode", None)}
+                 "decode_step": getattr(model.forward, "step_mode", None),
+                 # whether this worker's GPU work went through an MPS server (None on a CPU)
+                 "mps": under_mps() if model.forward.device_type == "cuda" else None}
         for unit, elements in batch:
             start = time.time()
             elements = list(elements)

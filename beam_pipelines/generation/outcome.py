@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from beam_pipelines.generation.check import Job, Request
 from beam_pipelines.generation.compact import read_summary
 from beam_pipelines.generation.plan import PLAN_KEY_VERSION, Inputs, Plan
+from beam_pipelines.options import is_local
 from beam_pipelines.report import nothing_to_publish
 from common.cli import EXIT_EMPTY, JobFailed, versions
 from paracorpus.commit import entry_path, file_location
@@ -88,7 +89,7 @@ def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, elapsed: flo
         "decode_step": {"requested": job.decode_step, "workers": setups["decode_steps"],
                         "compile_ms": counters.get("ms_compile", 0),
                         "compile_in_units_ms": counters.get("ms_compile_in_units", 0)},
-        "gpu_sharing": gpu_sharing,
+        "gpu_sharing": gpu_sharing_of(gpu_sharing, setups["gpu_workers"], is_local(job.runner), job.processes_per_gpu),
         "slurm": slurm,
         "inputs": [shards[name] for name in sorted(shards)],
         "previous": {"run_id": reuse.previous_run_id, "path": reuse.previous, "why_nothing_reused": reuse.why_not,
@@ -101,6 +102,23 @@ def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, elapsed: flo
         "plan_key_version": PLAN_KEY_VERSION,
         "seconds": round(elapsed, 2), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return Outcome(manifest, output, counters, elapsed, plan.work, request.allow_empty)
+
+
+def gpu_sharing_of(driver: dict | None, gpu_workers: dict, local: bool, processes_per_gpu: int) -> dict | None:
+    """The manifest's gpu_sharing: the driver's (DRIVER: processes per GPU and the MPS daemon it
+    started, or None where it did not expect a GPU) with what the workers that decoded on a GPU
+    recorded (GPU_WORKERS: run_setups' gpu_workers). Off this machine (not LOCAL: Dask, SLURM,
+    Flink, Dataflow) the daemon is the workers' launcher's, so whether MPS was on is what the
+    workers saw, not the driver's "cpu"; None when no worker decoded on a GPU and the driver
+    expected none."""
+    if not gpu_workers:
+        return driver
+    sharing = dict(driver or {"processes_per_gpu": processes_per_gpu, "mps": {"on": False, "how": "off"}})
+    if not local:
+        under = gpu_workers.get("mps", 0)
+        sharing["mps"] = {"on": under > 0, "how": "the workers' launcher" if under else "off"}
+    sharing["workers"] = gpu_workers
+    return sharing
 
 
 def precisions_of(shards: dict) -> set:

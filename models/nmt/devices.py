@@ -37,6 +37,19 @@ MAX_SAMPLE_TOKENS = 20_000_000
 _HELD: dict = {}                  # slot file descriptors this process holds (for its lifetime)
 
 
+MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"         # the CUDA driver's default CUDA_MPS_PIPE_DIRECTORY
+
+
+def under_mps(environ=None) -> bool:
+    """Whether this process's CUDA contexts go through an MPS server: a control daemon listens in
+    the pipe directory the CUDA driver connects to (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps;
+    the daemon's named pipe ``control`` is there while it runs). What a worker records of its GPU
+    sharing, on every runner: the daemon may be the job's, a launcher's or an administrator's."""
+    environ = os.environ if environ is None else environ
+    folder = environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE
+    return os.path.exists(os.path.join(folder, "control"))
+
+
 def slots_dir() -> str:
     """Where the slot files live: $PARAGEN_GPU_SLOTS, else a folder under the temporary directory
     (processes in separate containers need a shared one)."""
