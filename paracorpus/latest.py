@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 
 from common import storage
@@ -67,9 +68,11 @@ def committed_plan(filtered: str) -> str | None:
     return None if committed is None else str(committed.get("plan_key"))
 
 
-def _run_of_filter_folder(name: str) -> str:
-    """The run a folder of ROOT/filtered belongs to: <run id> or <run id>.<plan key>."""
-    return name.split(".", 1)[0]
+def run_of_filter_folder(name: str) -> str:
+    """The run a folder of ROOT/filtered belongs to: <run id>, or <run id>.<plan key> (16 hex
+    digits; a run id may hold dots itself)."""
+    later = re.fullmatch(r"(.+)\.[0-9a-f]{16}", name)
+    return later.group(1) if later else name
 
 
 def _manifest_copy(manifest: dict, run_dir: str, copy_dir: str) -> dict:
@@ -299,7 +302,7 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
         fence()
         storage.delete_tree(storage.join(runs_dir, name))
     for name in storage.listdir(storage.join(root, "filtered")):       # filter runs of runs gone
-        if _run_of_filter_folder(name) not in kept:
+        if run_of_filter_folder(name) not in kept:
             fence()
             storage.delete_tree(storage.join(root, "filtered", name))
     for log_name in storage.listdir(storage.join(root, "logs")):      # logs of runs gone, of no-op refreshes

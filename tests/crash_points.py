@@ -165,6 +165,7 @@ def _records_out_of_step(folder: str, *copies: str) -> list[str]:
 
 def _refresh_leftovers(root: str) -> list[str]:
     from common import storage
+    from paracorpus.latest import run_of_filter_folder
 
     left, kept = [], set()
     for name in storage.listdir(storage.join(root, "runs")):
@@ -175,8 +176,8 @@ def _refresh_leftovers(root: str) -> list[str]:
         kept.add(name)
         left += [f"runs/{name}: {p}" for p in leftovers(run_dir)]
     for name in storage.listdir(storage.join(root, "filtered")):
-        if name.split(".", 1)[0] not in kept or not storage.isfile(storage.join(root, "filtered", name,
-                                                                                  FILTER.manifest)):
+        if run_of_filter_folder(name) not in kept or not storage.isfile(storage.join(root, "filtered", name,
+                                                                                     FILTER.manifest)):
             left.append(f"filtered/{name} (of no kept run)")
         else:
             left += [f"filtered/{name}: {p}" for p in leftovers(storage.join(root, "filtered", name), FILTER)]

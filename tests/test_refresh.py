@@ -264,8 +264,11 @@ def test_a_root_of_an_earlier_version_keeps_its_filter_runs_inside_the_runs(tmp_
         (where / FILTER_MANIFEST).write_text(json.dumps({"files": {}, "run": run_id}))
         assert filter_dir(str(root), run_id) == str(where)
     assert filter_dir(str(root), "r9") == str(root / "filtered" / "r9")
+    for later in ("r2.0123456789abcdef", "r3.0123456789abcdef"):     # filter runs of changed --filter_args
+        (root / "filtered" / later).mkdir()
     publish_latest(str(root), "r1")
     assert json.load(open(root / "latest" / "filtered" / FILTER_MANIFEST))["run"] == "r1"
     assert prune(str(root), 1, True, "r1") == ["r2"]                # keeps the newest (r3) and latest (r1)
     assert not (root / "filtered" / "r2").exists() and (root / "filtered" / "r3").exists()
+    assert sorted(os.listdir(root / "filtered")) == ["r3", "r3.0123456789abcdef"]       # r2's went with it
     assert (root / "runs" / "r1" / "filtered" / FILTER_MANIFEST).exists()
