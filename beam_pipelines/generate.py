@@ -30,8 +30,8 @@ from beam_pipelines.generation.check import check
 from beam_pipelines.generation.dry_run import dry_run
 from beam_pipelines.generation.options import build_parser
 from beam_pipelines.generation.outcome import collect
-from beam_pipelines.generation.plan import plan_inputs, plan_run, record_plan, units_committed
-from beam_pipelines.report import report_already_done, report_generation, report_nothing_changed
+from beam_pipelines.generation.plan import plan_inputs, plan_run, record_plan, run_to_finish, units_committed
+from beam_pipelines.report import report_already_done, report_generation, report_not_continued, report_nothing_changed
 from beam_pipelines.slurm import last_usage
 from common.stopping import Stopping
 from common import storage
@@ -64,6 +64,8 @@ def run(argv=None) -> dict:
             inputs = plan_inputs(job, request.previous)  # what to decode, what --previous gives
             if inputs.nothing_to_do:
                 return report_nothing_changed(inputs.reuse.previous_run_id, inputs.reuse.previous)
+            if request.continue_only and run_to_finish(job, request, inputs) != request.run_id:
+                return report_not_continued(request.run_id, request.output)
             plan = plan_run(job, request, inputs, claim.run_id)   # new, the stopped one continued, or done
             if plan.done:
                 return report_already_done(plan.run_id, plan.output)

@@ -48,7 +48,7 @@ import sys
 from dataclasses import dataclass
 
 from common import storage
-from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, USER_ERRORS, JobFailed, OutputBusy, UsageError,
+from common.cli import (EXIT_BUSY, EXIT_EMPTY, EXIT_USAGE, JobFailed, OutputBusy, UsageError,
                         check_output_location, cli_main, configure_logging, option_value)
 from beam_pipelines.report import NOOP_MARKER_ENV
 from beam_pipelines.commit import Claim
@@ -177,7 +177,7 @@ def check(argv) -> RefreshRequest:
         raise UsageError(f"--keep must be >= 1, not {a.keep}")
     if not 0 <= a.retain <= 24 * 3650:          # NaN fails this too
         raise UsageError(f"--retain must be between 0 and 87600 hours, not {a.retain}")
-    for forbidden in ("--output", "--previous", "--overwrite", "--resume", "--run_id"):
+    for forbidden in ("--output", "--previous", "--overwrite", "--resume", "--run_id", "--continue_only"):
         if any(x == forbidden or x.startswith(forbidden + "=") for x in job_args):
             raise UsageError(f"{forbidden} is set by the refresh; leave it out of the job's options")
     filter_args = _words(a.filter_args, "--filter_args")
@@ -205,81 +205,62 @@ def dry_run(req: RefreshRequest) -> dict:
                     + (["--previous", previous] if previous else []))
 
 
-def stopped_run(req: RefreshRequest, latest_id: str | None, previous: str | None) -> str | None:
-    """The run of a refresh stopped before it moved latest (the newest run newer than latest's),
-    when this refresh's generation job would finish it: the same plan (inputs, models, settings,
-    the previous run), committed with its clean-up or filter run left, or unfinished, and its
-    holder gone: released (SIGTERM), or killed without a word (SIGKILL, the OOM killer, a lost
-    node: its process on this host ended, or its claim outlived the lease), in which case the job
-    takes its claim over. Its id, so that the same command continues it (its committed units kept)
-    instead of decoding it again; None otherwise (retention removes an unfinished one). A run
-    whose holder is alive (a --job_cmd job still running, a paused one within its lease) is
-    OutputBusy (exit 75): never continued, never removed."""
-    from beam_pipelines.generation.check import check as check_generation
-    from beam_pipelines.generation.plan import plan_inputs, run_to_finish
-
-    newer = [n for n in storage.listdir(storage.join(req.root, "runs")) if latest_id is None or n > latest_id]
+def stopped_run(root: str, latest_id: str | None) -> str | None:
+    """The run of a refresh stopped before it moved latest (the newest run newer than latest's), or
+    None: the generation job is asked to continue it (--run_id, --continue_only) and decides under
+    the run's claim whether it has this refresh's plan. Its holder gone (released by SIGTERM, or
+    killed without a word: its process on this host ended, or its claim outlived the lease), the
+    job takes its claim over. A run whose holder is alive (a --job_cmd job still running, a paused
+    one within its lease) is OutputBusy (exit 75): never continued, never removed."""
+    newer = [n for n in storage.listdir(storage.join(root, "runs")) if latest_id is None or n > latest_id]
     if not newer:
         return None
     candidate = max(newer)
-    out = storage.join(req.root, "runs", candidate)
-    held = holder(out)
-    if held is not None:
-        _owner, alive, why = held
-        if alive:
-            raise OutputBusy(f"run {candidate} of an earlier refresh is still being written ({why}); this refresh "
-                             "neither continues nor removes it: run it again once that job has ended")
-        log.info("run %s of a stopped refresh: its holder is gone (%s); continued if its plan is this refresh's",
-                 candidate, why)
-    try:
-        request, job = check_generation([*req.job_args, "--output", out, "--run_id", candidate]
-                                        + (["--previous", previous] if previous else []))
-        inputs = plan_inputs(job, request.previous)
-    except USER_ERRORS as exc:              # the job itself says it better, in the log, if it still holds
-        log.warning("run %s of a stopped refresh not checked (%s); starting a new run", candidate, exc)
-        return None
-    if not inputs.nothing_to_do and run_to_finish(job, request, inputs) == candidate:
-        return candidate
-    _finish_cleanup(out)                # published, of another plan: kept by retention, finished here
-    return None
+    held = holder(storage.join(root, "runs", candidate))
+    if held is not None and held[1]:
+        raise OutputBusy(f"run {candidate} of an earlier refresh is still being written ({held[2]}); this refresh "
+                         "neither continues nor removes it: run it again once that job has ended")
+    return candidate
 
 
-def _finish_cleanup(run_dir: str, manifest_name: str = MANIFEST) -> None:
-    """The clean-up of a published run (a generation run, or with MANIFEST_NAME a filter run) that
-    a stop cut short (its _work left), finished under the run's own claim as the job's next start
-    would; nothing for an unpublished run (retention removes it) or one whose clean-up was done."""
+def _finish_filter_cleanup(folder: str) -> None:
+    """The clean-up of the filter run in FOLDER that a stop cut short after it published (its _work
+    or its claim left), finished under the run's own claim as the filter job's next start would."""
     from beam_pipelines.commit import finish_cleanup
-    from beam_pipelines import filter as filter_job, generate
+    from beam_pipelines.filter import TABLES
 
-    if not storage.isfile(storage.join(run_dir, manifest_name)):
-        return
-    tables = filter_job.TABLES if manifest_name == FILTER_MANIFEST else generate.TABLES
     try:
-        with Claim(run_dir, new_run_id()) as claim:
-            finish_cleanup(run_dir, manifest_name, tables, claim)
+        with Claim(folder, new_run_id()) as claim:
+            finish_cleanup(folder, FILTER_MANIFEST, TABLES, claim)
     except OutputBusy as exc:            # its holder's claim not stale yet: the next refresh finishes it
-        log.warning("the clean-up of %s left for the next refresh: %s", run_dir, exc)
+        log.warning("the clean-up of %s left for the next refresh: %s", folder, exc)
 
 
-def generate_run(req: RefreshRequest, run_id: str, previous: str | None, log_file, log_path: str) -> bool:
-    """The generation job into ROOT/runs/RUN_ID on top of PREVIOUS: True when it published a run,
-    False when nothing changed; RefreshFailed otherwise."""
+def generate_run(req: RefreshRequest, run_id: str, previous: str | None, log_file, log_path: str,
+                 continue_only: bool = False) -> str:
+    """The generation job into ROOT/runs/RUN_ID on top of PREVIOUS: "published" (a run there),
+    "noop" (nothing changed since PREVIOUS) or, with CONTINUE_ONLY (RUN_ID a stopped refresh's
+    run, continued only when it has this refresh's plan), "not continued"; RefreshFailed
+    otherwise."""
     out = storage.join(req.root, "runs", run_id)
-    gen_args = [*req.job_args, "--output", out, "--run_id", run_id] + (["--previous", previous] if previous else [])
-    noop_marker = storage.join(req.root, "logs", f"{run_id}.noop.json")
+    gen_args = [*req.job_args, "--output", out, "--run_id", run_id, *(["--continue_only"] if continue_only else []),
+                *(["--previous", previous] if previous else [])]
+    marker = storage.join(req.root, "logs", f"{run_id}.noop.json")
     since = log_file.tell()
     rc, result = _run_job("beam_pipelines.generate", list(req.job_cmd), gen_args, log_file,
-                          env={NOOP_MARKER_ENV: noop_marker})
+                          env={NOOP_MARKER_ENV: marker})
     if rc != 0:
         raise _failed("generation", rc, log_file, since, log_path)
+    said = result if isinstance(result, dict) else (storage.read_json(marker) if storage.isfile(marker) else {})
+    storage.delete(marker)
+    if said.get("not_continued"):
+        return "not continued"
     if storage.isfile(storage.join(out, MANIFEST)):
-        return True
-    noop = (result or {}).get("noop") or storage.isfile(noop_marker)
-    storage.delete(noop_marker)
-    if not noop:
+        return "published"
+    if not said.get("noop"):
         raise RefreshFailed(f"the generation job exited 0 but published no run in {out} and did not "
                             f"say that nothing changed; latest unchanged (log: {log_path})", 1)
-    return False
+    return "noop"
 
 
 def filter_plan_key(req: RefreshRequest, run_id: str) -> str:
@@ -312,7 +293,7 @@ def filter_is_current(req: RefreshRequest, latest: Latest) -> bool:
     if committed_plan(folder) != filter_plan_key(req, latest.run_id):
         return False
     if claim_record(folder) is not None or cleanup_pending(folder, read_manifest(folder, FILTER_MANIFEST)):
-        _finish_cleanup(folder, FILTER_MANIFEST)          # its job killed after it published
+        _finish_filter_cleanup(folder)            # its job killed after it published
     return True
 
 
@@ -378,16 +359,27 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
         latest = Latest(root)           # read under the lease: every write of latest is conditional on it
         previous = latest.run_dir
         latest.repair()                 # a refresh stopped while publishing: its view finished first
-        stopped = stopped_run(req, latest.run_id, previous)
-        if stopped:                     # the same command continues: its run, not a new one
-            print(f"refresh {run_id}: continuing run {stopped} of a refresh stopped before it moved latest",
-                  flush=True)
-            run_id = stopped
-        out = storage.join(root, "runs", run_id)
-        log_path = attempt_log_path(root, run_id)
-        print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)
-        with run_log(log_path) as log_file:
-            changed = generate_run(req, run_id, previous, log_file, log_path)  # 3. the generation job
+        stopped = stopped_run(root, latest.run_id)
+        outcome, log_path = None, attempt_log_path(root, stopped or run_id)
+        with contextlib.ExitStack() as logs:
+            log_file = logs.enter_context(run_log(log_path))
+            if stopped:                 # the same command continues it when its plan is this one's
+                print(f"refresh {run_id}: run {stopped} of a refresh stopped before it moved latest: its generation "
+                      f"job continues it if it has this refresh's plan (log {log_path})", flush=True)
+                outcome = generate_run(req, stopped, previous, log_file, log_path, continue_only=True)
+                if outcome == "not continued":              # a new run, with a log of its own
+                    log_path = attempt_log_path(root, run_id)
+                    log_file = logs.enter_context(run_log(log_path))
+                else:                                       # its log holds this attempt's lines
+                    if outcome == "published":
+                        print(f"refresh {run_id}: continuing run {stopped} of a refresh stopped before it moved "
+                              "latest", flush=True)
+                    run_id = stopped
+            out = storage.join(root, "runs", run_id)
+            print(f"refresh {run_id} -> {out} (previous: {previous or 'none'}; log {log_path})", flush=True)
+            if outcome in (None, "not continued"):                              # 3. the generation job
+                outcome = generate_run(req, run_id, previous, log_file, log_path)
+            changed = outcome == "published"
             refilter = (not changed and req.filter_args and latest.run_id is not None
                         and not filter_is_current(req, latest))
             if changed or refilter:

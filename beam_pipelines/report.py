@@ -41,6 +41,17 @@ def report_nothing_changed(previous_run_id: str, previous: str) -> dict:
     return {"noop": True, "run_id": previous_run_id, "previous": previous}
 
 
+def report_not_continued(run_id: str, output: str) -> dict:
+    """--continue_only, and the run --run_id names is not this command's (other inputs, models or
+    settings, or no plan recorded): said, and told to a refresh that runs the job as a command
+    (NOOP_MARKER_ENV); nothing was written."""
+    print(f"run {run_id} in {output} is not this command's to continue (another plan, or none recorded); "
+          "nothing decoded, nothing published", flush=True)
+    if os.environ.get(NOOP_MARKER_ENV):
+        storage.write_json(os.environ[NOOP_MARKER_ENV], {"noop": False, "not_continued": True, "run_id": run_id})
+    return {"noop": False, "not_continued": True, "run_id": run_id}
+
+
 def report_already_done(run_id: str, output: str) -> dict:
     """The same command run again on an output whose committed run has its plan: said; the result."""
     print(f"nothing to do: run {run_id} in {output} is committed with this plan (same input shards, models and "

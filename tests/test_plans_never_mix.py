@@ -10,6 +10,8 @@ unit and group record names its plan.
 """
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pyarrow as pa
@@ -68,6 +70,33 @@ def test_a_run_id_of_another_plans_unfinished_run_is_refused_before_writing(bite
         run(quick_args(bitext, out, tiny_nmt_models, "--run_id", "nightly"))
     assert (work / "plan.json").read_text() == before and sorted(os.listdir(work)) == ["plan.json"]
     assert not claim_record(out)
+
+
+@pytest.mark.slow
+def test_continue_only_continues_its_own_plans_run_and_writes_nothing_for_another(bitext, tiny_nmt_models,
+                                                                                  tmp_path):
+    """--run_id X --continue_only (how a refresh continues a stopped one, decided by the job under
+    the output's claim): a stopped run of another plan is not continued and nothing is written;
+    one of this plan is continued. Without --run_id it is refused."""
+    from beam_pipelines.generate import run
+
+    out = tmp_path / "out"
+    work = out / "_work" / "nightly"
+    work.mkdir(parents=True)
+    (work / "plan.json").write_text(json.dumps({"run_id": "nightly", "plan_key": "0123456789abcdef"}))
+    result = run(quick_args(bitext, out, tiny_nmt_models, "--run_id", "nightly", "--continue_only"))
+    assert result["not_continued"] and sorted(os.listdir(out)) == ["_work"] and os.listdir(work) == ["plan.json"]
+    assert not claim_record(out)
+    with pytest.raises(UsageError, match="--continue_only continues the run --run_id names"):
+        run(quick_args(bitext, out, tiny_nmt_models, "--continue_only"))
+    # this plan's run, stopped while its second unit is written: continued, the first reused
+    mine = tmp_path / "mine"
+    args = quick_args(bitext, mine, tiny_nmt_models, "--run_id", "r1")
+    stopped = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], capture_output=True, text=True,
+                             env={**os.environ, "PARAGEN_CRASH_AT": "*part-u000001-:TERM"}, timeout=600)
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    again = run([*args, "--continue_only"])
+    assert again["run_id"] == "r1" and again["resumed"] and not again.get("not_continued")
 
 
 @pytest.mark.slow

@@ -148,7 +148,7 @@ def test_overlapping_refreshes_are_refused(tmp_path, tiny_nmt_models):
 
 
 def test_refresh_refuses_options_it_sets(tmp_path):
-    for opt in ("--output", "--previous", "--overwrite", "--resume", "--run_id"):
+    for opt in ("--output", "--previous", "--overwrite", "--resume", "--run_id", "--continue_only"):
         with pytest.raises(UsageError, match=f"{opt} is set by the refresh"):
             refresh(["--root", str(tmp_path), "--", "--input", "x", opt, "y"])
 

@@ -42,6 +42,7 @@ class Request:
     resume: bool = False
     overwrite: bool = False
     run_id: str | None = None        # --run_id: the new run's id
+    continue_only: bool = False      # --continue_only: the run --run_id names continued, or nothing done
     allow_empty: bool = False
     dry_run: bool = False
     rate: float | None = None        # --rate: a dry run's decoding speed
@@ -137,6 +138,8 @@ def _request(opts, argv: list[str]) -> Request:
     if opts.rate is not None and not (opts.dry_run and math.isfinite(opts.rate) and opts.rate > 0):
         raise UsageError(f"--rate is a dry run's decoding speed (--dry_run --rate PAIRS_PER_S, > 0), "
                          f"not {opts.rate}{'' if opts.dry_run else ' without --dry_run'}")
+    if opts.continue_only and opts.run_id is None:
+        raise UsageError("--continue_only continues the run --run_id names: give --run_id")
     if opts.run_id is not None:
         check_run_id(opts.run_id)
         if opts.resume:
@@ -144,7 +147,7 @@ def _request(opts, argv: list[str]) -> Request:
     if opts.previous:
         check_previous(opts.previous)     # refused before anything is written; read again under the claim
     return Request(output=output, previous=opts.previous, resume=opts.resume, overwrite=opts.overwrite,
-                   run_id=opts.run_id, allow_empty=opts.allow_empty, dry_run=opts.dry_run, rate=opts.rate,
+                   run_id=opts.run_id, continue_only=opts.continue_only, allow_empty=opts.allow_empty, dry_run=opts.dry_run, rate=opts.rate,
                    command=tuple(command_line(argv)))
 
 

@@ -76,6 +76,10 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--run_id", default=None,
                    help="the new run's id (letters, digits, '.', '_', '-'); a refresh names a run after its "
                         "directory this way (default: UTC time plus a random part)")
+    g.add_argument("--continue_only", action="store_true",
+                   help="with --run_id: continue that run when it is this command's (the same plan: a stopped "
+                        "attempt, or published with its clean-up left), else write nothing and say so; how "
+                        "paragen-refresh continues a stopped refresh, decided under the output's claim")
     g.add_argument("--unit_pairs", type=int, default=DEFAULT_UNIT_PAIRS,
                    help=f"records per work unit: the piece of decoding work one worker does, retries and resumes "
                         f"(default {DEFAULT_UNIT_PAIRS})")
