@@ -205,6 +205,17 @@ def dry_run(req: RefreshRequest) -> dict:
                     + (["--previous", previous] if previous else []))
 
 
+def run_id_after(names: list[str]) -> str:
+    """A new run id that sorts after every one of NAMES (ROOT/runs): the time's, unless a run in
+    the same second, or one of a host whose clock runs ahead, already sorts after it; then that
+    run's id with a random part added. Which run is newer is read from the ids (a stopped
+    refresh's run is the newest newer than latest's), so they follow the order refreshes ran in
+    whatever the clocks say."""
+    run_id = new_run_id()
+    top = max(names, default="")
+    return run_id if run_id > top else f"{top}-{new_run_id().rsplit('-', 1)[1]}"
+
+
 def stopped_run(root: str, latest_id: str | None) -> str | None:
     """The run of a refresh stopped before it moved latest (the newest run newer than latest's), or
     None: the generation job is asked to continue it (--run_id, --continue_only) and decides under
@@ -351,7 +362,7 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
     with Claim(root, run_id, name=LEASE, on_lost=lambda why: stopping.end(why, 75)) as lease:   # 2. one refresh at a time
         # named once the lease is held, so ids follow the order refreshes ran in: one that waited
         # (paused) before its lease is newer than the run it then finds, and so is its no-op log
-        run_id = new_run_id()
+        run_id = run_id_after(storage.listdir(storage.join(root, "runs")))
         lease.rename(run_id)
         moved: list = []                # what a stop says: latest unchanged, or where it points now
         stopping.watch(f"refresh {run_id}", lambda: (f"latest -> runs/{moved[-1]}; old runs not yet pruned"

@@ -272,3 +272,19 @@ def test_a_root_of_an_earlier_version_keeps_its_filter_runs_inside_the_runs(tmp_
     assert not (root / "filtered" / "r2").exists() and (root / "filtered" / "r3").exists()
     assert sorted(os.listdir(root / "filtered")) == ["r3", "r3.0123456789abcdef"]       # r2's went with it
     assert (root / "runs" / "r1" / "filtered" / FILTER_MANIFEST).exists()
+
+
+def test_a_refresh_names_its_run_after_every_run_there_whatever_the_clock():
+    """Run ids tell which run is newer (a stopped refresh's run is the newest newer than latest's):
+    a run of the same second with a larger random part, or of a host whose clock ran ahead, must
+    not sort after the next refresh's."""
+    from beam_pipelines.refresh import run_id_after
+    from common.names import check_run_id
+
+    ahead = "29991231T235959Z-ffffff"                       # a host whose clock was far ahead
+    after = run_id_after(["20260101T000000Z-000000", ahead])
+    assert after > ahead and check_run_id(after) == after
+    again = run_id_after([ahead, after])
+    assert again > after and check_run_id(again) == again
+    now = run_id_after(["20260101T000000Z-000000"])          # the usual case: the time's own id
+    assert "20260101T000000Z-000000" < now < ahead and now.count("-") == 1
