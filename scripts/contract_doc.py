@@ -200,7 +200,10 @@ corpus. Each entry's `path` opens as `<the manifest's directory>/<path>`, or is 
   `../<that run>/paraphrases/...`; in a bucket, under the run or else the full `gs://`/`s3://` URL
   (keys have no `..`);
 - a refresh root's `ROOT/latest/` is a directory holding a copy of the current run's manifest
-  whose paths open from there, so `ROOT/latest` reads like any run, on a disk or in a bucket.
+  whose paths open from there, so `ROOT/latest` reads like any run, on a disk or in a bucket;
+  `ROOT/latest.json` names the run (`"run_id"`, `"path": "runs/<run id>"`) and, when it has a
+  filter run, that run's folder (`"filtered": "filtered/<run id>"`, or `filtered/<run id>.<plan
+  key>` for a later filter run made with other filter options).
 
 What a reader may rely on (`common/storage/versions.py`; a run written before versions has no
 `_log/`, and its `_manifest.json` is the truth):
