@@ -13,7 +13,7 @@ engine's fp32 from the same run.
   and the peak memory (RSS) of each engine's process.
 
     python bench/bench_engines.py --work runs/bench-models [--layers 6 --dim 512]
-        [--sections sample,beam,score,job] [--sources 30] [--repeats 3]
+        [--sections sample,beam,score,job] [--engines "fairseq fp32,CTranslate2 int8"] [--sources 30] [--repeats 3]
 
 The model is realistic in size, not in quality: a fairseq transformer base (6+6 layers, d512,
 ffn 2048, 8 heads, shared embeddings) with random weights on bench_models.py's Multi30k
@@ -70,15 +70,17 @@ def random_archive(work: str, src: str, tgt: str, layers: int = 6, dim: int = 51
     return out
 
 
-def prepare(work: str, layers: int = 6, dim: int = 512) -> dict:
-    """{engine: (forward dir, backward dir)} imported from the random archives (kept in WORK)."""
+def prepare(work: str, layers: int = 6, dim: int = 512,
+            keys: tuple = ("fairseq", "int8", "int8_float32", "float32")) -> dict:
+    """{engine: (forward dir, backward dir)} of the engines KEYS, imported from the random archives
+    (kept in WORK)."""
     from models.nmt.importing import import_fairseq_to_ct2, import_model
 
     dirs = {}
     for src, tgt in (("cs", "en"), ("en", "cs")):
         archive = random_archive(work, src, tgt, layers, dim)
         size = os.path.basename(archive)[len(f"random-{src}-{tgt}"):]          # "" for the base, else -LxD
-        for engine in ("fairseq", "int8", "int8_float32", "float32"):
+        for engine in keys:
             out = os.path.join(work, f"engine-{engine}-{src}-{tgt}{size}")
             if not os.path.exists(os.path.join(out, "model.json")):
                 if engine == "fairseq":
@@ -198,28 +200,36 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"of {','.join(SECTIONS)} (default: all)")
     ap.add_argument("--skip_job", action="store_true", help="the same as leaving job out of --sections")
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help="the rows, of: " + ",".join(ENGINES) + " (default: all; fairseq fp32 always, the baseline)")
     ap.add_argument("--layers", type=int, default=6, help="encoder and decoder layers of the random models (default 6)")
     ap.add_argument("--dim", type=int, default=512, help="their model dimension; ffn 4x (default 512)")
     a = ap.parse_args(argv)
     sections = [x for x in a.sections.split(",") if x and not (a.skip_job and x == "job")]
     if set(sections) - set(SECTIONS):
         ap.error(f"unknown --sections: {a.sections}")
+    asked = {x.strip() for x in a.engines.split(",") if x.strip()}
+    if asked - set(ENGINES):
+        ap.error(f"unknown --engines: {', '.join(sorted(asked - set(ENGINES)))}")
     if not os.path.isdir(DATA):
         print(f"error: {DATA} not found (../shared/data)", file=sys.stderr)
         return 2
     prepare_models(a.work, 3, 256, 300, 8000)          # the dictionary and codes the random models use
-    dirs = prepare(a.work, a.layers, a.dim)
     pairs = list(zip(read_lines("val", "cs", a.sources), read_lines("val", "en", a.sources)))
-    engines = {name: spec for name, spec in ENGINES.items() if spec[1] != "bf16" or _bf16_cpu()}
+    engines = {name: spec for name, spec in ENGINES.items()
+               if (name in asked or name == "fairseq fp32") and (spec[1] != "bf16" or _bf16_cpu())}
+    dirs = prepare(a.work, a.layers, a.dim, tuple(dict.fromkeys(key for key, _ in engines.values())))
     print(f"# bench_engines: transformer {a.layers}+{a.layers} d{a.dim}, random weights, Multi30k dictionary; "
           f"{len(pairs)} sources; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one thread per engine process"
           + ("" if _bf16_cpu() else "; no bf16 row: this CPU has no AVX512-BF16"))
     if "sample" in sections:
-        rows = {name: [] for name in [*engines, "CTranslate2 int8, no banned words"]}
+        no_bans = ["CTranslate2 int8, no banned words"] if "CTranslate2 int8" in engines else []
+        rows = {name: [] for name in [*engines, *no_bans]}
         for _ in range(a.repeats):                     # interleaved: every engine under the same load
             for name, (key, precision) in engines.items():
                 rows[name].append(_fresh("decode", dirs[key][0], pairs, True, precision))
-            rows["CTranslate2 int8, no banned words"].append(_fresh("decode", dirs["int8"][0], pairs, False))
+            for name in no_bans:
+                rows[name].append(_fresh("decode", dirs["int8"][0], pairs, False))
         _table("1. Sampling, parabank2-cpu (3 sets x 10 samples, top-k 10, banned words)", "sources/s", rows,
                "tokens", lambda runs: runs[0]["tokens"])
     if "beam" in sections:

@@ -178,7 +178,7 @@ def test_the_engines_and_the_ensemble_scripts_on_what_their_first_step_made(tiny
     models_args, _ = SMOKE["bench_models.py"]
     _run("bench_models.py", _expand(models_args, WORK=str(tmp_path), M30K=M30K, DATA=DATA), "|---")
     _run("bench_engines.py", ["--work", str(tmp_path / "models"), "--layers", "1", "--dim", "64", "--sources", "2",
-                              "--repeats", "1"], "## 4. The whole job")
+                              "--repeats", "1", "--engines", "CTranslate2 int8"], "## 4. The whole job")
     div_args, _ = SMOKE["bench_divergence.py"]
     _run("bench_divergence.py", _expand(div_args, WORK=str(tmp_path), DATA=DATA), "|---")
     _run("bench_divergence_ensemble.py", [str(tmp_path / "div"), "--dev", os.path.join(DATA, "divergence",
