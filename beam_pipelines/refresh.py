@@ -305,6 +305,7 @@ def filter_is_current(req: RefreshRequest, latest: Latest) -> bool:
         return False
     if claim_record(folder) is not None or cleanup_pending(folder, read_manifest(folder, FILTER_MANIFEST)):
         _finish_filter_cleanup(folder)            # its job killed after it published
+        latest.repair()                           # the view again, from what that clean-up repaired
     return True
 
 

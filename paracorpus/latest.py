@@ -128,14 +128,17 @@ class Latest:
     def _wanted(self, run_id: str, filtered: str | None) -> dict:
         """The view's two manifests for run RUN_ID and its filter run in FILTERED (default: its
         first folder); the filter view None when there is no filter run there."""
+        # from each manifest's newest version, the truth: its plain copy can lag (a job stopped
+        # between the two), and a view made from it would lag until the next repair
         run_dir = storage.join(self.root, "runs", run_id)
-        wanted = {self.view_run: _manifest_copy(storage.read_json(storage.join(run_dir, MANIFEST)), run_dir,
-                                                self.view),
-                  self.view_filter: None}
+        manifest = read_manifest(run_dir, MANIFEST)
+        if manifest is None:
+            raise FileNotFoundError(f"{storage.join(run_dir, MANIFEST)}: run {run_id} is not published")
+        wanted = {self.view_run: _manifest_copy(manifest, run_dir, self.view), self.view_filter: None}
         filtered = filtered or filter_dir(self.root, run_id)
-        if storage.isfile(storage.join(filtered, FILTER_MANIFEST)):
-            wanted[self.view_filter] = _manifest_copy(storage.read_json(storage.join(filtered, FILTER_MANIFEST)),
-                                                      filtered, storage.join(self.view, "filtered"))
+        filter_manifest = read_manifest(filtered, FILTER_MANIFEST)
+        if filter_manifest is not None:
+            wanted[self.view_filter] = _manifest_copy(filter_manifest, filtered, storage.join(self.view, "filtered"))
         return wanted
 
     def write_view(self, run_id: str, fence=None, filtered: str | None = None) -> bool:
@@ -170,7 +173,7 @@ class Latest:
         version after writing the view (it was paused in between) makes the view the newer one's
         again and stops (OutputBusy)."""
         record = {"run_id": run_id, "path": f"runs/{run_id}", "published_at": time.time()}
-        if filtered and storage.isfile(storage.join(filtered, FILTER_MANIFEST)):
+        if filtered and read_manifest(filtered, FILTER_MANIFEST) is not None:
             record["filtered"] = entry_path(self.root, filtered)
         try:
             self.version = storage.write_if(self.named_path, _encode(record), self.version, keep=None)

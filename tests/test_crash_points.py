@@ -95,15 +95,18 @@ def test_refreshes_with_keep_2_stopped_at_their_own_steps(tiny_nmt_models, tmp_p
 
 def test_a_refresh_that_filters_latest_again_stopped_at_its_filter_runs_commit(tiny_nmt_models, tmp_path):
     """A refresh that gains --filter_args with no new bitext filters the run latest names, then
-    moves latest to that filter run: SIGKILLed just after the filter job published (its clean-up
-    and claim left: the same command, finding the filter run current, must finish them) and at
-    latest's next version. (Found by the sweep: the rerun left the filter run's _work and claim.)"""
+    moves latest to that filter run: SIGKILLed between the filter manifest's version and its plain
+    copy (the latest/ view must be made from the version), just after the filter job published (its
+    clean-up and claim left: the same command, finding the filter run current, must finish them)
+    and at latest's next version. (Found by the sweep: the rerun left the filter run's _work and
+    claim; and by the suite under load: a view made from the copy before it was repaired.)"""
     sweep = refresh_sweep(str(tmp_path), tiny_nmt_models, mode="filter_on")
     ops = sweep.prepare()
     published = _op(ops, lambda o: o[1] == "rename" and o[2].endswith("/_filter_manifest.json"))
+    copy = ops[ops.index(published) - 1]             # its version created, its plain copy not yet placed
     after = _op(ops, lambda o: True, after=published)                # the filter job's next operation
     named = _op(ops, lambda o: o[2].endswith("-latest.json") and o[1] == "write", after=published)
-    points = [sweep.point(*after[:3], "KILL"), sweep.point(*named[:3], "KILL")]
+    points = [sweep.point(*copy[:3], "KILL"), sweep.point(*after[:3], "KILL"), sweep.point(*named[:3], "KILL")]
     _check(points)
 
 
