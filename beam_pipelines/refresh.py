@@ -281,11 +281,11 @@ def filter_plan_key(req: RefreshRequest, run_id: str) -> str:
     return plan_key_of(["--input", storage.join(req.root, "runs", run_id), *req.filter_args])
 
 
-def filter_run(req: RefreshRequest, run_id: str, log_file, log_path: str) -> str:
+def filter_run(req: RefreshRequest, run_id: str, log_file, log_path: str, plan_key: str | None = None) -> str:
     """The filter job on run RUN_ID, into ROOT/filtered/RUN_ID (or, when that holds a filter run
     of other --filter_args, ROOT/filtered/RUN_ID.<plan key>): that folder; RefreshFailed when
-    it fails."""
-    output = filter_target(req.root, run_id, filter_plan_key(req, run_id))
+    it fails. PLAN_KEY: filter_plan_key's, when the caller has it already."""
+    output = filter_target(req.root, run_id, plan_key or filter_plan_key(req, run_id))
     since = log_file.tell()
     rc, _ = _run_job("beam_pipelines.filter", list(req.filter_cmd),
                      ["--input", storage.join(req.root, "runs", run_id), "--output", output, *req.filter_args],
@@ -295,13 +295,13 @@ def filter_run(req: RefreshRequest, run_id: str, log_file, log_path: str) -> str
     return output
 
 
-def filter_is_current(req: RefreshRequest, latest: Latest) -> bool:
-    """Whether the filter run latest names was made with this refresh's --filter_args (its plan
-    key: the same input run, config and options), its clean-up finished when a stop cut it short.
-    A refresh that adds or changes them with no new bitext runs the filter job on latest's run
+def filter_is_current(latest: Latest, plan_key: str) -> bool:
+    """Whether the filter run latest names has PLAN_KEY (made with this refresh's --filter_args:
+    the same input run, config and options), its clean-up finished when a stop cut it short. A
+    refresh that adds or changes them with no new bitext runs the filter job on latest's run
     instead of leaving the old (or no) filter view."""
     folder = latest.filter_path
-    if committed_plan(folder) != filter_plan_key(req, latest.run_id):
+    if committed_plan(folder) != plan_key:
         return False
     if claim_record(folder) is not None or cleanup_pending(folder, read_manifest(folder, FILTER_MANIFEST)):
         _finish_filter_cleanup(folder)            # its job killed after it published
@@ -392,14 +392,16 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
             if outcome in (None, "not continued"):                              # 3. the generation job
                 outcome = generate_run(req, run_id, previous, log_file, log_path)
             changed = outcome == "published"
-            refilter = (not changed and req.filter_args and latest.run_id is not None
-                        and not filter_is_current(req, latest))
+            # the filter plan of latest's run, computed once (it reads the filter's config and models)
+            key = filter_plan_key(req, latest.run_id) if not changed and req.filter_args and latest.run_id else None
+            refilter = key is not None and not filter_is_current(latest, key)
             if changed or refilter:
                 target = run_id if changed else latest.run_id
                 if refilter:
                     print(f"refresh {run_id}: nothing new to decode, but the filter run of {target} was made "
                           "with other --filter_args (or none): filtering it again", flush=True)
-                filtered = filter_run(req, target, log_file, log_path) if req.filter_args else None  # 4. filter
+                filtered = (filter_run(req, target, log_file, log_path, key if refilter else None)      # 4. filter
+                            if req.filter_args else None)
                 lease.check()                   # a refresh that lost its lease moves and removes nothing
                 latest.publish(target, lease.fence, filtered)                  # 5. publish: latest moves
                 moved.append(target)
