@@ -2,13 +2,15 @@
 records the workers commit under ``<output>/_work/<run id>/units/`` (paracorpus/units.py), not from
 the runner's metrics, so a DirectRunner, Dask, SLURM, Flink or Dataflow run reads alike::
 
-    progress: 12 of 40 units (30%), 6,000 of ~20,000 pairs; 8.5 pairs/s over the last 5m00s; ETA 27m27s; workers: 2
+    progress: 12 of 40 units (30%), 6,000 of ~20,000 pairs; 8.5 pairs/s over the last 5m00s; ETA 27m27s; workers: 2; failed attempts: 1 (units 7; 1 since committed)
 
 :class:`RunProgress` is the plain bookkeeping (tested alone); :class:`DriverProgress` is the thread
 that lists the records every ``PARAGEN_PROGRESS_SECONDS`` (default 10 s on a terminal, 30 s in a
 log) and logs the line. Times are this process's monotonic clock only: nothing compares the
 workers' clocks with the driver's. Units an earlier attempt committed (a resume) count as done but
-not into the rate."""
+not into the rate. A worker's failed attempt at a unit (paracorpus/unit_failures.py) is logged as a
+warning with its unit, worker and error the first time the driver sees it, and counted in the line
+until the run ends (with how many of those units a later attempt committed)."""
 from __future__ import annotations
 
 import logging
@@ -19,9 +21,11 @@ from collections import deque
 
 from common import storage
 from common.progress import format_seconds, progress_seconds
+from paracorpus.unit_failures import describe, read_failures, unit_of_failure
 from paracorpus.units import unit_of_record
 
 log = logging.getLogger("paragen.progress")
+LAST_LOOK_SECONDS = 10.0      # a failed run's last look: the failure's line must not wait on a store that is away
 WINDOW_SECONDS = 300.0        # the rate is over the last five minutes: a run's pace changes
 
 
@@ -34,6 +38,7 @@ class RunProgress:
         self.units: set[int] = set()
         self.pairs = self.earlier_pairs = self.attempt_units = 0
         self.workers: set[str] = set()
+        self.failed: list[int] = []              # the unit of each failed attempt seen
         self.history: deque = deque([(clock(), 0)])      # (when, pairs committed in this attempt)
 
     def earlier(self, units: set[int]) -> None:
@@ -51,6 +56,9 @@ class RunProgress:
         self.pairs += pairs
         if record.get("worker"):
             self.workers.add(str(record["worker"]))
+
+    def failed_attempt(self, unit: int) -> None:
+        self.failed.append(unit)
 
     def tick(self) -> None:
         """Note the pairs so far at this instant (for the rate)."""
@@ -85,6 +93,11 @@ class RunProgress:
                 parts.append(f"ETA {format_seconds((self.total - done) * self.pairs / self.attempt_units / rate)}")
         if self.workers:
             parts.append(f"workers: {len(self.workers)}")
+        if self.failed:
+            units = sorted(set(self.failed))
+            named = ", ".join(str(u) for u in units[:5]) + (f" and {len(units) - 5} more" if len(units) > 5 else "")
+            parts.append(f"failed attempts: {len(self.failed)} (unit{'s' if len(units) > 1 else ''} {named}; "
+                         f"{sum(1 for u in units if u in self.units)} since committed)")
         return "progress: " + "; ".join(parts)
 
 
@@ -95,12 +108,14 @@ class DriverProgress:
 
     def __init__(self, work: str, total_units: int, expected_pairs: int | None, earlier: set[int] = frozenset(),
                  every: float | None = None):
-        self.units_dir = storage.join(work, "units")
+        self.work, self.units_dir = work, storage.join(work, "units")
+        self.failures_seen: set[str] = set()
         self.progress = RunProgress(total_units, expected_pairs)
         self.progress.earlier(set(earlier))
         self.every = progress_seconds(on_terminal=10.0) if every is None else every
         self.read: set[int] = set()
         self._stop = threading.Event()
+        self._looking = threading.Lock()          # the loop's look and a failed run's last look, one at a time
         self._thread = threading.Thread(target=self._loop, name="paragen-driver-progress", daemon=True)
 
     def __enter__(self):
@@ -112,6 +127,10 @@ class DriverProgress:
         self._thread.join(timeout=5)
         if exc_type is None:                    # the pipeline ended well: where it ended
             self._say()
+        else:       # failed: the units that failed, as the workers noted them, if the store answers soon
+            last = threading.Thread(target=self._say, name="paragen-driver-progress-last", daemon=True)
+            last.start()
+            last.join(timeout=LAST_LOOK_SECONDS)
         return False
 
     def look(self) -> str:
@@ -126,6 +145,10 @@ class DriverProgress:
                 continue
             self.read.add(unit)
             self.progress.saw(unit, record)
+        for name, record in read_failures(self.work, self.failures_seen):
+            self.failures_seen.add(name)
+            log.warning("%s; the runner may run it again", describe(record))
+            self.progress.failed_attempt(unit_of_failure(name))
         self.progress.tick()
         return self.progress.line(bar=sys.stderr.isatty())
 
@@ -135,6 +158,7 @@ class DriverProgress:
 
     def _say(self) -> None:
         try:
-            log.info("%s", self.look())
+            with self._looking:
+                log.info("%s", self.look())
         except Exception as exc:  # noqa: BLE001: progress must never end a run
             log.debug("progress: could not read the unit records (%s)", exc)

@@ -38,7 +38,10 @@ KEY_DOCS = {
         "files": "per table (`paraphrases`, `rejects`, `dedup`): the files of the run, each "
                  "`{path, rows, bytes, bin, shard}` (`shard`: the output partition; the input shards of the "
                  "`bin` are those whose `inputs` entry names it)",
-        "units": "work units planned, written and reused, units and decoding seconds per worker; unit files written, files published after compaction, compaction seconds",
+        "units": "work units planned, written and reused, units and decoding seconds per worker; unit files written, "
+                 "files published after compaction, compaction seconds; `failed_attempts`: how many attempts at a "
+                 "unit failed in a worker (over every attempt of the run; the counter `unit_attempts_failed` too) "
+                 "and `failures`, the first 20 in words (unit, worker, what it was doing, the error's first line)",
         "versions": "versions of Python, paragen, Beam, torch, fairseq, sentencepiece and pyarrow",
         "command": "the command line",
         "finished_at": "when the run finished (UTC, ISO 8601)",

@@ -395,6 +395,60 @@ def test_a_killed_dask_worker_is_replaced_and_the_run_finishes_with_every_row(bi
     assert _rows(out) == _rows(uninterrupted[0]) and _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
 
 
+# the device of one worker process fails once in the whole cluster (FAULT_ONCE: made by the first)
+_INJECT_ONCE = _INJECT.replace(
+    '''    if _calls[0] > int(os.environ["FAULT_AFTER"]):
+''', '''    if _calls[0] > int(os.environ["FAULT_AFTER"]) and _first(os.environ["FAULT_ONCE"]):
+''') + '''
+def _first(path):
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+'''
+
+
+@pytest.mark.slow
+def test_a_dask_workers_failed_unit_reaches_the_drivers_log_and_manifest(bitext, tiny_nmt_models, tmp_path,
+                                                                         uninterrupted, caplog, monkeypatch):
+    """A worker process whose device fails while decoding a unit ends (exit 70); Dask runs its
+    work again in a fresh process. The driver, which never sees the worker's log, says which unit
+    failed on which worker and why (from the failure record the worker wrote), its progress line
+    counts the failed attempt and the unit committed since, and the manifest records it."""
+    import logging
+    import re
+
+    from tests.dask_cluster import local_dask_cluster
+
+    site = tmp_path / "site"
+    site.mkdir()
+    assert "_first(" in _INJECT_ONCE
+    (site / "sitecustomize.py").write_text(_INJECT_ONCE)
+    fired = tmp_path / "fault-fired"
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "FAULT_AFTER": "150", "FAULT_ONCE": str(fired)}
+    out = tmp_path / "out"
+    monkeypatch.setenv("PARAGEN_PROGRESS_SECONDS", "0.5")
+    with local_dask_cluster(str(tmp_path / "dask"), env=env) as address, \
+            caplog.at_level(logging.INFO, logger="paragen.progress"):
+        manifest = run(_args(bitext, out, tiny_nmt_models, "--runner", "DaskRunner", "--dask_client_address",
+                             address))
+    assert fired.exists()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "paragen.progress"]
+    warnings = [m for level, m in said if level == "WARNING"]
+    assert len(warnings) == 1, said
+    failed = re.match(r"(unit (\d+) failed on worker [^ ]+:\d+ while decoding: DeviceFailure: AcceleratorError: "
+                      r"CUDA error: an illegal memory access was encountered); the runner may run it again$",
+                      warnings[0])
+    assert failed, warnings
+    last = [m for level, m in said if m.startswith("progress: ")][-1]
+    assert last.startswith("progress: 24 of 24 units (100%)")
+    assert last.endswith(f"; failed attempts: 1 (unit {failed.group(2)}; 1 since committed)"), last
+    assert manifest["units"]["failed_attempts"] == 1 and manifest["counters"]["unit_attempts_failed"] == 1
+    assert manifest["units"]["failures"] == [failed.group(1)]
+    assert _rows(out) == _rows(uninterrupted[0]) and _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
+
+
 def test_a_stop_ends_the_jobs_processes_and_leaves_the_callers_alone():
     """What the job stops are the processes it started: a caller's servers (a test's moto, a
     notebook's Dask cluster) started before the job began are left running."""

@@ -76,3 +76,40 @@ def test_a_store_that_does_not_answer_skips_a_line_not_the_run(monkeypatch, capl
     with watcher:
         pass                                    # its last look fails: nothing raised
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR") and r.name == "paragen.progress"]
+
+
+def test_failed_attempts_are_counted_with_their_units_and_those_committed_since():
+    progress = RunProgress(10, clock=Clock())
+    progress.failed_attempt(3)
+    progress.failed_attempt(3)
+    progress.failed_attempt(1250000)
+    progress.saw(3, _record(4))
+    assert progress.line().endswith("; failed attempts: 3 (units 3, 1250000; 1 since committed)")
+
+
+def test_the_driver_logs_a_workers_failure_record_once_with_its_unit(tmp_path, caplog):
+    import logging
+
+    from paracorpus.unit_failures import failures_dir, record_failure, unit_of_failure
+
+    work = str(tmp_path / "_work" / "run")
+    storage.write_json(storage.join(work, "units", "u000000.json"), _record(7))
+    record_failure(work, 1250001, OSError(28, "No space left on device\nsecond line"), "writing")
+    storage.write_bytes(storage.join(failures_dir(work), ".u000002.abc.json.x.tmp"), b"{")     # being written
+    assert [unit_of_failure(n) for n in storage.listdir(failures_dir(work))] == [None, 1250001]
+    watcher = DriverProgress(work, 3, None, every=3600)
+    with caplog.at_level(logging.INFO, logger="paragen.progress"):
+        first, again = watcher.look(), watcher.look()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("unit 1250001 failed on worker ")
+    assert warnings[0].endswith(" while writing: OSError: [Errno 28] No space left on device; the runner may run it "
+                                "again")
+    assert all(line.endswith("; failed attempts: 1 (unit 1250001; 0 since committed)") for line in (first, again))
+
+
+def test_a_worker_notes_no_failure_for_a_run_whose_work_is_gone(tmp_path):
+    from paracorpus.unit_failures import record_failure
+
+    work = tmp_path / "_work" / "published"
+    record_failure(str(work), 4, RuntimeError("late"), "writing")
+    assert not work.exists()                    # nothing made again where the run's work was removed

@@ -16,12 +16,14 @@ from apache_beam.utils.shared import Shared
 
 from common.stopping import DEVICE_FAILURE_EXIT   # 70 (EX_SOFTWARE): a worker whose device failed
 from common import storage
+from common.cli import OutputBusy
 from common.memory import release_memory
 from models.nmt.devices import DeviceFailure, under_mps
 from paracorpus.compaction import compact_group
 from paracorpus.config import GenerationConfig
 from paracorpus.paraphrasing import piece_limits
 from paracorpus.steps import bitext_steps, decoding_steps
+from paracorpus.unit_failures import record_failure
 from paracorpus.units import (PAIR, REJECT, UNIT, generate_unit, input_shard_of, partition_of_unit, unit_of, unit_record_path,
                               write_unit)
 from transforms.progress import Progress
@@ -75,6 +77,7 @@ class UnitTranslatorHandler(ModelHandler):
         self.device, self.precision, self.torch_threads = device, precision, torch_threads
         self.model_sha256, self.cfg, self.config_hash = model_sha256, cfg, config_hash
         self.expected_pairs = expected_pairs
+        self.work: str | None = None                 # where a failed unit is noted (DecodeUnits sets it)
         self._progress = None
         self._warm_up_ms = 0                         # the engines' first calls (load_model), counted once
 
@@ -148,7 +151,11 @@ class UnitTranslatorHandler(ModelHandler):
             try:
                 result = generate_unit(elements, model.steps, self.cfg.batch_pairs, self.config_hash, on_batch=on_batch)
             except DeviceFailure as exc:
+                self._note_failure(unit, exc)
                 end_poisoned_worker(unit, exc)
+            except Exception as exc:
+                self._note_failure(unit, exc)
+                raise
             self._progress.idle()
             # a batch of a shape the warm-up did not cover compiles inside the unit (its sample time)
             compiled = model.compile_ms_since_last_call()
@@ -170,6 +177,10 @@ class UnitTranslatorHandler(ModelHandler):
             result.setup = setup
             yield PredictionResult(unit, (result, time.time() - start))
         self._progress.flush()
+
+    def _note_failure(self, unit: int, exc: Exception) -> None:
+        if self.work:
+            record_failure(self.work, unit, exc, "decoding")
 
 
 
@@ -230,9 +241,15 @@ class WriteUnit(beam.DoFn):
 
     def write(self, prediction: PredictionResult) -> dict:
         unit, (result, seconds) = prediction.example, prediction.inference
-        record = write_unit(self.output, self.work, unit, partition_of_unit(unit, self.layout, self.num_output_shards),
-                            self.lang_pair, result, seconds, input_shard_of(unit, self.layout), self.plan_key,
-                            self.fence)
+        try:
+            record = write_unit(self.output, self.work, unit,
+                                partition_of_unit(unit, self.layout, self.num_output_shards), self.lang_pair, result,
+                                seconds, input_shard_of(unit, self.layout), self.plan_key, self.fence)
+        except OutputBusy:            # the run lost its output: not the unit's failure
+            raise
+        except Exception as exc:
+            record_failure(self.work, unit, exc, "writing")
+            raise
         del prediction, result
         release_memory()              # the unit's buffers go back to the system: flat memory over units
         return record
@@ -302,6 +319,7 @@ class DecodeUnits(beam.PTransform):
 
     def expand(self, units):
         batches = units | "OneUnitPerBatch" >> beam.FlatMap(_unit_batch)
+        self.handler.work = self.work
         writer = WriteUnit(self.output, self.work, self.lang_pair, self.num_output_shards, self.layout, self.plan_key,
                            self.fence)
         if not self.use_run_inference:

@@ -22,9 +22,11 @@ from paracorpus.commit import entry_path, file_location
 from paracorpus.compaction import TABLES as DATA_TABLES
 from paracorpus.incremental import Reuse
 from paracorpus.schema import CONTRACT_VERSION, check_manifest
+from paracorpus.unit_failures import describe, read_failures
 from paracorpus.units import record_counters, run_setups, summarize_run, totals
 
 log = logging.getLogger("paragen.generate")
+MANIFEST_FAILURES = 20            # failed attempts the manifest describes (all are counted)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ def collect(job: Job, request: Request, inputs: Inputs, plan: Plan, elapsed: flo
     # what ran, from the records the workers wrote: the same on every runner (Beam's counters
     # are not reported by the Dask runner) and across attempts
     counters = record_counters(summary["groups"], decoded_counts)
+    failed = read_failures(plan.work)        # attempts at units that failed, across this run's attempts
+    if failed:
+        counters["unit_attempts_failed"] = len(failed)
+    units["failed_attempts"] = len(failed)
+    units["failures"] = [describe(record) for _name, record in failed[:MANIFEST_FAILURES]]
     setups = run_setups(summary["groups"])
     for name, entry in shards.items():
         if name in setups["per_shard"]:
