@@ -90,3 +90,51 @@ def test_batch_budgets_grow_with_the_gpus_memory_and_stay_bounded():
     score_tokens, sample_tokens = large
     assert score_tokens * 8_000 * 12 <= 20 * gib
     assert sample_tokens * 6 * 2 * 512 * 2 <= 20 * gib
+
+
+# what torch answers on a machine with an A100 (the worker never decodes: it is asked, then refused)
+_AMPERE = '''
+import torch
+torch.cuda.is_available = lambda: True
+torch.cuda.get_device_capability = lambda device=None: (8, 0)
+torch.cuda.get_device_name = lambda device=None: "NVIDIA A100-SXM4-80GB"
+'''
+
+
+@pytest.mark.slow
+def test_dask_workers_that_would_decode_in_two_precisions_are_refused_before_anything_is_written(
+        tmp_path, tiny_nmt_models):
+    """--precision auto is resolved on each worker of a running Dask cluster, before the run writes
+    anything: a fleet of a CPU worker (fp32) and an A100 worker (tf32, torch's answers set in its
+    process) is refused in one line naming both; --device cpu (fp32 on every worker) runs, and
+    its manifest records the precision the workers resolved."""
+    from tests.dask_cluster import local_dask_cluster
+    from tests.jobs import quick_args
+
+    from tests.toydata import toy_bitext
+
+    bitext_file = tmp_path / "toy.tsv"
+    bitext_file.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:16]))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_AMPERE)
+    ampere = {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    out = tmp_path / "out"
+    with local_dask_cluster(str(tmp_path / "dask"), worker_envs=[{}, ampere]) as address:
+        args = [a for a in quick_args(bitext_file, out, tiny_nmt_models) if a not in ("--device", "cpu")]
+        args += ["--runner", "DaskRunner", "--dask_client_address", address]
+        done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
+        assert "would decode in different precisions (1 in fp32 on cpu; 1 in tf32 on cuda (NVIDIA A100-SXM4-80GB))" \
+            in errors[0], errors
+        assert not out.exists()                                  # refused before anything was written
+        done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args, "--device", "cpu"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    manifest = json.load(open(out / "_manifest.json"))
+    precision = manifest["precision"]
+    assert precision["resolved"] == "fp32" and precision["workers"] == {"cpu_fp32": 2} and not precision["mixed"]

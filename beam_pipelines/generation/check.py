@@ -104,7 +104,7 @@ def check(argv: list[str]) -> tuple[Request, Job]:
                                                           opts.src_lang, opts.tgt_lang)
     if cfg.dual_xent_threshold is not None and not opts.backward_model:
         log.warning("no --backward_model: the dual cross-entropy filter and dual scoring are off")
-    device, precision = resolve_device(opts.device, opts.precision, runner)
+    device, precision = resolve_device(opts.device, opts.precision, runner, beam_args)
     if opts.processes_per_gpu < 1:
         raise UsageError(f"--processes_per_gpu must be >= 1, not {opts.processes_per_gpu}")
     if device == "cuda":

@@ -5,34 +5,101 @@ from __future__ import annotations
 import logging
 
 from beam_pipelines.options import is_local
-from common.cli import UsageError
+from common.cli import UsageError, option_value
 
 GPU_BATCH_PAIRS = 256        # --batch_pairs on a GPU unless given: larger decoder batches keep it busy
 
 log = logging.getLogger("paragen")
 
 
-def resolve_device(device: str | None, precision: str, runner: str) -> tuple[str | None, str]:
-    """(device, precision) as the workers will use them. Checked here when the workers run on this
-    machine (DirectRunner): --device cuda without a GPU, bf16 on a CPU that would emulate it.
-    Elsewhere the workers resolve 'auto' themselves and the manifest's counters say what they used."""
+def resolve_device(device: str | None, precision: str, runner: str,
+                   beam_args: tuple | list = ()) -> tuple[str | None, str]:
+    """(device, precision) as the workers will use them, resolved where they run: on this machine
+    for the DirectRunner, on each worker of a running Dask cluster (--dask_client_address) asked
+    before anything is written, where workers that would decode in different precisions (a fleet
+    mixing A100s and V100s under 'auto', GPUs and CPUs without --device) are refused: their rows
+    would mix two precisions. Elsewhere (SLURM's workers, Flink, Dataflow: not started yet) the
+    workers resolve 'auto' themselves and the unit records say what each used (the manifest's
+    precision block, a warning when they differ)."""
+    if is_local(runner):
+        try:
+            return setup_here(device, precision)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    address = option_value(list(beam_args), "--dask_client_address")
+    if runner.endswith("DaskRunner") and address:
+        return _resolve_on_dask_workers(address, device, precision)
+    return device, precision
+
+
+def setup_here(device: str | None, precision: str) -> tuple[str, str]:
+    """(device, precision) this process would decode with; ValueError (its line) if it cannot:
+    --device cuda without a GPU, a precision the device does not have, bf16 that a CPU would
+    emulate. Run on the driver's machine or, through Dask, on each worker."""
     import torch
 
     from models.nmt.engines.fairseq_engine import cpu_has_native_bf16, gpu_capability, resolve_precision
 
-    if not is_local(runner):
-        return device, precision
     if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA GPU is visible on this machine (torch.cuda.is_available() is "
+        raise ValueError("--device cuda: no CUDA GPU is visible on this machine (torch.cuda.is_available() is "
                          "False); leave --device unset to use the CPU")
     effective = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         resolved = resolve_precision(precision, effective, gpu_capability(effective))
     except ValueError as exc:
-        raise UsageError(f"--precision {precision}: {exc}") from None
+        raise ValueError(f"--precision {precision}: {exc}") from None
     if resolved == "bf16" and effective == "cpu" and cpu_has_native_bf16() is False:
-        raise UsageError("--precision bf16: this CPU has neither AVX512-BF16 nor AMX, so bf16 would be emulated "
+        raise ValueError("--precision bf16: this CPU has neither AVX512-BF16 nor AMX, so bf16 would be emulated "
                          "and several times slower than fp32; use --precision fp32 (the default on a CPU)")
+    return effective, resolved
+
+
+def worker_setup(device: str | None, precision: str) -> dict:
+    """What a Dask worker would decode with (run there by the driver): its device, precision and
+    GPU's name, or the line saying why it cannot."""
+    try:
+        effective, resolved = setup_here(device, precision)
+    except ValueError as exc:
+        return {"refused": str(exc)}
+    gpu = None
+    if effective == "cuda":
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    return {"device": effective, "precision": resolved, "gpu": gpu}
+
+
+def _resolve_on_dask_workers(address: str, device: str | None, precision: str) -> tuple[str | None, str]:
+    """(device, precision) every worker of the Dask cluster at ADDRESS resolves the same; a
+    UsageError naming them when they do not agree or one cannot; (DEVICE, PRECISION) unchanged when
+    the cluster has no worker yet or its scheduler does not answer (said: the records tell)."""
+    from distributed import Client
+
+    try:
+        with Client(address, timeout=15) as client:
+            setups = client.run(worker_setup, device, precision)
+    except (OSError, TimeoutError) as exc:
+        log.warning("the Dask scheduler at %s did not answer (%s): its workers resolve --precision %s themselves "
+                    "and the manifest's precision block says what each used", address,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__, precision)
+        return device, precision
+    if not setups:
+        return device, precision
+    refused = sorted({s["refused"] for s in setups.values() if "refused" in s})
+    if refused:
+        raise UsageError(f"{len([s for s in setups.values() if 'refused' in s])} of {len(setups)} Dask worker(s) at "
+                         f"{address} cannot decode as asked: {'; '.join(refused)}")
+    kinds = {}
+    for setup in setups.values():
+        key = (setup["device"], setup["precision"], setup["gpu"])
+        kinds[key] = kinds.get(key, 0) + 1
+    if len({(d, p) for d, p, _gpu in kinds}) > 1:
+        said = "; ".join(f"{n} in {p} on {d}" + (f" ({gpu})" if gpu else "") for (d, p, gpu), n in sorted(kinds.items()))
+        raise UsageError(f"--precision {precision}{'' if device else ' without --device'}: the {len(setups)} Dask "
+                         f"workers at {address} would decode in different precisions ({said}), so the run's samples "
+                         "and scores would mix them; set --device and --precision to one every worker has "
+                         "(--precision fp32 runs everywhere)")
+    (effective, resolved, _gpu), = {(d, p, None) for d, p, _g in kinds}
     return effective, resolved
 
 
