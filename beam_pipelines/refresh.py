@@ -295,18 +295,20 @@ def filter_run(req: RefreshRequest, run_id: str, log_file, log_path: str, plan_k
     return output
 
 
-def filter_is_current(latest: Latest, plan_key: str) -> bool:
-    """Whether the filter run latest names has PLAN_KEY (made with this refresh's --filter_args:
-    the same input run, config and options), its clean-up finished when a stop cut it short. A
-    refresh that adds or changes them with no new bitext runs the filter job on latest's run
-    instead of leaving the old (or no) filter view."""
+def filter_state(latest: Latest, plan_key: str) -> tuple[bool, bool]:
+    """(current, unfinished) of the filter run latest names, from one read of its manifest:
+    whether it has PLAN_KEY (made with this refresh's --filter_args: the same input run, config and
+    options), and whether a stop cut its clean-up short after it published (its claim or _work
+    left). A refresh that adds or changes --filter_args with no new bitext runs the filter job on
+    latest's run instead of leaving the old (or no) filter view."""
     folder = latest.filter_path
-    if committed_plan(folder) != plan_key:
-        return False
-    if claim_record(folder) is not None or cleanup_pending(folder, read_manifest(folder, FILTER_MANIFEST)):
-        _finish_filter_cleanup(folder)            # its job killed after it published
-        latest.repair()                           # the view again, from what that clean-up repaired
-    return True
+    try:
+        manifest = read_manifest(folder, FILTER_MANIFEST)
+    except ValueError:                         # unreadable: not this plan's
+        return False, False
+    if manifest is None or str(manifest.get("plan_key")) != plan_key:
+        return False, False
+    return True, claim_record(folder) is not None or cleanup_pending(folder, manifest)
 
 
 def attempt_log_path(root: str, run_id: str) -> str:
@@ -394,7 +396,13 @@ def _refresh(req: RefreshRequest, stopping: Stopping) -> dict:
             changed = outcome == "published"
             # the filter plan of latest's run, computed once (it reads the filter's config and models)
             key = filter_plan_key(req, latest.run_id) if not changed and req.filter_args and latest.run_id else None
-            refilter = key is not None and not filter_is_current(latest, key)
+            refilter = False
+            if key is not None:
+                current, unfinished = filter_state(latest, key)
+                refilter = not current
+                if unfinished:                         # its job killed after it published
+                    _finish_filter_cleanup(latest.filter_path)
+                    latest.repair()                    # the view again, from what that clean-up repaired
             if changed or refilter:
                 target = run_id if changed else latest.run_id
                 if refilter:
