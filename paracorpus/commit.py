@@ -290,8 +290,8 @@ class Claim:
             released = False
         if released and self._first is not None:
             self._forget_own(version.number + 1)
-        if released and self._made:     # an output the claim made and nothing filled (a run that found nothing to do)
-            _remove_if_only_claims(self.output, storage.basename(self.path))
+        if released and self._made and self._first is not None:
+            _remove_if_empty(self.output)       # an output the claim made and nothing filled (nothing to do)
 
     def _forget_own(self, tombstone: int) -> None:
         """Remove this claim's own versions, its tombstone last, when it was taken over a free
@@ -317,19 +317,18 @@ class Claim:
 _RELEASED: set = set()            # tokens of the claims released in this process
 
 
-def _remove_if_only_claims(output: str, name: str) -> None:
-    """Remove OUTPUT (a folder or a bucket prefix) when it holds nothing but the versions of the
-    claim record NAME: a run that found nothing to do leaves no empty output behind."""
-    log_dir = storage.join(output, storage.versions.LOG)
-    with contextlib.suppress(OSError, storage.StorageError):
-        names = storage.listdir(output)
-        if names == [storage.versions.LOG] and all(n.endswith(f"-{name}") for n in storage.listdir(log_dir)):
-            storage.delete_tree(log_dir)
-            names = []
-        if not names and storage.is_local(output):
-            os.rmdir(storage.resolve(output)[1])
-        elif not names:             # pyarrow leaves a folder marker behind a bucket's last delete
-            storage.delete_tree(output)
+def _remove_if_empty(output: str) -> None:
+    """Remove OUTPUT's folder when nothing is left in it after a claim that made it forgot its own
+    versions (_forget_own): a run that found nothing to do leaves no empty output behind. Only
+    empty folders go: a version another claimant created meanwhile (it read this claim's
+    tombstone) stays, and with it the numbering it continues. (A bucket has no folders.)"""
+    if not storage.is_local(output):
+        return
+    local = storage.resolve(output)[1]
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.join(local, storage.versions.LOG))
+    with contextlib.suppress(OSError):
+        os.rmdir(local)
 
 
 def _read_quietly(path: str) -> bytes | None:

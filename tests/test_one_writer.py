@@ -158,3 +158,48 @@ def test_the_same_command_started_twice_at_once_writes_once(tmp_path, tiny_nmt_m
     manifest = json.load(open(out / "_manifest.json"))
     assert manifest["counts"]["records_read"] == 24 and manifest["counts"]["reconciled"]
     assert not leftovers(str(out)) and not claim_record(out)
+
+
+_RELEASER = """
+import sys
+sys.path.insert(0, {root!r})
+from paracorpus.commit import Claim
+Claim({out!r}, "found-nothing-to-do").acquire().release()
+"""
+
+
+def test_a_claim_made_over_a_releasing_runs_tombstone_survives_that_runs_clean_up(tmp_path):
+    """A run that made its output and found nothing to do releases its claim (a tombstone) and
+    removes its own versions and the empty folder. Paused (SIGSTOP) just before that clean-up,
+    another run claims the output over the tombstone; the first resumes: the second's claim must
+    still be there and its own (before: the clean-up removed every claim version in the folder,
+    so the second run lost its record while it wrote, and a third could start again at 1)."""
+    import signal
+
+    out = str(tmp_path / "out")
+    code = _RELEASER.format(root=ROOT, out=out)
+    trace = tmp_path / "trace"
+    env = {**os.environ, "PYTHONPATH": ROOT, "PARAGEN_STORAGE_TRACE": str(trace)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    ops = [line.split(" ", 3) for line in trace.read_text().splitlines()]
+    first_forget = next(int(n) for n, kind, _pid, path in ops if kind == "delete" and "/_log/" in path)
+    assert not os.path.exists(out)                  # alone, it leaves nothing
+    env = {**os.environ, "PYTHONPATH": ROOT, "PARAGEN_CRASH_AT": f"{first_forget}:STOP"}
+    paused = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        for _ in range(1200):                       # until it stopped itself before its clean-up
+            with open(f"/proc/{paused.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the releasing run never reached its clean-up")
+        second = Claim(out, "second").acquire()    # over the first's tombstone
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    assert paused.wait(timeout=120) == 0
+    try:
+        second.check()                              # its record is still the newest, and its own
+        assert claim_record(out)["run_id"] == "second"
+    finally:
+        second.release()
