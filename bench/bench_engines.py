@@ -12,14 +12,17 @@ engine's fp32 from the same run.
      of the same engine: sources/s;
   and the peak memory (RSS) of each engine's process.
 
-    python bench/bench_engines.py --work runs/bench-models [--layers 6 --dim 512]
+    python bench/bench_engines.py --work runs/bench-models [--layers 6 --dim 512 | --trained]
         [--sections sample,beam,score,job] [--engines "fairseq fp32,CTranslate2 int8"] [--sources 30] [--repeats 3]
 
 The model is realistic in size, not in quality: a fairseq transformer base (6+6 layers, d512,
 ffn 2048, 8 heads, shared embeddings) with random weights on bench_models.py's Multi30k
 dictionary and fastBPE codes (prepared there first), in each direction; random weights are fine
-for speed, with both engines decoding to the same length limit. Each engine runs in a fresh
-process, one thread (the job runs one thread per worker process), rounds interleaved.
+for speed, with both engines decoding to the same length limit. With --trained, bench_models.py's
+trained 3+3 d256 model instead (and an en->cs one trained once with the same recipe): smaller,
+but with a trained model's output lengths and distributions, which decide how many decoding steps
+a sample takes and how often a banned word is drawn. Each engine runs in a fresh process, one
+thread (the job runs one thread per worker process), rounds interleaved.
 """
 from __future__ import annotations
 
@@ -70,16 +73,45 @@ def random_archive(work: str, src: str, tgt: str, layers: int = 6, dim: int = 51
     return out
 
 
+def trained_archive(work: str, src: str, tgt: str, prepared: dict) -> str:
+    """WORK/trained-SRC-TGT: a hub-style archive of bench_models.py's trained model in that
+    direction (PREPARED: its sizes and updates): cs->en is its first seed; en->cs is trained here
+    once, with the same recipe, data and dictionary (a core, about as long as one seed took)."""
+    from bench_models import _fairseq, train_args
+
+    out = os.path.join(work, f"trained-{src}-{tgt}")
+    if os.path.exists(os.path.join(out, "model.pt")):
+        return out
+    checkpoints = os.path.join(work, "ck1" if (src, tgt) == ("cs", "en") else f"ck-{src}-{tgt}")
+    best = os.path.join(checkpoints, "checkpoint_best.pt")
+    if not os.path.exists(best):
+        print(f"# training {src}->{tgt} ({prepared['layers']}+{prepared['layers']} d{prepared['dim']}, "
+              f"{prepared['updates']} updates) once, into {checkpoints}", flush=True)
+        _fairseq("train", [os.path.join(work, "data-bin"), "--source-lang", src, "--target-lang", tgt,
+                           *train_args(prepared["layers"], prepared["dim"], prepared["updates"]), "--seed", "1",
+                           "--save-dir", checkpoints], os.path.join(work, f"train-{src}-{tgt}.log"))
+    os.makedirs(out, exist_ok=True)
+    shutil.copyfile(best, os.path.join(out, "model.pt"))
+    for lang in ("cs", "en"):
+        shutil.copyfile(os.path.join(work, "data-bin", f"dict.{lang}.txt"), os.path.join(out, f"dict.{lang}.txt"))
+    shutil.copyfile(os.path.join(work, "bpecodes"), os.path.join(out, "bpecodes"))
+    return out
+
+
 def prepare(work: str, layers: int = 6, dim: int = 512,
-            keys: tuple = ("fairseq", "int8", "int8_float32", "float32")) -> dict:
+            keys: tuple = ("fairseq", "int8", "int8_float32", "float32"), trained: dict | None = None) -> dict:
     """{engine: (forward dir, backward dir)} of the engines KEYS, imported from the random archives
-    (kept in WORK)."""
+    (kept in WORK), or from the trained ones (TRAINED: bench_models.py's prepared.json)."""
     from models.nmt.importing import import_fairseq_to_ct2, import_model
 
     dirs = {}
     for src, tgt in (("cs", "en"), ("en", "cs")):
-        archive = random_archive(work, src, tgt, layers, dim)
-        size = os.path.basename(archive)[len(f"random-{src}-{tgt}"):]          # "" for the base, else -LxD
+        if trained:
+            archive = trained_archive(work, src, tgt, trained)
+            size = "-trained"
+        else:
+            archive = random_archive(work, src, tgt, layers, dim)
+            size = os.path.basename(archive)[len(f"random-{src}-{tgt}"):]          # "" for the base, else -LxD
         for engine in keys:
             out = os.path.join(work, f"engine-{engine}-{src}-{tgt}{size}")
             if not os.path.exists(os.path.join(out, "model.json")):
@@ -204,6 +236,10 @@ def main(argv=None) -> int:
                     help="the rows, of: " + ",".join(ENGINES) + " (default: all; fairseq fp32 always, the baseline)")
     ap.add_argument("--layers", type=int, default=6, help="encoder and decoder layers of the random models (default 6)")
     ap.add_argument("--dim", type=int, default=512, help="their model dimension; ffn 4x (default 512)")
+    ap.add_argument("--trained", action="store_true",
+                    help="bench_models.py's trained models (3+3 d256, cs->en; en->cs trained here once) instead "
+                         "of random ones: real output lengths and distributions, the largest size that trains on "
+                         "two cores in reasonable time")
     a = ap.parse_args(argv)
     sections = [x for x in a.sections.split(",") if x and not (a.skip_job and x == "job")]
     if set(sections) - set(SECTIONS):
@@ -214,12 +250,16 @@ def main(argv=None) -> int:
     if not os.path.isdir(DATA):
         print(f"error: {DATA} not found (../shared/data)", file=sys.stderr)
         return 2
-    prepare_models(a.work, 3, 256, 300, 8000)          # the dictionary and codes the random models use
+    prepared = prepare_models(a.work, 3, 256, 300, 8000)     # the dictionary and codes the random models use
     pairs = list(zip(read_lines("val", "cs", a.sources), read_lines("val", "en", a.sources)))
     engines = {name: spec for name, spec in ENGINES.items()
                if (name in asked or name == "fairseq fp32") and (spec[1] != "bf16" or _bf16_cpu())}
-    dirs = prepare(a.work, a.layers, a.dim, tuple(dict.fromkeys(key for key, _ in engines.values())))
-    print(f"# bench_engines: transformer {a.layers}+{a.layers} d{a.dim}, random weights, Multi30k dictionary; "
+    dirs = prepare(a.work, a.layers, a.dim, tuple(dict.fromkeys(key for key, _ in engines.values())),
+                   prepared if a.trained else None)
+    model = (f"transformer {prepared['layers']}+{prepared['layers']} d{prepared['dim']}, trained "
+             f"({prepared['updates']} updates on Multi30k)" if a.trained
+             else f"transformer {a.layers}+{a.layers} d{a.dim}, random weights")
+    print(f"# bench_engines: {model}, Multi30k dictionary; "
           f"{len(pairs)} sources; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one thread per engine process"
           + ("" if _bf16_cpu() else "; no bf16 row: this CPU has no AVX512-BF16"))
     if "sample" in sections:

@@ -52,6 +52,20 @@ def _fairseq(command: str, args: list[str], log: str) -> None:
         raise SystemExit(f"fairseq-{command} failed; see {log}")
 
 
+def train_args(layers: int, dim: int, updates: int) -> list[str]:
+    """fairseq-train's model and optimisation options of the benchmark models (LAYERS+LAYERS, dDIM,
+    ffn 4 x DIM, 4 heads, shared embeddings; UPDATES updates on the CPU)."""
+    return ["--arch", "transformer", "--encoder-layers", str(layers), "--decoder-layers", str(layers),
+            "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
+            "--encoder-ffn-embed-dim", str(4 * dim), "--decoder-ffn-embed-dim", str(4 * dim),
+            "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--share-all-embeddings",
+            "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", str(max(10, updates // 10)), "--criterion", "label_smoothed_cross_entropy",
+            "--label-smoothing", "0.1", "--dropout", "0.1", "--max-tokens", "4096", "--max-update", str(updates),
+            "--no-epoch-checkpoints", "--no-last-checkpoints", "--no-save-optimizer-state", "--num-workers", "0",
+            "--log-format", "simple", "--log-interval", "50", "--cpu", "--required-batch-size-multiple", "1"]
+
+
 def prepare(work: str, layers: int, dim: int, updates: int, merges: int, train_lines: int | None = None) -> dict:
     """A hub-style archive WORK/archive (model1.pt, model2.pt, dicts, fastBPE bpecodes) and the
     imported directories WORK/ensemble (both members) and WORK/single (model1.pt); reused."""
@@ -83,15 +97,7 @@ def prepare(work: str, layers: int, dim: int, updates: int, merges: int, train_l
     _fairseq("preprocess", ["--source-lang", "cs", "--target-lang", "en", "--trainpref", f"{text}/train",
                             "--validpref", f"{text}/valid", "--destdir", data_bin, "--joined-dictionary",
                             "--workers", "2"], os.path.join(work, "preprocess.log"))
-    model = ["--arch", "transformer", "--encoder-layers", str(layers), "--decoder-layers", str(layers),
-             "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
-             "--encoder-ffn-embed-dim", str(4 * dim), "--decoder-ffn-embed-dim", str(4 * dim),
-             "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--share-all-embeddings",
-             "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
-             "--warmup-updates", str(max(10, updates // 10)), "--criterion", "label_smoothed_cross_entropy",
-             "--label-smoothing", "0.1", "--dropout", "0.1", "--max-tokens", "4096", "--max-update", str(updates),
-             "--no-epoch-checkpoints", "--no-last-checkpoints", "--no-save-optimizer-state", "--num-workers", "0",
-             "--log-format", "simple", "--log-interval", "50", "--cpu", "--required-batch-size-multiple", "1"]
+    model = train_args(layers, dim, updates)
     with ThreadPoolExecutor(2) as pool:          # the two seeds side by side, a core each
         list(pool.map(lambda seed: _fairseq("train", [data_bin, "--source-lang", "cs", "--target-lang", "en", *model,
                                                       "--seed", str(seed), "--save-dir", os.path.join(work, f"ck{seed}")],
