@@ -26,7 +26,12 @@ def failures_dir(work: str) -> str:
 
 def record_failure(work: str, unit: int, exc: BaseException, doing: str) -> None:
     """Note that this worker's attempt at UNIT failed with EXC while DOING ("decoding",
-    "writing"). Never raises: the unit's own error is what the runner must see."""
+    "writing"). Never raises: the unit's own error is what the runner must see. Not when EXC is
+    the store's having stayed away (StorageError): writing the note would be retried as long
+    again before the error went back."""
+    if isinstance(exc, storage.StorageError):   # the store just gave up on this worker: a note would wait as long
+        log.debug("unit %s: the store is away; no failure record (%s)", unit, exc)
+        return
     first = (str(exc).strip().splitlines() or [""])[0]
     record = {"unit": unit, "worker": f"{socket.gethostname()}:{os.getpid()}", "doing": doing,
               "error": f"{type(exc).__name__}: {first}"[:ERROR_CHARS], "at": time.time()}

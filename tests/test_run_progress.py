@@ -113,3 +113,16 @@ def test_a_worker_notes_no_failure_for_a_run_whose_work_is_gone(tmp_path):
     work = tmp_path / "_work" / "published"
     record_failure(str(work), 4, RuntimeError("late"), "writing")
     assert not work.exists()                    # nothing made again where the run's work was removed
+
+
+def test_no_failure_record_when_the_store_itself_gave_up(tmp_path):
+    """Its note would be retried for as long again before the worker's error went back."""
+    from common.storage import StorageError
+    from paracorpus.unit_failures import failures_dir, record_failure
+
+    work = str(tmp_path / "_work" / "run")
+    storage.write_json(storage.join(work, "units", "u000000.json"), _record(7))
+    record_failure(work, 3, StorageError("s3://b/x: the store at http://h:9 did not answer", transient=True), "writing")
+    assert storage.listdir(failures_dir(work)) == []
+    record_failure(work, 3, OSError(5, "Input/output error"), "writing")
+    assert len(storage.listdir(failures_dir(work))) == 1
