@@ -321,8 +321,15 @@ def _remove_if_empty(output: str) -> None:
     """Remove OUTPUT's folder when nothing is left in it after a claim that made it forgot its own
     versions (_forget_own): a run that found nothing to do leaves no empty output behind. Only
     empty folders go: a version another claimant created meanwhile (it read this claim's
-    tombstone) stays, and with it the numbering it continues. (A bucket has no folders.)"""
+    tombstone) stays, and with it the numbering it continues. In a bucket the folder is the empty
+    marker object pyarrow made for the log, removed when nothing is under it."""
     if not storage.is_local(output):
+        log_dir = storage.join(output, storage.versions.LOG)
+        with contextlib.suppress(OSError, storage.StorageError):
+            in_bucket = "/" in output.split("://", 1)[-1].strip("/")      # never a bucket itself
+            for folder in (log_dir, output) if in_bucket else (log_dir,):   # pyarrow may make the parent's marker again
+                if not storage.listdir(folder):
+                    storage.delete_tree(folder)
         return
     local = storage.resolve(output)[1]
     with contextlib.suppress(OSError):
