@@ -14,7 +14,7 @@ import time
 
 from common import storage
 from paracorpus.commit import attempt_id
-from paracorpus.units import unit_name
+from paracorpus.units import unit_name, unit_of_record
 
 log = logging.getLogger("paragen.units")
 ERROR_CHARS = 300          # an error's first line, cut: a message may quote a whole input line
@@ -47,10 +47,7 @@ def record_failure(work: str, unit: int, exc: BaseException, doing: str) -> None
 def unit_of_failure(name: str) -> int | None:
     """The unit of the failure record called NAME (``u000012.<attempt>.json``), else None."""
     parts = name.split(".")
-    if len(parts) != 3 or parts[2] != "json" or not parts[0].startswith("u"):
-        return None
-    digits = parts[0][1:]
-    return int(digits) if len(digits) >= 6 and digits.isascii() and digits.isdigit() else None
+    return unit_of_record(f"{parts[0]}.json") if len(parts) == 3 and parts[2] == "json" else None
 
 
 def read_failures(work: str, skip: set[str] = frozenset()) -> list[tuple[str, dict]]:

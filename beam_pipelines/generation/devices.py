@@ -3,6 +3,7 @@ worker processes share each GPU."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from beam_pipelines.options import is_local
 from common.cli import UsageError, option_value
@@ -85,21 +86,19 @@ def _resolve_on_dask_workers(address: str, device: str | None, precision: str) -
         return device, precision
     if not setups:
         return device, precision
-    refused = sorted({s["refused"] for s in setups.values() if "refused" in s})
+    refused = [s["refused"] for s in setups.values() if "refused" in s]
     if refused:
-        raise UsageError(f"{len([s for s in setups.values() if 'refused' in s])} of {len(setups)} Dask worker(s) at "
-                         f"{address} cannot decode as asked: {'; '.join(refused)}")
-    kinds = {}
-    for setup in setups.values():
-        key = (setup["device"], setup["precision"], setup["gpu"])
-        kinds[key] = kinds.get(key, 0) + 1
-    if len({(d, p) for d, p, _gpu in kinds}) > 1:
+        raise UsageError(f"{len(refused)} of {len(setups)} Dask worker(s) at {address} cannot decode as asked: "
+                         f"{'; '.join(sorted(set(refused)))}")
+    kinds = Counter((s["device"], s["precision"], s["gpu"]) for s in setups.values())
+    agreed = {(d, p) for d, p, _gpu in kinds}
+    if len(agreed) > 1:
         said = "; ".join(f"{n} in {p} on {d}" + (f" ({gpu})" if gpu else "") for (d, p, gpu), n in sorted(kinds.items()))
         raise UsageError(f"--precision {precision}{'' if device else ' without --device'}: the {len(setups)} Dask "
                          f"workers at {address} would decode in different precisions ({said}), so the run's samples "
                          "and scores would mix them; set --device and --precision to one every worker has "
                          "(--precision fp32 runs everywhere)")
-    (effective, resolved, _gpu), = {(d, p, None) for d, p, _g in kinds}
+    (effective, resolved), = agreed
     return effective, resolved
 
 
