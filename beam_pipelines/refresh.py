@@ -135,9 +135,14 @@ def _log_text(log_file, since: int) -> str:
     log_file.flush()
     if isinstance(log_file, io.StringIO):
         return log_file.getvalue()[since:]
-    with open(log_file.name, encoding="utf-8", errors="replace") as f:
-        f.seek(since)
-        return f.read()
+    # through the open file, not its name: a refresh that lost its lease may find its log removed
+    # by the one that took over, and must still say why its job stopped
+    end = log_file.tell()
+    log_file.seek(since)
+    try:
+        return log_file.read()
+    finally:
+        log_file.seek(end)
 
 
 def _cause(text: str) -> str:
@@ -334,7 +339,7 @@ def run_log(log_path: str):
     local_log = storage.resolve(log_path)[1] if storage.is_local(log_path) else None
     if local_log:
         os.makedirs(os.path.dirname(local_log), exist_ok=True)
-        with open(local_log, "a", encoding="utf-8") as f:
+        with open(local_log, "a+", encoding="utf-8", errors="replace") as f:      # a+: _log_text reads it back
             yield f
         return
     buffer = io.StringIO()

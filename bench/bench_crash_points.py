@@ -6,7 +6,7 @@ command rerun as it was, --previous on itself, worker processes' operations, a r
 --keep 2 or gaining / losing --filter_args); at each instant what a reader sees, then the same
 command again (tests/crash_points.py says what is checked).
 
-    python bench/bench_crash_points.py --models M [--cases generate:local:same:KILL,...] [--every N | --points N]
+    python bench/bench_crash_points.py --models M [--cases generate:local:same:KILL,...] [--every N | --points N | --at N,N]
     python bench/bench_crash_points.py --models M --list      # the cases this script knows
 
 A case is JOB:STORE:MODE:SIGNAL[:PATH]: JOB generate, filter or refresh; STORE local, s3, gcs or
@@ -81,7 +81,7 @@ def make_sweep(job: str, mode: str, store, work: str, models: str, pairs: int, e
     return refresh_sweep(work, models, store, mode)
 
 
-def picked(ops, every: int, sweep, path: str, points: int = 0):
+def picked(ops, every: int, sweep, path: str, points: int = 0, at: str = ""):
     """The operations to stop at: with PATH workers, the worker processes' writes (each by a path
     pattern unique in the run); else every EVERY-th driver operation plus the marked ones (the first
     of each kind of step), or only the first POINTS of those."""
@@ -95,6 +95,9 @@ def picked(ops, every: int, sweep, path: str, points: int = 0):
                 if crash and crash not in [c for _, c in found]:
                     found.append((o, crash))
         return found[::every] if every > 1 else found
+    if at:                               # the driver operations numbered so, as a sweep printed them
+        wanted = {int(n) for n in at.split(",")}
+        return [(o, None) for o in ops if o[0] in wanted]
     if points:
         return [(o, None) for o in chosen(ops, points)[:points]]
     if every <= 1:
@@ -120,13 +123,16 @@ def run_case(case: str, args, failures: list) -> None:
             else:
                 ops = sweep.prepare()
             points = []
-            for op, crash in picked(ops, args.every, sweep, path, args.points):
+            for op, crash in picked(ops, args.every, sweep, path, args.points, args.at):
                 if mode == "dask":           # the workers' crash point is in their environment: a cluster a point
                     points.append(_dask_point(sweep, op, sig, crash, work))
                 else:
                     points.append(sweep.point(*op[:3], sig, crash=crash))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if os.environ.get("PARAGEN_CRASH_KEEP"):        # to look at what a failed point left
+            print(f"kept {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     seen = [p.seen for p in points]
     print(f"| {job} | {store_name} | {mode} | {path} | SIG{sig} | {len(ops)} | {len(points)} | "
           f"{seen.count('previous')} | {seen.count('new')} | {seen.count('none')} | "
@@ -179,6 +185,8 @@ def main(argv=None) -> int:
     ap.add_argument("--points", type=int, default=0,
                     help="instead, only the first N of the marked driver operations (the run's first operation, "
                          "a unit's first write, ...): a quick check of this script")
+    ap.add_argument("--at", default="", help="instead, the operations numbered so (comma-separated, as FAILED "
+                                                "lines print them): to reproduce a failed point")
     ap.add_argument("--list", action="store_true", help="print the default cases and exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -194,7 +202,7 @@ def main(argv=None) -> int:
         run_case(case, args, failures)
     for case, p in failures:
         print(f"\nFAILED {case} before op {p.n} ({p.kind} {p.path}): exit {p.exit_status}, reader saw {p.seen} "
-              f"(view {p.seen_view or '-'}), rerun exit {p.rerun_status}, rows right {p.rows_right}, left {p.left[:5]}")
+              f"(view {p.seen_view or '-'}), rerun exit {p.rerun_status}, rows right {p.rows_right}, left {p.left[:5]}\n{p.log}")
     return 1 if failures else 0
 
 

@@ -267,6 +267,10 @@ class Claim:
                 if self.on_lost is not None:
                     self.on_lost(str(lost))
                 return
+            except OutputBusy as exc:          # a fence over this record refused (a refresh's lease its job's)
+                if self.on_lost is not None:
+                    self.on_lost(str(exc))
+                return
             except Exception:  # noqa: BLE001: a missed renewal is retried; the job goes on
                 pass
 
@@ -284,6 +288,8 @@ class Claim:
             return
         try:
             released = storage.delete_if(self.path, version, copy=False)
+        except OutputBusy:          # a fence above it refused (the refresh running this job lost its lease)
+            released = False
         except OSError as exc:      # a store that is away: the record goes stale, the next run takes over
             log.warning("could not release the claim %s (%s); the next run takes it over once it is stale",
                         self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -298,7 +304,7 @@ class Claim:
         record (never after a takeover: a paused holder could then create a number again): the
         record is as it was before, so a refused or no-op run leaves nothing behind. A taker that
         read a version removed here is refused by its own check and reads again."""
-        with contextlib.suppress(OSError, storage.StorageError):
+        with contextlib.suppress(OSError, storage.StorageError, OutputBusy):
             for number in range(self._first, tombstone + 1):
                 with contextlib.suppress(FileNotFoundError):
                     storage.delete(storage.versions.version_path(self.path, number))
@@ -325,7 +331,7 @@ def _remove_if_empty(output: str) -> None:
     marker object pyarrow made for the log, removed when nothing is under it."""
     if not storage.is_local(output):
         log_dir = storage.join(output, storage.versions.LOG)
-        with contextlib.suppress(OSError, storage.StorageError):
+        with contextlib.suppress(OSError, storage.StorageError, OutputBusy):
             in_bucket = "/" in output.split("://", 1)[-1].strip("/")      # never a bucket itself
             for folder in (log_dir, output) if in_bucket else (log_dir,):   # pyarrow may make the parent's marker again
                 if not storage.listdir(folder):
@@ -469,14 +475,17 @@ STAGED_LEFTOVER = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")     # common/storage/
 
 def remove_staged(folder: str, fence=None) -> None:
     """Remove the hidden temporary files killed writes left in the local FOLDER (FENCE() before
-    each). A write in progress in this process (a heartbeat) that loses its file is retried."""
+    each), never one this process is writing now (its claim's heartbeat: a version whose staged
+    file went would read as a lost claim). Another live process's write that loses its staged file
+    stages it again (common/storage/conditional.py)."""
     if not storage.is_local(folder):
         return
     for name in storage.listdir(folder):
-        if STAGED_LEFTOVER.match(name) and storage.isfile(storage.join(folder, name)):
+        path = storage.join(folder, name)
+        if STAGED_LEFTOVER.match(name) and not storage.staged_in_flight(path) and storage.isfile(path):
             if fence is not None:
                 fence()
-            storage.delete(storage.join(folder, name))
+            storage.delete(path)
 
 
 def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...], fence=None) -> list[str]:

@@ -231,6 +231,7 @@ class Point:
     left: list = field(default_factory=list)
     seconds: float = 0.0
     fresh: bool = False       # the state before was an empty output: "none" is the state before
+    log: str = ""             # the last lines of the stopped and the second command's stderr, to explain a failure
 
     @property
     def ok(self) -> bool:
@@ -316,6 +317,7 @@ class Sweep:
         self._seen(p, out)
         again = job(args, self.env, which=which)
         p.rerun_status = again.returncode
+        p.log = _tails(stopped=stopped.stderr, rerun=again.stderr)
         return self._after(p, out, started)
 
     def _seen(self, p: Point, out: str) -> None:
@@ -351,9 +353,15 @@ class Sweep:
             p.rerun_status = other.returncode
         finally:
             paused.send_signal(signals.SIGCONT)
-        paused.communicate(timeout=600)
+        _, err = paused.communicate(timeout=600)
         p.exit_status = paused.returncode
+        p.log = _tails(paused=err, taker=other.stderr)
         return self._after(p, out, started)
+
+
+def _tails(**stderrs: str) -> str:
+    return "\n".join(f"  [{name}] {line}" for name, text in stderrs.items()
+                     for line in (text or "").strip().splitlines()[-6:])
 
 
 def _until_stopped(proc: subprocess.Popen, timeout: float = 600) -> bool:

@@ -123,6 +123,53 @@ def test_a_writer_paused_between_its_read_and_its_create_is_refused(tmp_path):
     assert not [n for n in os.listdir(tmp_path / "_log") if n.startswith(".")]      # no staged file left
 
 
+def _until_paused(proc) -> None:
+    while open(f"/proc/{proc.pid}/stat").read().split(")")[1].split()[0] != "T":
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+
+
+def test_a_create_whose_staged_file_another_process_cleaned_up_stages_it_again(tmp_path):
+    """A writer (a process) stopped with its next version staged, not yet linked; a clean-up of
+    killed writes' leftovers (retention's, in another process) removes the staged file. Resumed,
+    the writer stages its version again and creates it: its folder is still there, so it has not
+    lost (before: Conflict, read as a lost claim, exit 75 of a refresh that held its lease)."""
+    from paracorpus.commit import remove_staged
+
+    path = str(tmp_path / "record.json")
+    version = storage.write_if(path, b"one", storage.ABSENT)
+    script = ("from common import storage\n"
+              f"data, v = storage.read_versioned({path!r})\n"
+              f"storage.write_if({path!r}, b'two', v)\nprint('wrote')\n")
+    writer = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT,
+                                                           "PARAGEN_CRASH_AT": "~-record.json@2:STOP"})  # staged
+    try:
+        _until_paused(writer)
+        staged = [n for n in os.listdir(tmp_path / "_log") if n.startswith(".")]
+        assert len(staged) == 1, staged
+        remove_staged(str(tmp_path / "_log"))
+        assert not [n for n in os.listdir(tmp_path / "_log") if n.startswith(".")]
+    finally:
+        writer.send_signal(signal.SIGCONT)
+    out, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0 and out == "wrote\n", err[-2000:]
+    assert storage.read_versioned(path) == (b"two", versions.Version(version.number + 1))
+
+
+def test_a_clean_up_in_the_writers_own_process_leaves_its_write_in_flight(tmp_path):
+    """Retention's clean-up of staged leftovers and the claim's heartbeat run in one process: the
+    file the heartbeat is writing is not a leftover and stays."""
+    from paracorpus.commit import remove_staged
+
+    target = str(tmp_path / "_log" / "x.json")
+    os.makedirs(tmp_path / "_log")
+    with storage.open_output(target) as f:
+        f.write(b"{}")
+        remove_staged(str(tmp_path / "_log"))          # a thread's clean-up while this write is in flight
+    assert storage.read_bytes(target) == b"{}"
+
+
 def test_a_copy_written_late_is_made_the_newest_again(tmp_path):
     """A writer stopped between its version and its copy: the copy is the older version's until the
     next reader under a claim repairs it (repair_copy), and a writer that finds a newer version

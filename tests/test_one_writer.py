@@ -203,3 +203,28 @@ def test_a_claim_made_over_a_releasing_runs_tombstone_survives_that_runs_clean_u
         assert claim_record(out)["run_id"] == "second"
     finally:
         second.release()
+
+
+def test_a_refresh_that_lost_its_lease_creates_nothing_under_its_root(tmp_path):
+    """A refresh's lease on ROOT fences every write of its process under ROOT, creates included:
+    once another refresh took the lease's next number, this one's generation job cannot claim a
+    run folder (OutputBusy, exit 75) and leaves none behind (before: the claim's probe and first
+    version were created unfenced, so a paused refresh resumed after the other's retention made
+    its run folder again: `runs/<id> (no manifest)` in the crash-point sweep)."""
+    from common.storage import versions
+    from paracorpus.commit import FENCE_SECONDS
+
+    root = tmp_path / "root"
+    lost = []
+    lease = Claim(str(root), "r1", name="_refresh.json", on_lost=lost.append).acquire()
+    try:
+        take_over(root, {"run_id": "r2", "token": "another refresh"}, name="_refresh.json")
+        time.sleep(FENCE_SECONDS + 0.5)          # the fence's next look (a paused process: the first after it)
+        with pytest.raises(OutputBusy, match="lost its claim"):
+            Claim(str(root / "runs" / "r1"), "r1").acquire()
+        assert not (root / "runs").exists()
+        with pytest.raises(OutputBusy):
+            versions.write_if(str(root / "latest.json"), b"{}", versions.ABSENT)
+        assert sorted(os.listdir(root)) == ["_log"]
+    finally:
+        lease.release()

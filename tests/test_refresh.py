@@ -288,3 +288,21 @@ def test_a_refresh_names_its_run_after_every_run_there_whatever_the_clock():
     assert again > after and check_run_id(again) == again
     now = run_id_after(["20260101T000000Z-000000"])          # the usual case: the time's own id
     assert "20260101T000000Z-000000" < now < ahead and now.count("-") == 1
+
+
+def test_a_refresh_whose_log_was_removed_still_says_why_its_job_stopped(tmp_path):
+    """A refresh paused past its lease finds, once resumed, its log removed by the refresh that took
+    over (retention of its run); its job stops (exit 75) and the refresh must still say why, from
+    the open file (before: FileNotFoundError on the log's name, exit 2)."""
+    from beam_pipelines.refresh import _failed, run_log
+
+    path = str(tmp_path / "logs" / "r1.log")
+    with run_log(path) as log_file:
+        log_file.write("earlier lines\n")
+        since = log_file.tell()
+        os.remove(path)                              # the other refresh's retention
+        log_file.write("error: OUT: this run lost its claim (run r2 holds it now)\n")
+        failed = _failed("generation", 75, log_file, since, path)
+        log_file.write("the refresh's next line\n")
+    assert failed.code == 75
+    assert str(failed).startswith("generation job failed (exit 75): OUT: this run lost its claim"), str(failed)

@@ -69,7 +69,12 @@ def read_stamped(path: str) -> tuple[bytes | None, float | None]:
 def create_new(path: str, data: bytes, make_dirs: bool = True) -> None:
     """Write DATA as PATH only if no file has that name: Conflict when one has. MAKE_DIRS False: a
     local folder that is gone stays gone (Conflict), so a writer resumed after retention removed
-    its folder never makes it again."""
+    its folder never makes it again. The fences over PATH (fence_writes: a claim, a refresh's lease)
+    look first, as before every other write: a holder that lost its claim creates nothing, no new
+    version and no folder."""
+    from common.storage.writing import check_fences
+
+    check_fences(path)
     storage_op("write", path)
     scheme = _scheme(path)
     if scheme == "local":
@@ -148,13 +153,18 @@ def _local_create(inner: str, data: bytes, make_dirs: bool) -> None:
                 if os.path.samestat(os.stat(tmp), os.stat(dst)):
                     return
             raise Conflict(f"{dst}: exists (another writer created it)") from None
-    try:
-        with _staged(inner, link, make_dirs=make_dirs) as f:
-            f.write(data)
-    except FileNotFoundError:
-        if make_dirs:
-            raise
-        raise Conflict(f"{inner}: its folder was removed (retention, or another run took it over)") from None
+    for _ in range(3):
+        try:
+            with _staged(inner, link, make_dirs=make_dirs) as f:
+                f.write(data)
+            return
+        except FileNotFoundError:
+            if os.path.isdir(os.path.dirname(inner)):
+                continue        # the folder is there: another process's clean-up took the staged file; stage again
+            if make_dirs:
+                raise
+            raise Conflict(f"{inner}: its folder was removed (retention, or another run took it over)") from None
+    raise Conflict(f"{inner}: its staged file was removed three times while it was written")
 
 
 # ---- S3 -----------------------------------------------------------------------------------------

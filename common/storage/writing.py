@@ -41,6 +41,12 @@ def _key(path: str) -> str:
     return path.rstrip("/") if is_url(path) else os.path.abspath(path)
 
 
+def check_fences(path: str) -> None:
+    """The checks fence_writes registered for a folder above PATH, run now: what every write,
+    create and delete runs first."""
+    _fenced(path)
+
+
 def _fenced(path: str) -> None:
     if not _FENCES:
         return
@@ -101,6 +107,12 @@ def open_output(path: str):
 
 
 _IN_FLIGHT: set = set()      # local hidden temporaries being written or placed now, by any thread
+
+
+def staged_in_flight(path: str) -> bool:
+    """True when the local hidden temporary PATH is one this process is writing now (a clean-up of
+    killed writes' leftovers leaves it: its heartbeat's next version, say)."""
+    return resolve(path)[1] in _IN_FLIGHT
 
 
 def remove_staged_in_flight() -> None:
