@@ -104,6 +104,16 @@ def check(argv: list[str]) -> tuple[Request, Job]:
                                                           opts.src_lang, opts.tgt_lang)
     if cfg.dual_xent_threshold is not None and not opts.backward_model:
         log.warning("no --backward_model: the dual cross-entropy filter and dual scoring are off")
+    src_column, tgt_column = opts.src_column or src_lang, opts.tgt_column or tgt_lang
+    shards = _shards(opts.input, src_lang, tgt_lang, src_column, tgt_column)
+    models = {"forward": model_entry(opts.forward_model, fwd_meta)}
+    if opts.backward_model:
+        models["backward"] = model_entry(opts.backward_model, bwd_meta)
+    bitext = bitext_filter_config(opts)
+    check_bitext_languages(bitext, src_lang, tgt_lang)
+    models.update(bitext_model_entries(bitext))
+    # the device last: resolving it imports torch and fairseq (seconds), which a mistake in the
+    # inputs or options above need not wait for
     device, precision = resolve_device(opts.device, opts.precision, runner, beam_args)
     if opts.processes_per_gpu < 1:
         raise UsageError(f"--processes_per_gpu must be >= 1, not {opts.processes_per_gpu}")
@@ -115,14 +125,6 @@ def check(argv: list[str]) -> tuple[Request, Job]:
     check_decode_step(opts.decode_step, fwd_meta, device, runner)
     check_mps(opts.mps, device, runner, opts.processes_per_gpu)
     beam_args = check_slurm(beam_args, runner, device, opts.processes_per_gpu, output=opts.output)
-    src_column, tgt_column = opts.src_column or src_lang, opts.tgt_column or tgt_lang
-    shards = _shards(opts.input, src_lang, tgt_lang, src_column, tgt_column)
-    models = {"forward": model_entry(opts.forward_model, fwd_meta)}
-    if opts.backward_model:
-        models["backward"] = model_entry(opts.backward_model, bwd_meta)
-    bitext = bitext_filter_config(opts)
-    check_bitext_languages(bitext, src_lang, tgt_lang)
-    models.update(bitext_model_entries(bitext))
     job = Job(shards=tuple(shards), cfg=cfg, cleaning=cleaning, max_line_chars=opts.max_line_chars,
               src_column=src_column, tgt_column=tgt_column, models=models, bitext=bitext, preset=opts.preset,
               config_hash="", file_target=file_target, unit_pairs=opts.unit_pairs, runner=runner,
