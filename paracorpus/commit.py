@@ -267,8 +267,8 @@ class Claim:
                 if self.on_lost is not None:
                     self.on_lost(str(lost))
                 return
-            except OutputBusy as exc:          # a fence over this record refused (a refresh's lease its job's)
-                if self.on_lost is not None:
+            except OutputBusy as exc:          # a fence refused: this claim's own, or a refresh's lease over it
+                if self.on_lost is not None and self.token not in _RELEASED:    # not this claim being released
                     self.on_lost(str(exc))
                 return
             except Exception:  # noqa: BLE001: a missed renewal is retried; the job goes on
