@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pyarrow.fs as pafs
 import pytest
 
 from common import storage
 from common.storage import conditional, versions
+from tests.crash_points import _until_stopped
 from tests.hdfs_cluster import hdfs_store  # noqa: F401: fixture
 from tests.object_stores import gcs_store, s3_store  # noqa: F401: fixtures
 
@@ -107,9 +107,7 @@ def test_a_writer_paused_between_its_read_and_its_create_is_refused(tmp_path):
                               env={**os.environ, "PYTHONPATH": ROOT,
                                    "PARAGEN_CRASH_AT": "~-record.json:STOP"})      # before its version's create
     try:
-        while open(f"/proc/{paused.pid}/stat").read().split(")")[1].split()[0] != "T":
-            assert paused.poll() is None, paused.communicate()
-            time.sleep(0.05)
+        assert _until_stopped(paused), paused.communicate()
         _, version = storage.read_versioned(path)
         assert version.number == 1
         version = storage.write_if(path, b"other", version)
@@ -121,12 +119,6 @@ def test_a_writer_paused_between_its_read_and_its_create_is_refused(tmp_path):
     assert storage.read_bytes(path) == b"third" and storage.read_versioned(path)[1].number == 3
     assert sorted(os.listdir(tmp_path)) == ["_log", "record.json"]
     assert not [n for n in os.listdir(tmp_path / "_log") if n.startswith(".")]      # no staged file left
-
-
-def _until_paused(proc) -> None:
-    while open(f"/proc/{proc.pid}/stat").read().split(")")[1].split()[0] != "T":
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
 
 
 def test_a_create_whose_staged_file_another_process_cleaned_up_stages_it_again(tmp_path):
@@ -145,7 +137,7 @@ def test_a_create_whose_staged_file_another_process_cleaned_up_stages_it_again(t
                               stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT,
                                                            "PARAGEN_CRASH_AT": "~-record.json@2:STOP"})  # staged
     try:
-        _until_paused(writer)
+        assert _until_stopped(writer), writer.communicate()
         staged = [n for n in os.listdir(tmp_path / "_log") if n.startswith(".")]
         assert len(staged) == 1, staged
         remove_staged(str(tmp_path / "_log"))

@@ -20,6 +20,7 @@ from common import storage
 from common.cli import OutputBusy
 from paracorpus.commit import Claim
 from tests.claims import claim_record, take_over
+from tests.crash_points import _until_stopped
 from tests.jobs import ROOT, quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
@@ -50,14 +51,7 @@ def _taker(out: str, run_id: str, hold: float, env: dict) -> subprocess.Popen:
 
 def _stopped(proc: subprocess.Popen, timeout: float = 60) -> None:
     """Until PROC has stopped itself (SIGSTOP at its crash point)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with open(f"/proc/{proc.pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError("the process did not reach its crash point")
+    assert _until_stopped(proc, timeout), proc.communicate()
 
 
 def _stale_record(out: str, env: dict, monkeypatch) -> None:

@@ -20,6 +20,7 @@ import pytest
 from common.cli import OutputBusy
 from paracorpus.commit import STAGED_LEFTOVER, Claim
 from tests.claims import claim_record, holder_token, take_over
+from tests.crash_points import _until_stopped
 from tests.jobs import quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 
@@ -187,13 +188,7 @@ def test_a_claim_made_over_a_releasing_runs_tombstone_survives_that_runs_clean_u
     env = {**os.environ, "PYTHONPATH": ROOT, "PARAGEN_CRASH_AT": f"{first_forget}:STOP"}
     paused = subprocess.Popen([sys.executable, "-c", code], env=env)
     try:
-        for _ in range(1200):                       # until it stopped itself before its clean-up
-            with open(f"/proc/{paused.pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                    break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the releasing run never reached its clean-up")
+        assert _until_stopped(paused, 60), "the releasing run never reached its clean-up"
         second = Claim(out, "second").acquire()    # over the first's tombstone
     finally:
         os.kill(paused.pid, signal.SIGCONT)
@@ -215,8 +210,7 @@ def test_a_refresh_that_lost_its_lease_creates_nothing_under_its_root(tmp_path):
     from paracorpus.commit import FENCE_SECONDS
 
     root = tmp_path / "root"
-    lost = []
-    lease = Claim(str(root), "r1", name="_refresh.json", on_lost=lost.append).acquire()
+    lease = Claim(str(root), "r1", name="_refresh.json").acquire()
     try:
         take_over(root, {"run_id": "r2", "token": "another refresh"}, name="_refresh.json")
         time.sleep(FENCE_SECONDS + 0.5)          # the fence's next look (a paused process: the first after it)
