@@ -344,7 +344,12 @@ def _bounded(fn, seconds: float) -> str | None:
     if fn is None or seconds <= 0:
         return None
     out: list = []
-    worker = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    parent = threading.get_ident()
+
+    def work():
+        storage.stage_like(parent)          # the thread ending the process writes its clean-up through it
+        out.append(fn())
+    worker = threading.Thread(target=work, daemon=True)
     worker.start()
     worker.join(seconds)
     return out[0] if out else None

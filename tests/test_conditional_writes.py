@@ -162,6 +162,51 @@ def test_a_clean_up_in_the_writers_own_process_leaves_its_write_in_flight(tmp_pa
     assert storage.read_bytes(target) == b"{}"
 
 
+_ENDING_SCRIPT = """
+import linecache, os, sys, threading, time
+from common import storage
+
+d = sys.argv[1]
+storage.remove_staged_in_flight()       # this (main) thread ends the process, as stopping.end does
+
+
+def parked(thread):
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        if frame.f_code.co_name == "_open_staged" and "sleep" in line:
+            return True
+        frame = frame.f_back
+    return False
+
+
+other = threading.Thread(target=storage.create_new, args=(os.path.join(d, "v.json"), b"x"), daemon=True)
+other.start()
+while other.is_alive() and not parked(other):
+    time.sleep(0.05)
+print("other:", "waits" if other.is_alive() else "wrote", sorted(os.listdir(d)), flush=True)
+storage.write_bytes(os.path.join(d, "error.log"), b"why")      # the ending thread still writes
+parent = threading.get_ident()
+helper = threading.Thread(target=lambda: (storage.stage_like(parent), storage.write_bytes(os.path.join(d, "h"), b"")))
+helper.start()
+helper.join()
+print("after:", sorted(os.listdir(d)), flush=True)
+os._exit(0)
+"""
+
+
+def test_once_a_process_ends_its_other_threads_stage_no_file(tmp_path):
+    """A thread ending the process (a lost claim) removes the files the others are staging; a
+    writer whose staged file it removed staged it again (its folder was there), and the exit left
+    that one behind (CI: a paused run's `_log/.1-_manifest.json.*.tmp` after it exited 75). From
+    then on the other threads wait for the exit: they stage nothing; the ending thread, and the
+    helpers it starts for its clean-up, still write."""
+    done = subprocess.run([sys.executable, "-c", _ENDING_SCRIPT, str(tmp_path)], cwd=ROOT, text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["other: waits []", "after: ['error.log', 'h']"], done.stdout
+
+
 def test_a_copy_written_late_is_made_the_newest_again(tmp_path):
     """A writer stopped between its version and its copy: the copy is the older version's until the
     next reader under a claim repairs it (repair_copy), and a writer that finds a newer version

@@ -11,6 +11,8 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 
 import pyarrow.fs as pafs
 
@@ -115,13 +117,43 @@ def staged_in_flight(path: str) -> bool:
     return resolve(path)[1] in _IN_FLIGHT
 
 
+_STAGING = threading.Lock()     # _IN_FLIGHT and _ENDING change together under it
+_ENDING: set = set()            # the thread ending the process (and its helpers): from then on, only they stage
+
+
 def remove_staged_in_flight() -> None:
     """Remove the hidden temporaries this process is writing: a process that ends itself from
     another thread (a lost claim, a second signal) leaves none of its own behind, whatever its
-    writing threads were doing (a killed process's are swept by the next clean-up)."""
-    for tmp in list(_IN_FLIGHT):
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+    writing threads were doing (a killed process's are swept by the next clean-up). From now on
+    every other thread that would stage a file waits for the end instead (a thread whose staged
+    file was just removed would stage it again, and the exit would leave that one behind); the
+    calling thread still writes (error.log, its claim's release)."""
+    with _STAGING:
+        _ENDING.add(threading.get_ident())
+        for tmp in list(_IN_FLIGHT):
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
+def stage_like(parent: int) -> None:
+    """This thread, started by thread PARENT to run part of its work (a bounded clean-up step),
+    stages files when PARENT may, the process ending or not."""
+    with _STAGING:
+        if parent in _ENDING:
+            _ENDING.add(threading.get_ident())
+
+
+def _open_staged(tmp: str):
+    """TMP opened for writing and counted in flight; in a thread other than the one ending the
+    process, once it has begun to end, never: the thread waits for the exit."""
+    while True:
+        with _STAGING:
+            if not _ENDING or threading.get_ident() in _ENDING:
+                f = open(tmp, "wb")
+                _IN_FLIGHT.add(tmp)
+                return f
+        while True:                 # the ending thread calls os._exit (its deadline bounds it)
+            time.sleep(3600)
 
 
 @contextlib.contextmanager
@@ -134,9 +166,9 @@ def _staged(inner: str, place, make_dirs: bool = True):
     if make_dirs:
         os.makedirs(directory, exist_ok=True)
     tmp = staged_name(inner)
-    _IN_FLIGHT.add(tmp)
+    f = _open_staged(tmp)
     try:
-        with open(tmp, "wb") as f:
+        with f:
             yield f
             f.flush()
             os.fsync(f.fileno())
