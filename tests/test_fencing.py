@@ -223,3 +223,59 @@ def test_a_holder_paused_past_its_lease_cannot_publish_over_the_run_that_took_ov
     assert a.returncode == 75 and len(errors) == 1, err[-3000:]
     assert "another run" in errors[0] or "lost its claim" in errors[0], errors
     assert rows(str(out)) == published and not leftovers(str(out))
+
+
+_FENCED_WRITER = """
+import sys
+from common import storage
+from paracorpus.commit import Fence
+out, watched = sys.argv[1], sys.argv[2]
+fence = Fence(out, "held")
+if watched != "-":
+    fence = fence.watching(watched, storage.Version(1), "the watched record")
+storage.fence_writes(out, fence)
+storage.write_bytes(storage.join(out, "runs", "r1", "part.bin"), b"rows")
+print("wrote", flush=True)
+"""
+
+
+def _paused_fenced_writer(tmp_path, crash_at: str, watched: bool) -> tuple[str, str, int]:
+    """A writer fenced by a claim on OUT (token "held") stops itself at CRASH_AT; the claim is
+    taken over and the fence's throttle outlasted while it is stopped; resumed: its output,
+    stderr and exit status."""
+    from paracorpus.commit import FENCE_SECONDS
+
+    out, record = tmp_path / "out", tmp_path / "w" / "latest.json"
+    storage.write_if(str(out / "_owner.json"), json.dumps({"token": "held", "run_id": "a"}).encode(),
+                     storage.ABSENT, copy=False)
+    storage.write_if(str(record), b"{}", storage.ABSENT, copy=False)
+    writer = subprocess.Popen([sys.executable, "-c", _FENCED_WRITER, str(out), str(record) if watched else "-"],
+                              cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_CRASH_AT": crash_at})
+    try:
+        _stopped(writer)
+        take_over(out, {"token": "taker", "run_id": "b"})
+        time.sleep(FENCE_SECONDS + 0.5)          # a pause longer than the throttle, as any takeover's is
+    finally:
+        writer.send_signal(signal.SIGCONT)
+    stdout, stderr = writer.communicate(timeout=120)
+    return stdout, stderr, writer.returncode
+
+
+def test_a_fence_that_looked_before_a_pause_looks_again(tmp_path):
+    """The fence reads the claim, then the watched record; the writer is paused between the two
+    reads, and the claim taken over meanwhile. The look it finishes after the pause is stale: it
+    looks again (before: it passed and the write went on over the taker's claim)."""
+    stdout, stderr, code = _paused_fenced_writer(tmp_path, "~w/_log:STOP", watched=True)
+    assert code != 0 and "lost its claim (run b holds it now)" in stderr, (stdout, stderr[-2000:])
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_a_write_paused_after_its_fence_takes_back_the_folders_it_made(tmp_path):
+    """The writer passes its fence and is paused just before its write, whose folder (runs/r1) is
+    not there yet; the claim is taken over meanwhile. Resumed, the write makes its folders and its
+    file, looks again and takes back both (before: the file went, runs/r1 stayed: a run folder
+    without a manifest, as the keep2 SIGSTOP sweep left)."""
+    stdout, stderr, code = _paused_fenced_writer(tmp_path, "~part.bin:STOP", watched=False)
+    assert code != 0 and "lost its claim (run b holds it now)" in stderr, (stdout, stderr[-2000:])
+    assert sorted(os.listdir(tmp_path / "out")) == ["_log"]

@@ -58,17 +58,48 @@ def _fenced(path: str) -> None:
             check()
 
 
-def _fenced_after(path: str) -> None:
+def _fenced_after(path: str, made: str | None = None) -> None:
     """The fence looked at again once PATH is written: a writer paused between its first look and
     its rename or upload (another thread's stop freezes every thread wherever it is) finds its
-    claim gone here, and takes back what it wrote before it says so."""
+    claim gone here, and takes back what it wrote before it says so: the file, and the local
+    folders the write made (MADE: the topmost, _missing_top), which retention may have removed
+    while it was paused (else a run folder without a manifest is left)."""
     try:
         _fenced(path)
     except BaseException:
         with contextlib.suppress(Exception):
             fs, inner = resolve(path)
             fs.delete_file(inner)
+            _unmake(os.path.dirname(inner), made)
         raise
+
+
+def _missing_top(directory: str) -> str | None:
+    """The topmost folder of the local DIRECTORY's chain that does not exist (what a write that
+    makes its folders would make), or None; only looked for while a fence is set."""
+    if not _FENCES:
+        return None
+    top = None
+    while not os.path.isdir(directory):
+        top, parent = directory, os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return top
+
+
+def _unmake(directory: str, top: str | None) -> None:
+    """Remove the empty folders from DIRECTORY up to TOP (the ones a write made), deepest first."""
+    if top is None:
+        return
+    while True:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
+        if directory == top or os.path.dirname(directory) == directory:
+            return
+        directory = os.path.dirname(directory)
 
 @contextlib.contextmanager
 def open_output(path: str):
@@ -82,9 +113,10 @@ def open_output(path: str):
     storage_op("write", path)
     fs, inner = resolve(path)
     if fs.type_name == "local":
+        made = _missing_top(os.path.dirname(inner))
         with _staged(inner, os.replace) as f:
             yield f
-        _fenced_after(path)
+        _fenced_after(path, made)
         return
     # Spooled to a local file, then uploaded whole: an upload that fails half-way is made again
     # from the spool (idempotent: the object appears only when an upload completes).
