@@ -108,7 +108,7 @@ def check_slurm(beam_args: list[str], runner: str, device: str | None = None,
 
 _NAMES: set[str] = set()                 # job names of this process's worker jobs (for a stop)
 _LOCK = threading.Lock()
-_FLEETS: dict = {}                       # id(stop event) -> (Fleet, SlurmSettings) of a running cluster
+_FLEETS: dict = {}                       # id(stop event) -> (Fleet, SlurmSettings, keeper thread) of a running cluster
 _LAST_USAGE: list = []                   # the usage of the last cluster closed in this process
 
 
@@ -171,10 +171,11 @@ def start_cluster(settings: SlurmSettings):
     spares = os.environ.get("PARAGEN_SLURM_SPARES", "1") != "0"      # 0: replace workers only once they left
     fleet = Fleet(settings.workers, 60.0 * lifetime if spares else None, 60.0 * stagger, check_seconds(),
                   backoff_s=(backoff_seconds(), BACKOFF_MAX_S))
+    keeper = threading.Thread(target=keep_workers, args=(cluster, settings, stop, fleet), name="paragen-slurm",
+                              daemon=True)
     with _LOCK:
-        _FLEETS[id(stop)] = (fleet, settings)
-    threading.Thread(target=keep_workers, args=(cluster, settings, stop, fleet), name="paragen-slurm",
-                     daemon=True).start()
+        _FLEETS[id(stop)] = (fleet, settings, keeper)
+    keeper.start()
     return cluster, stop
 
 
@@ -222,7 +223,7 @@ def keep_workers(cluster, settings: SlurmSettings, stop: threading.Event, fleet:
                                 job.job_id, where, _log_of(settings, job.job_id),
                                 "submitting another" if not step.give_up else "giving up")
                 cluster.worker_spec.pop(job.spec, None)
-                cluster.workers.pop(job.spec, None)
+                _forget(cluster.workers.pop(job.spec, None))
             if step.exclude:
                 log.warning("SLURM: excluding node(s) %s from the worker jobs (two failed starts each)",
                             ", ".join(step.exclude))
@@ -242,6 +243,17 @@ def keep_workers(cluster, settings: SlurmSettings, stop: threading.Event, fleet:
                 cluster.scale(jobs=step.want)
         except Exception as exc:  # noqa: BLE001: a failed look at the queue is tried again next time
             log.warning("SLURM: could not check the worker jobs (%s); trying again", exc)
+
+
+def _forget(worker) -> None:
+    """A worker job that ended, dropped from the cluster, marked closed: dask_jobqueue's Job.close
+    leaves its status "running", and SpecCluster.close asserts that every worker it ever created
+    (a weak set: the job stays there while anything still refers to it) is closed; the run failed
+    at its very end when one was still referred to (a CI run: AssertionError: Status.running)."""
+    if worker is not None:
+        from distributed.core import Status
+
+        worker.status = Status.closed
 
 
 def _log_of(settings: SlurmSettings, job_id: str) -> str:
@@ -279,10 +291,12 @@ def close_cluster(cluster, stop: threading.Event) -> None:
     kept for :func:`last_usage`."""
     stop.set()
     with _LOCK:
-        fleet, settings = _FLEETS.pop(id(stop), (None, None))
+        fleet, settings, keeper = _FLEETS.pop(id(stop), (None, None, None))
         if fleet is not None:
             _LAST_USAGE[:] = [{"job_name": settings.job_name, "gpus_per_worker": settings.gpus_per_worker,
                                **fleet.usage(time.monotonic(), settings.gpus_per_worker)}]
+    if keeper is not None and keeper is not threading.current_thread():
+        keeper.join(timeout=35)         # its step ends (a squeue: 30 s at most): no worker job submitted while closing
     try:
         cluster.close(timeout=30)
     finally:

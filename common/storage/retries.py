@@ -176,14 +176,10 @@ def _within(deadline: float, path: str, fn, *args, **kwargs):
     retries and timeouts cannot be cut short from outside)."""
     import threading
 
-    from common.storage.writing import stage_like
-
     out: list = []
-    parent = threading.get_ident()
 
     def call():
         try:
-            stage_like(parent)          # the caller's thread's right to stage files while the process ends
             out.append((True, fn(*args, **kwargs)))
         except BaseException as exc:  # noqa: BLE001: handed to the caller's thread
             out.append((False, exc))
