@@ -101,6 +101,7 @@ def _unmake(directory: str, top: str | None) -> None:
             return
         directory = os.path.dirname(directory)
 
+
 @contextlib.contextmanager
 def open_output(path: str):
     """Write PATH as a whole: yields a binary stream; readers see the old file (or none) until the
