@@ -69,8 +69,9 @@ def _fenced_after(path: str, made: str | None = None) -> None:
     except BaseException:
         with contextlib.suppress(Exception):
             fs, inner = resolve(path)
-            fs.delete_file(inner)
-            _unmake(os.path.dirname(inner), made)
+            with contextlib.suppress(Exception):
+                fs.delete_file(inner)
+            _unmake(os.path.dirname(inner), made)   # also when the file was gone already
         raise
 
 
@@ -179,14 +180,13 @@ def stage_like(parent: int) -> None:
 def _open_staged(tmp: str):
     """TMP opened for writing and counted in flight; in a thread other than the one ending the
     process, once it has begun to end, never: the thread waits for the exit."""
-    while True:
-        with _STAGING:
-            if not _ENDING or threading.get_ident() in _ENDING:
-                f = open(tmp, "wb")
-                _IN_FLIGHT.add(tmp)
-                return f
-        while True:                 # the ending thread calls os._exit (its deadline bounds it)
-            time.sleep(3600)
+    with _STAGING:
+        if not _ENDING or threading.get_ident() in _ENDING:
+            f = open(tmp, "wb")
+            _IN_FLIGHT.add(tmp)
+            return f
+    while True:                     # the ending thread calls os._exit (its deadline bounds it)
+        time.sleep(3600)
 
 
 @contextlib.contextmanager
