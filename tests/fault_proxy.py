@@ -195,9 +195,9 @@ class FaultProxy:
                 kind = "403" if kind == "NoSuchUpload" else kind           # counted with the permanent ones
                 body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>' + code + b"</Code><Message>" + message
                         + b"</Message><RequestId>fault-proxy</RequestId></Error>")
+                self._count(kind)                   # before the answer: a client that has it sees the count
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\nContent-Length: "
                              + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
-                self._count(kind)
                 return conn.close()
             if self.ignore_conditional:
                 head, sep, body = request.partition(b"\r\n\r\n")
@@ -208,6 +208,9 @@ class FaultProxy:
             answer = b""
             with socket.create_connection((host, int(port)), timeout=60) as up:
                 up.sendall(request)
+                if kind not in AFTER_KINDS:
+                    # counted before the answer goes back: a client that has its answer sees the count
+                    self._count("forwarded")
                 while True:
                     chunk = up.recv(65536)
                     if not chunk:
@@ -224,7 +227,6 @@ class FaultProxy:
                 conn.sendall(head + b"\r\n" + answer[len(head) + 2:len(head) + 2 + 20])
                 self._count("cut")
                 return self._reset(conn)
-            self._count("forwarded")
             conn.close()
         except (ConnectionError, OSError):
             conn.close()

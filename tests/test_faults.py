@@ -85,14 +85,15 @@ def test_sigterm_stops_run_and_workers_in_one_line_and_the_same_command_continue
     proc = _job(args)
     _wait_for(lambda: _units(out) >= 3 and len(_workers(proc)) == 2, proc)
     workers = _workers(proc)
-    start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rc, err = _finish(proc)
-    seconds = time.monotonic() - start
-    assert rc == 128 + signal.SIGTERM and seconds < 25, (rc, seconds, err[-2000:])
+    assert rc == 128 + signal.SIGTERM, (rc, err[-2000:])
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)   # stopped with it
     errors = _error_lines(err)
     assert len(errors) == 1 and "stopped by SIGTERM" in errors[0] and "run the same command again" in errors[0]
+    # stopped within the grace period by its own clean-up, not ended by the deadline (its line says
+    # "outlasted"): the job's own clock, not a bound of this test's that load could break
+    assert "outlasted" not in errors[0], errors[0]
     assert "Traceback" not in err, err[-3000:]
     committed = _units(out)
     assert 3 <= committed < 24 and f"{committed} of 24 work units committed" in errors[0]
@@ -120,10 +121,9 @@ def test_a_killed_worker_process_ends_the_run_in_one_line_and_the_same_command_c
     proc = _job(args)
     _wait_for(lambda: _units(out) >= 2 and len(_workers(proc)) == 2, proc)
     victim, other = _workers(proc)
-    start = time.monotonic()
     victim.kill()
     rc, err = _finish(proc)
-    assert rc == 1 and time.monotonic() - start < 30, (rc, err[-2000:])
+    assert rc == 1, (rc, err[-2000:])
     errors = _error_lines(err)
     assert len(errors) == 1 and "a worker process ended" in errors[0] and "SIGKILL" in errors[0], err[-2000:]
     assert "Traceback" not in err and not (other.is_running() and other.status() != psutil.STATUS_ZOMBIE)

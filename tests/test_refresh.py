@@ -65,9 +65,8 @@ def test_refreshes_on_a_local_disk(tmp_path, tiny_nmt_models):
     # KEEP=1, but r2 takes a.tsv's files from r1: retention keeps r1
     assert sorted(os.listdir(os.path.join(root, "runs"))) == sorted([r1["run_id"], r2["run_id"]])
 
-    start = time.time()
     noop = refresh(["--root", root, *filt, "--", *_job(str(inp), tiny_nmt_models)])
-    assert noop["noop"] and _latest(root) == r2["run_id"] and time.time() - start < 60
+    assert noop["noop"] and _latest(root) == r2["run_id"]
     assert not os.path.exists(os.path.join(root, "runs", noop["run_id"]))
 
     # a failure in each stage: latest stays on a whole, readable run; the failed run is pruned later

@@ -73,32 +73,35 @@ def test_a_store_down_longer_than_the_budget_is_one_line_naming_it(s3_store, thr
     bucket = s3_store.make_bucket()
     monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "3")
     proxy = through()
-    proxy.down(120)
+    proxy.down(600)                             # far past the budget: giving up is not waiting for the store
     start = time.monotonic()
     with pytest.raises(storage.StorageError) as info:
         storage.write_bytes(f"s3://{bucket}/a", b"x")
     message = str(info.value)
     assert proxy.url.split("//")[1] in message and "\n" not in message
     assert "retried for 3s (PARAGEN_STORAGE_RETRY_SECONDS)" in message and info.value.transient
-    assert 2 < time.monotonic() - start < 30
-    start = time.monotonic()                    # the store stayed away: the job's last steps are not held up
+    assert 2 < time.monotonic() - start < 300   # the whole budget waited; the store was still down
+    # the store stayed away: the job's last steps are not held up. Counted, not timed: one attempt
+    # (the S3 client's own three connections), where a budget waited again would make more
+    refused = proxy.counts["refused"]
     with pytest.raises(storage.StorageError):
         storage.exists(f"s3://{bucket}/b")
-    assert time.monotonic() - start < 3
+    assert 1 <= proxy.counts["refused"] - refused <= 3, proxy.counts
     proxy.down(0)                               # back: waited for again, and answering
     assert not storage.exists(f"s3://{bucket}/b")
 
 
 def test_refusals_are_not_retried(s3_store, through, monkeypatch):
     monkeypatch.setenv("PARAGEN_STORAGE_RETRY_SECONDS", "120")
-    through(rate=1.0, kinds=("403",))
-    start = time.monotonic()
+    bucket = s3_store.make_bucket()
+    proxy = through(rate=1.0, kinds=("403",))
     with pytest.raises(storage.StorageError, match="refused .*AccessDenied|refused .*ACCESS_DENIED|refused .*403"):
-        storage.write_bytes(f"s3://{s3_store.make_bucket()}/a", b"x")
-    through()
+        storage.write_bytes(f"s3://{bucket}/a", b"x")
+    assert proxy.counts["403"] == 1, proxy.counts          # asked once: counted, not timed
+    proxy = through()
     with pytest.raises(storage.StorageError, match="refused .*NO_SUCH_BUCKET"):
         storage.write_bytes("s3://no-such-bucket-here/a", b"x")
-    assert time.monotonic() - start < 20
+    assert proxy.counts["forwarded"] == 1, proxy.counts
 
 
 def test_the_retry_budget_must_be_a_number_of_seconds(monkeypatch):
