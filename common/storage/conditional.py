@@ -72,17 +72,17 @@ def create_new(path: str, data: bytes, make_dirs: bool = True) -> None:
     its folder never makes it again. The fences over PATH (fence_writes: a claim, a refresh's lease)
     look first, as before every other write: a holder that lost its claim creates nothing, no new
     version and no folder."""
-    from common.storage.writing import _fenced_after, _missing_top, check_fences
+    from common.storage.writing import fenced_after, missing_top, check_fences
 
     check_fences(path)
     storage_op("write", path)
     scheme = _scheme(path)
     if scheme == "local":
         inner = resolve(path)[1]
-        made = _missing_top(os.path.dirname(inner)) if make_dirs else None
+        made = missing_top(os.path.dirname(inner)) if make_dirs else None
         _local_create(inner, data, make_dirs)
         if made is not None:            # folders made after a pause past the fence's look: looked at again
-            _fenced_after(path, made)
+            fenced_after(path, made)
         return None
     if scheme == "s3":
         return _applied_or_conflict(path, data, lambda: retrying(path, _s3_create, *_s3_key(path), data))

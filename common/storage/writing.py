@@ -58,11 +58,11 @@ def _fenced(path: str) -> None:
             check()
 
 
-def _fenced_after(path: str, made: str | None = None) -> None:
+def fenced_after(path: str, made: str | None = None) -> None:
     """The fence looked at again once PATH is written: a writer paused between its first look and
     its rename or upload (another thread's stop freezes every thread wherever it is) finds its
     claim gone here, and takes back what it wrote before it says so: the file, and the local
-    folders the write made (MADE: the topmost, _missing_top), which retention may have removed
+    folders the write made (MADE: the topmost, missing_top), which retention may have removed
     while it was paused (else a run folder without a manifest is left)."""
     try:
         _fenced(path)
@@ -75,7 +75,7 @@ def _fenced_after(path: str, made: str | None = None) -> None:
         raise
 
 
-def _missing_top(directory: str) -> str | None:
+def missing_top(directory: str) -> str | None:
     """The topmost folder of the local DIRECTORY's chain that does not exist (what a write that
     makes its folders would make), or None; only looked for while a fence is set."""
     if not _FENCES:
@@ -115,10 +115,10 @@ def open_output(path: str):
     storage_op("write", path)
     fs, inner = resolve(path)
     if fs.type_name == "local":
-        made = _missing_top(os.path.dirname(inner))
+        made = missing_top(os.path.dirname(inner))
         with _staged(inner, os.replace) as f:
             yield f
-        _fenced_after(path, made)
+        fenced_after(path, made)
         return
     # Spooled to a local file, then uploaded whole: an upload that fails half-way is made again
     # from the spool (idempotent: the object appears only when an upload completes).
@@ -128,7 +128,7 @@ def open_output(path: str):
         client = webhdfs.client_of(fs)
         if client is not None:              # HDFS shows a file as it is written: a hidden name, then a rename
             _put_renamed(path, client, inner, spool)
-            _fenced_after(path)
+            fenced_after(path)
             return
         try:
             retrying(path, _upload, fs, inner, spool)
@@ -139,7 +139,7 @@ def open_output(path: str):
                 raise
             log.info("%s: the upload's completion was retried after it had succeeded (%s); the object is there",
                      path, exc.detail or "NoSuchUpload")
-        _fenced_after(path)
+        fenced_after(path)
 
 
 _IN_FLIGHT: set = set()      # local hidden temporaries being written or placed now, by any thread
