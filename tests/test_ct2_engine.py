@@ -271,6 +271,53 @@ def test_a_dask_cluster_gives_the_same_rows(converted, job_input, uninterrupted,
     assert _rows(out) == _rows(uninterrupted[0])
 
 
+# ------------------------------------------------------------------ --engine auto, the default
+def test_engine_auto_takes_ctranslate2_for_one_model_on_a_cpu_and_fairseq_otherwise(fairseq_layouts, tmp_path,
+                                                                                     capsys, caplog):
+    """One model on a machine without a CUDA GPU: CTranslate2 int8 (the faster engine on a CPU,
+    docs/benchmarks.md); an ensemble: fairseq; a model fairseq runs and CTranslate2's converter
+    refuses (an activation it lacks): fairseq, saying why, and refused when CTranslate2 is asked for."""
+    import shutil
+
+    import torch
+
+    from common.cli import UsageError
+    from models.nmt.importing import run
+    from models.nmt.model_files.checkpoint import allow_fairseq_checkpoints
+
+    def auto(info, output, *extra):
+        meta = run([info["source"], "--src_lang", "cs", "--tgt_lang", "en", "--tokenizer", "moses", "--output",
+                    output, *extra])
+        return meta, capsys.readouterr().out
+
+    single, ens = fairseq_layouts["hub_single"], fairseq_layouts["hub_ensemble"]
+    meta, printed = auto(single, str(tmp_path / "single"))
+    if torch.cuda.is_available():
+        assert meta["engine"] == "fairseq" and "a CUDA GPU here" in printed
+    else:
+        assert (meta["engine"], meta["compute_type"]) == ("ctranslate2", "int8"), meta
+        assert "--engine auto: one model on a CPU" in printed
+    meta, printed = auto(ens, str(tmp_path / "ensemble"))
+    assert meta["engine"] == "fairseq" and len(meta["members"]) == 2 and "an ensemble of 2" in printed
+
+    tanh = tmp_path / "tanh"
+    shutil.copytree(single["source"], tanh)
+    allow_fairseq_checkpoints()
+    state = torch.load(tanh / "model.pt", map_location="cpu", weights_only=True)
+    state["args"].activation_fn = "tanh"           # fairseq has it, CTranslate2 4.8 does not
+    torch.save(state, tanh / "model.pt")
+    info = {**single, "source": str(tanh)}
+    with pytest.raises(UsageError, match="CTranslate2 cannot convert this model.*tanh"):
+        auto(info, str(tmp_path / "tanh-ct2"), "--engine", "ctranslate2")
+    assert not (tmp_path / "tanh-ct2").exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    if not torch.cuda.is_available():
+        meta, printed = auto(info, str(tmp_path / "tanh-auto"))
+        assert meta["engine"] == "fairseq" and "CTranslate2 cannot convert it" in printed
+        assert any("importing for the fairseq engine instead" in r.getMessage() for r in caplog.records)
+        engine = load_engine(str(tmp_path / "tanh-auto"))
+        assert engine.beam_search(["ahoj"], beam=2)[0]               # it runs
+
+
 # ------------------------------------------------------------------ refusals
 def test_refusals_are_one_line(fairseq_layouts, converted, tmp_path):
     def refused(module, args, match):
@@ -286,7 +333,11 @@ def test_refusals_are_one_line(fairseq_layouts, converted, tmp_path):
                                      "--engine", "ctranslate2", "--output", out], "not an ensemble of 2")
     assert not os.path.exists(out) and os.listdir(tmp_path) == []
     refused("models.nmt.importing", [ens["source"], "--src_lang", "cs", "--tgt_lang", "en", "--tokenizer", "moses",
-                                     "--compute_type", "int8", "--output", out], "--compute_type is for --engine")
+                                     "--compute_type", "int8", "--output", out], "not an ensemble of 2")
+    refused("models.nmt.importing", [ens["source"], "--src_lang", "cs", "--tgt_lang", "en", "--tokenizer", "moses",
+                                     "--engine", "fairseq", "--compute_type", "int8", "--output", out],
+            "--compute_type is for --engine")
+    assert os.listdir(tmp_path) == []
     # a compute type this CPU cannot run is refused before a job writes anything
     f16 = str(tmp_path / "f16")
     _import(fairseq_layouts["train_spm"], f16, "--compute_type", "float16")
