@@ -14,12 +14,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from common.cli import UsageError
 from common.settings import env_seconds
 
-DEATH_TIMEOUT_S = 60         # a worker whose scheduler is gone that long stops (its job ends)
+DEATH_TIMEOUT_S = 60         # a worker's start that has not joined its scheduler by then fails (its job ends)
 
 
 def death_timeout_seconds() -> float:
-    """How long a worker job waits for a scheduler that is gone before it ends:
-    $PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS (default 60)."""
+    """The longest a worker's start may take, joining its scheduler included (Dask's
+    --death-timeout): $PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS (default 60). A worker whose scheduler
+    is gone ends sooner: at once when its connection breaks, and after Dask's connect timeout
+    (distributed.comm.timeouts.connect, 30 s) when it never reached it (measured, distributed 2026.8)."""
     return env_seconds("PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS", DEATH_TIMEOUT_S, 10, 86400, UsageError)
 
 

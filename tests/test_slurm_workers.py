@@ -6,7 +6,7 @@
 - worker jobs pending on a partition that is down: reported with SLURM's reason;
 - a node whose Python is broken: excluded after two failed starts, the run finishes elsewhere,
   the manifest records the jobs and what they cost;
-- a driver killed by SIGKILL and started again: it cancels the workers the first one left;
+- a driver killed by SIGKILL and started again: it cancels the worker jobs the first one left queued;
 - deploy/slurm/allocation.sbatch on two nodes, warned of its time limit: requeued, same rows, and
   nothing of either start left running.
 """
@@ -92,33 +92,43 @@ def test_a_node_that_fails_two_starts_is_excluded_and_the_run_finishes(slurm, sm
 @pytest.mark.slow
 def test_a_driver_killed_outright_and_started_again_cancels_the_workers_it_left(slurm, bitext, tiny_nmt_models,
                                                                                local_rows, tmp_path):
+    """Worker jobs a driver killed by SIGKILL left in the queue are cancelled by the same command's
+    next start, which then finishes with the rows of the local run."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     args = [*quick_args(bitext, out, tiny_nmt_models), "--slurm_workers", "2"]
-    # the killed driver's claim lapses soon; its workers wait 15 min for their scheduler (not
-    # the default minute), so they are still there when the same command starts again, however
-    # long a loaded machine takes to start it (seen: both had left on their own)
-    env = {"PARAGEN_LEASE_SECONDS": "4", "PARAGEN_SLURM_DEATH_TIMEOUT_SECONDS": "900"}
-    # and each worker pauses (SIGSTOP) at its first unit's file: the run is still decoding when its
-    # driver is killed, however long the second worker job waits for a node (seen under load: the
-    # first worker had decoded everything, and the second start had no cluster to start)
-    job = login_node_job(slurm, args, logs, {**env, "PARAGEN_CRASH_AT": "*part-u:STOP"})
-    deadline = time.time() + 300
-    while len([j for j in slurm.jobs("paragen-worker-") if j["JobState"] == "RUNNING"
-               and str(logs) in j.get("StdErr", "")]) < 2:
-        assert job.poll() is None and time.time() < deadline
-        time.sleep(0.5)
-    left = sorted(j["JobId"] for j in slurm.jobs("paragen-worker-") if j["JobState"] == "RUNNING"
-                  and str(logs) in j.get("StdErr", ""))
-    job.kill()                                               # SIGKILL: no clean-up, its workers live on
-    job.wait()
+    env = {"PARAGEN_LEASE_SECONDS": "4"}        # the killed driver's claim lapses soon
+    # Its worker jobs wait in the queue (their partition is down) and are held there after the
+    # kill, so that they are still there when the same command starts again. Let start, they
+    # would be gone on their own: a worker that finds no scheduler gives up after Dask's connect
+    # timeout (30 s), and one whose first connection the kill cut half-way gives up at once (both
+    # seen under load, where the next start came later than that).
+    slurm.run("scontrol", "update", "PartitionName=nodes", "State=DOWN")
+    try:
+        job = login_node_job(slurm, args, logs, env)
+
+        def queued():
+            return sorted(j["JobId"] for j in slurm.jobs("paragen-worker-") if j["JobState"] == "PENDING"
+                          and str(logs) in j.get("StdErr", ""))
+        deadline = time.time() + 600
+        while len(queued()) < 2:
+            if job.poll() is not None or time.time() > deadline:
+                job.kill()
+                pytest.fail(f"no two worker jobs queued: {job.communicate()[1][-3000:]}")
+            time.sleep(0.5)
+        job.kill()                                           # SIGKILL: no clean-up, its workers stay queued
+        job.wait()
+        left = queued()
+        slurm.run("scontrol", "hold", ",".join(left))
+    finally:
+        slurm.run("scontrol", "update", "PartitionName=nodes", "State=UP")
+    assert len(left) == 2 and queued() == left
     # the claim of 4 s has lapsed by the time the check phase is over
     again = login_node_job(slurm, args, logs, env)
     _, err = again.communicate(timeout=600)
     assert again.returncode == 0, err[-3000:]
-    # those of its workers still queued or running
     said = next((line for line in err.splitlines() if "an earlier start of this run left" in line), err[-3000:])
     named = re.search(r"cancelled (\d) worker job\(s\) an earlier start of this run left \(([\d, ]+)\)", said)
-    assert named and set(named.group(2).split(", ")) <= set(left) and int(named.group(1)) >= 1, said
+    assert named and named.group(1) == "2" and sorted(named.group(2).split(", ")) == left, said
     assert committed_rows(out) == local_rows
     assert not [j for j in slurm.jobs("paragen-worker-") if j["JobState"] in ("RUNNING", "PENDING")
                 and str(logs) in j.get("StdErr", "")]
