@@ -481,15 +481,19 @@ STAGED_LEFTOVER = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")     # common/storage/
 
 
 def remove_staged(folder: str, fence=None) -> None:
-    """Remove the hidden temporary files killed writes left in the local FOLDER (FENCE() before
-    each), never one this process is writing now (its claim's heartbeat: a version whose staged
+    """Remove the hidden temporary files killed writes left in FOLDER (on a local disk), and the
+    store probes killed processes left there (on every store) (FENCE() before each), never one
+    this process is writing or probing with now (its claim's heartbeat: a version whose staged
     file went would read as a lost claim). Another live process's write that loses its staged file
-    stages it again (common/storage/conditional.py)."""
-    if not storage.is_local(folder):
-        return
+    stages it again, and its probe probes again (common/storage/conditional.py)."""
+    local = storage.is_local(folder)
     for name in storage.listdir(folder):
         path = storage.join(folder, name)
-        if STAGED_LEFTOVER.match(name) and not storage.staged_in_flight(path) and storage.isfile(path):
+        if storage.probe_in_flight(path) or not (
+                storage.PROBE_NAME.match(name) or (local and STAGED_LEFTOVER.match(name)
+                                                   and not storage.staged_in_flight(path))):
+            continue
+        if storage.isfile(path):
             if fence is not None:
                 fence()
             storage.delete(path)
@@ -517,8 +521,8 @@ def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...], fence=
                 fence()
                 storage.delete(path)
                 removed.append(table + "/" + _relative(root, path))
+    remove_staged(output, fence)
     if storage.is_local(output):
-        remove_staged(output, fence)
         remove_staged(storage.join(output, storage.versions.LOG), fence)      # a version's, killed before its link
     work = storage.join(output, WORK)
     mine = manifest.get("run_id")

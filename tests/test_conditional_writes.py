@@ -149,6 +149,51 @@ def test_a_create_whose_staged_file_another_process_cleaned_up_stages_it_again(t
     assert storage.read_versioned(path) == (b"two", versions.Version(version.number + 1))
 
 
+def test_a_probe_a_clean_up_removed_under_its_prober_probes_again(tmp_path):
+    """A process probing the store (storage.store_now: create one name twice, the second must be
+    refused) is stopped between its two creates; another process's clean-up removes the probe, a
+    killed prober's leftover for all it can tell. Resumed, its second create succeeds: it probes
+    again under a new name and answers, instead of refusing a sound store as one that ignores
+    put-if-absent (before: StorageError, exit 2 of the job that probed)."""
+    from paracorpus.commit import remove_staged
+
+    script = ("import logging\nfrom common import storage\nlogging.basicConfig(level=logging.INFO)\n"
+              f"print(storage.store_now({str(tmp_path)!r}))\n")
+    prober = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT,
+                                                           "PARAGEN_CRASH_AT": "*/.probe.@3:STOP"})  # 2nd create
+    try:
+        assert _until_stopped(prober), prober.communicate()
+        assert [n for n in os.listdir(tmp_path) if conditional.PROBE_NAME.match(n)]
+        remove_staged(str(tmp_path))
+        assert os.listdir(tmp_path) == []
+    finally:
+        prober.send_signal(signal.SIGCONT)
+    out, err = prober.communicate(timeout=120)
+    assert prober.returncode == 0 and float(out) > 0, err[-2000:]
+    assert "created twice; probing again" in err
+    assert os.listdir(tmp_path) == []                                   # its own probes removed
+
+
+def test_a_probe_a_killed_process_left_is_removed_by_the_next_clean_up(where):
+    """A probe file a process killed while probing left (on a bucket too: no staged file there but
+    this one) goes with the next clean-up of its folder; a probe this process is using stays, and
+    so does any other hidden file."""
+    from paracorpus.commit import remove_staged
+
+    left = storage.join(where, ".probe." + "a" * 32 + ".tmp")
+    mine = storage.join(where, ".probe." + "b" * 32 + ".tmp")
+    other = storage.join(where, ".probe.keep")
+    for path in (left, mine, other):
+        storage.write_bytes(path, b"1")
+    conditional._PROBING.add(mine)
+    try:
+        remove_staged(where)
+    finally:
+        conditional._PROBING.discard(mine)
+    assert sorted(storage.listdir(where)) == [".probe." + "b" * 32 + ".tmp", ".probe.keep"]
+
+
 def test_a_clean_up_in_the_writers_own_process_leaves_its_write_in_flight(tmp_path):
     """Retention's clean-up of staged leftovers and the claim's heartbeat run in one process: the
     file the heartbeat is writing is not a leftover and stays."""

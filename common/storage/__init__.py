@@ -38,7 +38,7 @@ store's clock), ``versions`` (records as numbered versions), ``webhdfs``
 ``model_cache`` (copies of remote models on this machine). Callers use ``from common import
 storage`` and the names below.
 """
-from common.storage.conditional import Conflict, create_new, store_now
+from common.storage.conditional import PROBE_NAME, Conflict, create_new, probe_in_flight, store_now
 from common.storage.model_cache import cache_root, local_copy
 from common.storage.paths import absolute, basename, endpoint_of, has_wildcards, is_local, is_url, join, parent
 from common.storage.reading import (exists, glob, isdir, isfile, list_files, listdir, open_input, open_random_access,
@@ -51,10 +51,10 @@ from common.storage.writing import (copy_file, delete, delete_tree, fence_writes
                                     remove_staged_in_flight, stage_like, staged_in_flight, unfence_writes,
                                     upload_dir, write_bytes, write_json)
 
-__all__ = ["ABSENT", "Conflict", "StorageError", "Version", "absolute", "basename", "cache_root", "copy_file",
+__all__ = ["ABSENT", "PROBE_NAME", "Conflict", "StorageError", "Version", "absolute", "basename", "cache_root", "copy_file",
            "create_new", "delete", "delete_if", "delete_tree", "endpoint_of", "exists", "fence_writes", "first_contact", "glob",
            "has_wildcards", "is_local", "is_transient", "is_url", "isdir", "isfile", "join", "list_files", "listdir",
-           "remove_staged_in_flight", "stage_like", "staged_in_flight",
+           "probe_in_flight", "remove_staged_in_flight", "stage_like", "staged_in_flight",
            "local_copy", "makedirs", "open_input", "open_output", "open_random_access", "parent", "parquet_dataset",
            "parquet_file", "read_bytes", "read_json", "read_versioned", "history", "resolve", "store_now", "retry_seconds",
            "retrying",

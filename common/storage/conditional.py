@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import uuid
 
 from common.atomic import staged_name
@@ -102,33 +103,60 @@ def _applied_or_conflict(path: str, data: bytes, put) -> None:
 
 
 _HONOURED: set = set()          # stores (scheme and bucket) seen to refuse a second create
+PROBE_NAME = re.compile(r"^\.probe\.[0-9a-f]{32}\.tmp$")     # store_now's probe files
+PROBE_TRIES = 3
+_PROBING: set = set()           # this process's probe files now, by any thread
+
+
+def probe_in_flight(path: str) -> bool:
+    """True when PATH is a probe file this process is using now (a clean-up leaves it)."""
+    return path in _PROBING
 
 
 def store_now(directory: str) -> float:
     """The store's own time now, read from a probe file created (and removed) in DIRECTORY; and,
     once per store, proof that it honours put-if-absent: the probe created a second time must be
-    refused. StorageError, in one line, for a store that accepts the condition and ignores it."""
-    probe = join(directory, f".probe.{uuid.uuid4().hex}.tmp")      # a killed probe: a staged leftover
+    refused. StorageError, in one line, for a store that accepts the condition and ignores it.
+
+    A probe a killed process left is removed by the next clean-up of DIRECTORY (a run's or a
+    refresh's: paracorpus/commit.remove_staged), which cannot tell it from another live
+    process's; a probe removed under its prober (its second create then succeeds, or its read
+    finds nothing) is made again under a new name: a store that ignores the condition does so
+    every time, a clean-up's race does not repeat."""
+    for _ in range(PROBE_TRIES):
+        probe = join(directory, f".probe.{uuid.uuid4().hex}.tmp")
+        _PROBING.add(probe)
+        try:
+            stamped, ignored = _probe(directory, probe)
+        finally:
+            with contextlib.suppress(Exception):
+                from common.storage.writing import delete
+                delete(probe)
+            _PROBING.discard(probe)
+        if stamped is not None and not ignored:
+            return stamped
+        log.info("%s: probe %s %s; probing again", directory, probe,
+                 "created twice" if ignored else "gone at once")
+    if ignored:
+        raise StorageError(f"{directory}: the store accepted a second create of {probe} (it ignores "
+                           "If-None-Match / put-if-absent), so two writers could both publish there; use "
+                           "a store that honours it (AWS S3, MinIO, GCS, HDFS, a local or NFS disk)")
+    raise StorageError(f"{directory}: the store lost its probe file {probe} at once, {PROBE_TRIES} times")
+
+
+def _probe(directory: str, probe: str) -> tuple[float | None, bool]:
+    """(PROBE's time by the store's clock, or None when it is gone; whether its second create was
+    accepted), the second create tried once per store."""
     create_new(probe, b"1")
-    try:
-        key = _store_key(directory)
-        if key not in _HONOURED:
-            try:
-                create_new(probe, b"2")
-            except Conflict:
-                _HONOURED.add(key)
-            else:
-                raise StorageError(f"{directory}: the store accepted a second create of {probe} (it ignores "
-                                   "If-None-Match / put-if-absent), so two writers could both publish there; use "
-                                   "a store that honours it (AWS S3, MinIO, GCS, HDFS, a local or NFS disk)")
-        stamped = read_stamped(probe)[1]
-    finally:
-        with contextlib.suppress(Exception):
-            from common.storage.writing import delete
-            delete(probe)
-    if stamped is None:
-        raise StorageError(f"{directory}: the store lost its probe file {probe} at once")
-    return stamped
+    key = _store_key(directory)
+    if key not in _HONOURED:
+        try:
+            create_new(probe, b"2")
+        except Conflict:
+            _HONOURED.add(key)
+        else:
+            return None, True
+    return read_stamped(probe)[1], False
 
 
 def _store_key(directory: str) -> str:
