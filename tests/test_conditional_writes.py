@@ -186,11 +186,11 @@ def test_a_probe_a_killed_process_left_is_removed_by_the_next_clean_up(where):
     other = storage.join(where, ".probe.keep")
     for path in (left, mine, other):
         storage.write_bytes(path, b"1")
-    conditional._PROBING.add(mine)
+    conditional._PROBING.add(storage.resolve(mine)[1])
     try:
         remove_staged(where)
     finally:
-        conditional._PROBING.discard(mine)
+        conditional._PROBING.discard(storage.resolve(mine)[1])
     assert sorted(storage.listdir(where)) == [".probe." + "b" * 32 + ".tmp", ".probe.keep"]
 
 

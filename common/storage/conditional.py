@@ -110,7 +110,7 @@ _PROBING: set = set()           # this process's probe files now, by any thread
 
 def probe_in_flight(path: str) -> bool:
     """True when PATH is a probe file this process is using now (a clean-up leaves it)."""
-    return path in _PROBING
+    return resolve(path)[1] in _PROBING
 
 
 def store_now(directory: str) -> float:
@@ -125,14 +125,15 @@ def store_now(directory: str) -> float:
     every time, a clean-up's race does not repeat."""
     for _ in range(PROBE_TRIES):
         probe = join(directory, f".probe.{uuid.uuid4().hex}.tmp")
-        _PROBING.add(probe)
+        inner = resolve(probe)[1]
+        _PROBING.add(inner)
         try:
             stamped, ignored = _probe(directory, probe)
         finally:
             with contextlib.suppress(Exception):
                 from common.storage.writing import delete
                 delete(probe)
-            _PROBING.discard(probe)
+            _PROBING.discard(inner)
         if stamped is not None and not ignored:
             return stamped
         log.info("%s: probe %s %s; probing again", directory, probe,
