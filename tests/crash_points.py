@@ -182,8 +182,9 @@ def _refresh_leftovers(root: str) -> list[str]:
         else:
             left += [f"filtered/{name}: {p}" for p in leftovers(storage.join(root, "filtered", name), FILTER)]
     logs = storage.listdir(storage.join(root, "logs"))
-    # the newest refresh's log stays when it was a no-op (no run of its own), until the next refresh
-    left += [f"logs/{n}" for n in logs if n.removesuffix(".log") not in kept and n != max(logs)]
+    # the newest refresh's log stays when it was a no-op (no run of its own), until the next refresh;
+    # <run id>.log, or <run id>.<n>.log: a continued run's later attempt's, in a bucket
+    left += [f"logs/{n}" for n in logs if n.removesuffix(".log").split(".", 1)[0] not in kept and n != max(logs)]
     extra = sorted(set(storage.listdir(root)) - {"runs", "filtered", "logs", "latest", "latest.json", "_log"})
     left += extra                                   # anything else
     left += [f"_log/{n}" for n in storage.listdir(storage.join(root, "_log")) if not _record_version(
