@@ -75,6 +75,12 @@ def run_of_filter_folder(name: str) -> str:
     return later.group(1) if later else name
 
 
+def run_of_log(name: str) -> str:
+    """The run a file of ROOT/logs belongs to: <run id>.log, or <run id>.<n>.log, a continued
+    run's later attempt's in a bucket (refresh.attempt_log_path)."""
+    return name[:-len(".log")].split(".", 1)[0] if name.endswith(".log") else name
+
+
 def _manifest_copy(manifest: dict, run_dir: str, copy_dir: str) -> dict:
     """MANIFEST (of the run in RUN_DIR) with every file path rewritten to open from COPY_DIR."""
     files = {table: [{**f, "path": entry_path(copy_dir, file_location(run_dir, f))} for f in entries]
@@ -309,9 +315,7 @@ def prune(root: str, keep: int, with_filter: bool, current: str | None, log_of: 
             fence()
             storage.delete_tree(storage.join(root, "filtered", name))
     for log_name in storage.listdir(storage.join(root, "logs")):      # logs of runs gone, of no-op refreshes
-        # <run id>.log, or <run id>.<n>.log: a later attempt's in a bucket (refresh.attempt_log_path)
-        owner = log_name[:-len(".log")].split(".", 1)[0] if log_name.endswith(".log") else log_name
-        if owner not in kept | {log_of}:
+        if run_of_log(log_name) not in kept | {log_of}:
             fence()
             storage.delete(storage.join(root, "logs", log_name))
     return removed

@@ -165,7 +165,7 @@ def _records_out_of_step(folder: str, *copies: str) -> list[str]:
 
 def _refresh_leftovers(root: str) -> list[str]:
     from common import storage
-    from paracorpus.latest import run_of_filter_folder
+    from paracorpus.latest import run_of_filter_folder, run_of_log
 
     left, kept = [], set()
     for name in storage.listdir(storage.join(root, "runs")):
@@ -182,9 +182,8 @@ def _refresh_leftovers(root: str) -> list[str]:
         else:
             left += [f"filtered/{name}: {p}" for p in leftovers(storage.join(root, "filtered", name), FILTER)]
     logs = storage.listdir(storage.join(root, "logs"))
-    # the newest refresh's log stays when it was a no-op (no run of its own), until the next refresh;
-    # <run id>.log, or <run id>.<n>.log: a continued run's later attempt's, in a bucket
-    left += [f"logs/{n}" for n in logs if n.removesuffix(".log").split(".", 1)[0] not in kept and n != max(logs)]
+    # the newest refresh's log stays when it was a no-op (no run of its own), until the next refresh
+    left += [f"logs/{n}" for n in logs if run_of_log(n) not in kept and n != max(logs)]
     extra = sorted(set(storage.listdir(root)) - {"runs", "filtered", "logs", "latest", "latest.json", "_log"})
     left += extra                                   # anything else
     left += [f"_log/{n}" for n in storage.listdir(storage.join(root, "_log")) if not _record_version(
