@@ -488,15 +488,14 @@ def remove_staged(folder: str, fence=None) -> None:
     stages it again, and its probe probes again (common/storage/conditional.py)."""
     local = storage.is_local(folder)
     for name in storage.listdir(folder):
-        path = storage.join(folder, name)
-        if storage.probe_in_flight(path) or not (
-                storage.PROBE_NAME.match(name) or (local and STAGED_LEFTOVER.match(name)
-                                                   and not storage.staged_in_flight(path))):
+        if not (storage.PROBE_NAME.match(name) or (local and STAGED_LEFTOVER.match(name))):
             continue
-        if storage.isfile(path):
-            if fence is not None:
-                fence()
-            storage.delete(path)
+        path = storage.join(folder, name)
+        if storage.staged_in_flight(path) or storage.probe_in_flight(path) or not storage.isfile(path):
+            continue
+        if fence is not None:
+            fence()
+        storage.delete(path)
 
 
 def remove_unlisted(output: str, manifest: dict, tables: tuple[str, ...], fence=None) -> list[str]:
