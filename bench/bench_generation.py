@@ -93,6 +93,11 @@ def bench_sampling(model_dir: str, sources: list[str], samples: int, topk: int, 
 
 def run_engine_worker(spec: dict) -> tuple[float, int, int]:
     """One timed run of one engine in a fresh process: (seconds, candidates, tokens incl. </s>)."""
+    from fresh_process import in_process
+
+    if in_process():                                    # the smoke tier (bench/fresh_process.py)
+        r = engine_worker(json.loads(json.dumps(spec)))
+        return r["seconds"], r["candidates"], r["tokens"]
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine_worker", json.dumps(spec)],
                           capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:

@@ -1,7 +1,11 @@
 """Run a bench function in a fresh Python process, so that each measurement has its own caches,
-threads and peak memory."""
+threads and peak memory.
+
+PARAGEN_BENCH_IN_PROCESS=1 runs it in the calling process instead (the test suite's smoke tier,
+whose figures mean nothing: a fresh process costs 2-5 s of imports, most of a smoke run)."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -10,8 +14,18 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def in_process() -> bool:
+    """Whether measurements run in this process (PARAGEN_BENCH_IN_PROCESS=1)."""
+    return os.environ.get("PARAGEN_BENCH_IN_PROCESS") == "1"
+
+
 def in_fresh_process(module: str, function: str, *args) -> dict:
     """bench/MODULE.py's FUNCTION(*ARGS) in a new process with one OpenMP thread; its JSON result."""
+    if in_process():
+        # the same JSON round trip as a child's, so that a result that would not cross fails here too
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        fn = getattr(importlib.import_module(module), function)
+        return json.loads(json.dumps(fn(*json.loads(json.dumps(args)))))
     code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); "
             f"import {module} as b; print('RESULT', json.dumps(b.{function}(*json.loads(sys.argv[1]))))")
     done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,

@@ -1,7 +1,9 @@
 """Every script in bench/ runs at a tiny size and prints its table (issue 70): a benchmark that
 nothing runs rots (bench_generation's dual-scoring section crashed for weeks after the engine's
 score_batches changed). Each script runs as a user runs it, a process of its own, with the
-smallest arguments that still go through its sections; its figures mean nothing at this size and
+smallest arguments that still go through its sections, except that the measurements it would run
+in fresh processes run in its own (PARAGEN_BENCH_IN_PROCESS=1: a process start costs 2-5 s of
+imports, and the fresh-process path has its own test); its figures mean nothing at this size and
 are not checked, only that it finishes (exit 0) and prints what its docs/benchmarks.md table is
 made of. The scripts that cannot run here are listed with the reason (NOT_HERE), and a script
 added to bench/ without a smoke run fails test_every_bench_script_has_a_smoke_run.
@@ -11,6 +13,7 @@ where it is absent their runs are skipped with that reason."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -95,10 +98,13 @@ def _need_data(*names):
 def _run(script: str, args: list[str], marker: str, env: dict | None = None) -> str:
     done = subprocess.run([sys.executable, os.path.join(BENCH, script), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=900, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+                          # a measurement's fresh process runs in the script's own (bench/fresh_process.py)
+                          env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_BENCH_IN_PROCESS": "1", **(env or {})})
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert marker in done.stdout, done.stdout[-3000:]
     assert "bench error" not in done.stdout, done.stdout[-3000:]        # bench_faults.py's row of a failed scenario
+    failed = re.findall(r"^## (\w+_error)$", done.stdout, re.M)         # bench_gpu.py's section that raised
+    assert not failed, (failed, done.stdout[-3000:])
     return done.stdout
 
 
@@ -183,3 +189,18 @@ def test_the_engines_and_the_ensemble_scripts_on_what_their_first_step_made(tiny
     _run("bench_divergence.py", _expand(div_args, WORK=str(tmp_path), DATA=DATA), "|---")
     _run("bench_divergence_ensemble.py", [str(tmp_path / "div"), "--dev", os.path.join(DATA, "divergence",
                                                                                      "opensubs.dev.tsv")], "|")
+
+
+def test_a_measurement_in_a_fresh_process_gives_what_it_gives_in_process(monkeypatch):
+    """The smoke runs above take bench/fresh_process.py's in-process path; the fresh-process path
+    that users' runs take is checked here, on a function whose result the seed fixes."""
+    monkeypatch.syspath_prepend(BENCH)
+    from fresh_process import in_fresh_process
+
+    args = ("bench_clustering", "bench_clustering", 3, 20, 7)
+    monkeypatch.delenv("PARAGEN_BENCH_IN_PROCESS", raising=False)
+    fresh = in_fresh_process(*args)
+    monkeypatch.setenv("PARAGEN_BENCH_IN_PROCESS", "1")
+    here = in_fresh_process(*args)
+    assert fresh.keys() == here.keys() and "ms_per_source" in fresh
+    assert fresh["mean_distinct_candidates"] == here["mean_distinct_candidates"] > 1
