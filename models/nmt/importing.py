@@ -208,6 +208,9 @@ def _build_and_load(config, weights, data: str, src_lang: str, tgt_lang: str, wh
     """Build the member as the jobs will and load its tensors strictly (a wrong tensor shape or
     name is found now, not on a worker); its state dict as the model has it (tensor names of
     older fairseq releases upgraded by fairseq on load)."""
+    from models.nmt.model_files.fairseq_import import import_fairseq
+
+    import_fairseq()
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
     try:

@@ -30,6 +30,7 @@ import os
 import zipfile
 from dataclasses import dataclass
 
+from models.nmt.model_files.fairseq_import import import_fairseq
 from models.safety import UnsafeModelError, save_torch_file, weights_only_load
 
 ARCHS = frozenset({"transformer", "transformer_tiny", "transformer_iwslt_de_en", "transformer_wmt_en_de",
@@ -250,6 +251,7 @@ def build_translation_model(model_dir: str, src_lang: str, tgt_lang: str):
     """(model, task) for the checkpoint MODEL_DIR/model.pt and the dictionaries beside it, built
     by fairseq from the validated config only (see the module doc). Runs on CPU; the caller moves
     the model."""
+    import_fairseq()
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
     state = load_state(os.path.join(model_dir, "model.pt"))

@@ -28,6 +28,7 @@ import shutil
 
 from common import storage
 from models.nmt.model_files.checkpoint import check_checkpoint, validate_model_config
+from models.nmt.model_files.fairseq_import import import_fairseq
 from models.safety import UnsafeModelError, sha256_local, weights_only_load
 
 META = "model.json"
@@ -189,6 +190,7 @@ def local_model_dir(model_dir: str, expected: dict | None = None) -> str:
 def dictionary_size(path: str) -> int:
     """Symbols of the fairseq dictionary file PATH, fairseq's own 4 special ones included, read
     with fairseq's parser; UnsafeModelError (one line) when it is not such a file."""
+    import_fairseq()
     from fairseq.data import Dictionary
 
     try:
@@ -343,6 +345,7 @@ def build_members(local: str, meta: dict) -> tuple[list, object]:
     builds each member from its validated config only, for the translation task with our own
     settings and the directory's dictionaries, and loads its tensors with strict=True. CPU; the
     caller moves the models."""
+    import_fairseq()
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
     from models.nmt.model_files.checkpoint import load_state, model_config_of, weights_of
