@@ -9,7 +9,10 @@ dictionary). :func:`import_fairseq` imports fairseq with those three modules sto
 placeholders whose functions import the real module when first called, then removes the
 placeholders from ``sys.modules``: fairseq's own code keeps working if it ever calls them, and
 an ``import sklearn`` anywhere later gets the real package. Call it before the first
-``from fairseq... import``; it does nothing once fairseq is imported.
+``from fairseq... import``; it does nothing once fairseq is imported. The stand-ins are in
+``sys.modules`` only while fairseq's import runs (a model's first load, before any decoding): a
+thread importing one of the three in that window would get a stand-in (its functions work, its
+classes and constants do not); nothing in the jobs does.
 """
 from __future__ import annotations
 
