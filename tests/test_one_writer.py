@@ -27,16 +27,19 @@ from tests.object_stores import s3_store  # noqa: F401: a fixture
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _contender(output: str, barrier, results, env: dict) -> None:
+def _contender(output: str, start, tried, results, env: dict) -> None:
     os.environ.update(env)
+    start.wait(timeout=300)
     try:
-        barrier.wait(timeout=60)
         claim = Claim(output, "the-same-run").acquire()
     except OutputBusy:
         results.put("busy")
+        tried.wait(timeout=300)
         return
     results.put("held")
-    time.sleep(0.5)                    # held while the others try
+    # held until every contender has tried: a fixed hold (it was 0.5 s) let a contender that a
+    # loaded machine started late find the claim released and take it, a second "held"
+    tried.wait(timeout=300)
     claim.release()
 
 
@@ -44,13 +47,14 @@ def _rounds(output_of, env: dict, rounds: int, contenders: int = 3) -> list[list
     ctx = multiprocessing.get_context("spawn")
     out = []
     for r in range(rounds):
-        barrier, results = ctx.Barrier(contenders), ctx.Queue()
-        procs = [ctx.Process(target=_contender, args=(output_of(r), barrier, results, env)) for _ in range(contenders)]
+        start, tried, results = ctx.Barrier(contenders), ctx.Barrier(contenders), ctx.Queue()
+        procs = [ctx.Process(target=_contender, args=(output_of(r), start, tried, results, env))
+                 for _ in range(contenders)]
         for p in procs:
             p.start()
         for p in procs:
-            p.join(timeout=120)
-        out.append(sorted(results.get(timeout=10) for _ in procs))
+            p.join(timeout=600)
+        out.append(sorted(results.get(timeout=60) for _ in procs))
     return out
 
 
