@@ -96,6 +96,23 @@ def test_a_dask_task_that_outlives_its_driver_writes_nothing_after_a_takeover(tm
     finally:
         for w in workers:
             w.resume()
-    time.sleep(15)                                          # the paused tasks run to their ends
+    _until_tasks_ended(dask_cluster)                        # the resumed tasks ran to their ends
     assert rows(str(out)) == published
     assert not leftovers(str(out)), leftovers(str(out))
+
+
+def _until_tasks_ended(address: str) -> None:
+    """Until no worker of the cluster at ADDRESS runs a task: a listing taken while a resumed task
+    still writes would race its renames (it was a fixed 15 s, too short on a loaded machine)."""
+    from distributed import Client
+
+    def _tasks_running(dask_worker) -> int:
+        # a task whose driver went away is "cancelled" but stays in ``executing`` until its thread
+        # returns (distributed's worker state machine); nested: the workers cannot import this module
+        return len(dask_worker.state.executing) + len(dask_worker.state.long_running)
+
+    with Client(address, timeout=120) as client:
+        deadline = time.time() + 600
+        while sum(client.run(_tasks_running).values()) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not sum(client.run(_tasks_running).values()), "tasks still running after 600 s"
