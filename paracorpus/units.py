@@ -17,6 +17,7 @@ completion record. The Beam DoFns in transforms/units.py only call these.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import math
 import os
@@ -165,7 +166,8 @@ def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str
     """Write a unit's paraphrases and rejects (sorted, so reruns write the same bytes) and then its
     completion record WORK/units/<unit>.json, which names the plan it was decoded for (PLAN_KEY);
     returns that record. FENCE() (paracorpus.commit.Fence) runs before the files and again
-    before the record: a worker whose run lost its output writes nothing more."""
+    before the record: a worker whose run lost its output writes nothing more, and the files it
+    wrote between the two are removed before the refusal is raised."""
     fence = fence or (lambda: None)
     fence()
     attempt = attempt_id()
@@ -189,7 +191,17 @@ def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str
               "seconds": round(seconds, 3), "finished_at": time.time(), "plan_key": plan_key}
     check_manifest(record, UNIT_RECORD_KEYS, "unit record")
     check_manifest(record["counts"], UNIT_COUNT_KEYS, "unit counts")
-    fence()
+    try:
+        fence()
+    except Exception:
+        # the run lost OUTPUT while these files were written (a worker paused past a takeover):
+        # they are this attempt's alone and no run lists them; the new holder's clean-up ran
+        # before they existed, so nothing but this would remove them
+        for entries in files.values():
+            for e in entries:
+                with contextlib.suppress(Exception):      # the refusal is what the caller must see
+                    storage.delete(storage.join(output, e["path"]))
+        raise
     storage.write_json(unit_record_path(work, unit), record, indent=None)
     return record
 

@@ -76,3 +76,30 @@ def test_gpu_sharing_is_what_the_workers_recorded(tmp_path):
     group = compact_group(out, str(tmp_path / "w2"), "cs-en", "b0", 0,
                           [write_unit(out, str(tmp_path / "w2"), 0, 0, "cs-en", result, 1.0, "a.tsv")], [], FileTarget())
     assert run_setups([group])["gpu_workers"] == {}
+
+
+def test_a_unit_whose_run_lost_its_output_while_its_files_were_written_leaves_none(tmp_path):
+    """A worker that passed the fence before its unit's files and finds its claim gone at the look
+    before the record (paused past a takeover in between: the new holder's clean-up ran before
+    the files existed) removes them before it raises: no file no run lists, no record."""
+    import os
+
+    import pytest
+
+    from common.cli import OutputBusy
+    from paracorpus.units import unit_record_path
+
+    out, work = str(tmp_path / "out"), str(tmp_path / "out" / "_work" / "r1")
+    looks = []
+
+    def fence():
+        looks.append(len(looks))
+        if len(looks) == 2:
+            assert list((tmp_path / "out").rglob("*.parquet"))        # written between the two looks
+            raise OutputBusy(f"{out}: lost its claim")
+
+    with pytest.raises(OutputBusy, match="lost its claim"):
+        write_unit(out, work, 0, 0, "cs-en", _unit("a.tsv", 0, "fp32"), 1.0, "a.tsv", fence=fence)
+    assert len(looks) == 2
+    assert not list((tmp_path / "out").rglob("*.parquet"))
+    assert not os.path.exists(unit_record_path(work, 0))
