@@ -30,6 +30,15 @@ def _op(ops, test, after=None):
     return next(o for o in ops if test(o) and (after is None or o[0] > after[0]))
 
 
+def _by_path(ops, op, suffix: str) -> str:
+    """PARAGEN_CRASH_AT's ``~SUFFIX@K`` for the operation OP of the prepared run: the same operation
+    in the stopped run whatever other threads did before it (the claim's renewals are storage
+    operations too, and on a loaded machine they fall elsewhere in the count than in prepare())."""
+    n, _, path, pid = op
+    assert path.endswith(suffix)
+    return f"~{suffix}@{sum(1 for o in ops if o[3] == pid and o[0] <= n and o[2].endswith(suffix))}"
+
+
 def _manifest(o):
     return o[2].endswith("/_manifest.json")
 
@@ -90,7 +99,8 @@ def test_refreshes_with_keep_2_stopped_at_their_own_steps(tiny_nmt_models, tmp_p
     ops = sweep.prepare()
     named = _op(ops, lambda o: o[2].endswith("-latest.json") and o[1] == "write")
     view = _op(ops, lambda o: o[2].endswith("latest/_manifest.json") and o[1] == "write")
-    points = [sweep.point(*view[:3], "KILL"), sweep.point(*named[:3], "TERM")]
+    points = [sweep.point(*view[:3], "KILL", crash=_by_path(ops, view, "latest/_manifest.json")),
+              sweep.point(*named[:3], "TERM", crash=_by_path(ops, named, "-latest.json"))]
     _check(points)
     assert [p.seen for p in points] == ["new", "previous"] and points[0].seen_view in ("previous", "partial")
 
