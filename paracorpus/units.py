@@ -17,7 +17,6 @@ completion record. The Beam DoFns in transforms/units.py only call these.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import hashlib
 import math
 import os
@@ -199,8 +198,7 @@ def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str
         # before they existed, so nothing but this would remove them
         for entries in files.values():
             for e in entries:
-                with contextlib.suppress(Exception):      # the refusal is what the caller must see
-                    storage.delete(storage.join(output, e["path"]))
+                storage.take_back(storage.join(output, e["path"]))
         raise
     storage.write_json(unit_record_path(work, unit), record, indent=None)
     return record

@@ -89,6 +89,8 @@ def test_a_unit_whose_run_lost_its_output_while_its_files_were_written_leaves_no
     from common.cli import OutputBusy
     from paracorpus.units import unit_record_path
 
+    from common import storage
+
     out, work = str(tmp_path / "out"), str(tmp_path / "out" / "_work" / "r1")
     looks = []
 
@@ -98,8 +100,16 @@ def test_a_unit_whose_run_lost_its_output_while_its_files_were_written_leaves_no
             assert list((tmp_path / "out").rglob("*.parquet"))        # written between the two looks
             raise OutputBusy(f"{out}: lost its claim")
 
-    with pytest.raises(OutputBusy, match="lost its claim"):
-        write_unit(out, work, 0, 0, "cs-en", _unit("a.tsv", 0, "fp32"), 1.0, "a.tsv", fence=fence)
+    def writes_fence():      # the process's own fence on OUTPUT (a driver's), refusing from then on too
+        if len(looks) >= 2:
+            raise OutputBusy(f"{out}: lost its claim")
+
+    storage.fence_writes(out, writes_fence)
+    try:
+        with pytest.raises(OutputBusy, match="lost its claim"):
+            write_unit(out, work, 0, 0, "cs-en", _unit("a.tsv", 0, "fp32"), 1.0, "a.tsv", fence=fence)
+    finally:
+        storage.unfence_writes(out)
     assert len(looks) == 2
     assert not list((tmp_path / "out").rglob("*.parquet"))
     assert not os.path.exists(unit_record_path(work, 0))

@@ -48,13 +48,13 @@ from common.storage.retries import (StorageError, first_contact, is_transient, r
 from common.storage.stores import resolve
 from common.storage.versions import ABSENT, Version, delete_if, history, read_versioned, write_if
 from common.storage.writing import (copy_file, delete, delete_tree, fence_writes, makedirs, open_output,
-                                    remove_staged_in_flight, stage_like, staged_in_flight, unfence_writes,
-                                    upload_dir, write_bytes, write_json)
+                                    remove_staged_in_flight, stage_like, staged_in_flight, take_back,
+                                    unfence_writes, upload_dir, write_bytes, write_json)
 
 __all__ = ["ABSENT", "PROBE_NAME", "Conflict", "StorageError", "Version", "absolute", "basename", "cache_root", "copy_file",
            "create_new", "delete", "delete_if", "delete_tree", "endpoint_of", "exists", "fence_writes", "first_contact", "glob",
            "has_wildcards", "is_local", "is_transient", "is_url", "isdir", "isfile", "join", "list_files", "listdir",
-           "probe_in_flight", "remove_staged_in_flight", "stage_like", "staged_in_flight",
+           "probe_in_flight", "remove_staged_in_flight", "stage_like", "staged_in_flight", "take_back",
            "local_copy", "makedirs", "open_input", "open_output", "open_random_access", "parent", "parquet_dataset",
            "parquet_file", "read_bytes", "read_json", "read_versioned", "history", "resolve", "store_now", "retry_seconds",
            "retrying",

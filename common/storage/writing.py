@@ -67,12 +67,19 @@ def fenced_after(path: str, made: str | None = None) -> None:
     try:
         _fenced(path)
     except BaseException:
-        with contextlib.suppress(Exception):
-            fs, inner = resolve(path)
-            with contextlib.suppress(Exception):
-                fs.delete_file(inner)
-            _unmake(os.path.dirname(inner), made)   # also when the file was gone already
+        take_back(path, made)
         raise
+
+
+def take_back(path: str, made: str | None = None) -> None:
+    """Remove PATH, a file this process wrote and no run lists, after its fence refused it: not
+    through the fence (it would refuse this too), and never raising (the refusal is what the
+    caller must see); and the local folders the write made (MADE: the topmost, missing_top)."""
+    with contextlib.suppress(Exception):
+        fs, inner = resolve(path)
+        with contextlib.suppress(Exception):
+            fs.delete_file(inner)
+        _unmake(os.path.dirname(inner), made)   # also when the file was gone already
 
 
 def missing_top(directory: str) -> str | None:
