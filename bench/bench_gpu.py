@@ -189,7 +189,7 @@ def bench_syncs(args, sources_pairs, emit) -> None:
                 if args.device == "cuda":
                     torch.cuda.set_sync_debug_mode(0)
         syncs = sum("synchroniz" in str(w.message) for w in caught)
-        out.append({"requests": label, "sources": len(sources_pairs[:100]), "steps": steps.total, "device_syncs": syncs,
+        out.append({"requests": label, "sources": min(100, len(sources_pairs)), "steps": steps.total, "device_syncs": syncs,
                     "syncs_per_step": syncs / max(steps.total, 1), "round_trips": trips.total})
     emit("syncs", out)
 
@@ -232,7 +232,7 @@ def bench_profile(args, sources_pairs, emit, top: int = 12) -> None:
         def ranked(key):
             return [{"op": e.key[:60], "calls": e.count, "self_ms": round(getattr(e, key) / 1e3, 2)}
                     for e in sorted(events, key=lambda e: -getattr(e, key))[:top] if getattr(e, key)]
-        out.append({"requests": label, "sources": len(sources_pairs[:100]), "wall_s": round(wall, 3),
+        out.append({"requests": label, "sources": min(100, len(sources_pairs)), "wall_s": round(wall, 3),
                     "host_self_s": round(sum(e.self_cpu_time_total for e in events) / 1e6, 3),
                     "device_self_s": None if device_us is None else round(device_us / 1e6, 3),
                     "top_host": ranked("self_cpu_time_total"),

@@ -23,7 +23,8 @@ def in_fresh_process(module: str, function: str, *args) -> dict:
     """bench/MODULE.py's FUNCTION(*ARGS) in a new process with one OpenMP thread; its JSON result."""
     if in_process():
         # the same JSON round trip as a child's, so that a result that would not cross fails here too
-        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        if os.path.join(ROOT, "bench") not in sys.path:
+            sys.path.insert(0, os.path.join(ROOT, "bench"))
         fn = getattr(importlib.import_module(module), function)
         return json.loads(json.dumps(fn(*json.loads(json.dumps(args)))))
     code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); "
