@@ -236,3 +236,28 @@ def test_a_mistaken_queue_check_interval_is_refused_before_anything_is_submitted
     monkeypatch.setenv("PARAGEN_SLURM_CHECK_SECONDS", value)
     with pytest.raises(UsageError, match="PARAGEN_SLURM_CHECK_SECONDS.*(between 1 and 600|not a number)"):
         check_slurm(["--slurm_workers", "1"], "DaskRunner", device="cpu")
+
+
+@pytest.mark.parametrize("forgotten", [True, False])
+def test_an_ended_worker_job_dropped_from_the_cluster_lets_it_close(forgotten):
+    """keep_workers drops a worker job that ended from the cluster (slurm._forget). SpecCluster.close
+    asserts that every worker it ever created is closed, and dask_jobqueue's job keeps the status it
+    had; without _forget a run failed at its very end while anything still referred to the job (a
+    CI run: AssertionError: Status.running). The second case shows the assertion this guards against."""
+    from dask_jobqueue.slurm import SLURMJob
+    from distributed import Scheduler, SpecCluster
+
+    from beam_pipelines.slurm import _forget
+
+    cluster = SpecCluster(workers={}, scheduler={"cls": Scheduler,
+                                                 "options": {"host": "127.0.0.1", "dashboard_address": None}})
+    job = SLURMJob(scheduler=cluster.scheduler_address, name="w", cores=1, memory="1GB")
+    cluster._created.add(job)           # what SpecCluster does with each job it starts
+    if forgotten:
+        _forget(job)
+        _forget(None)                   # a job the cluster no longer had
+        cluster.close()
+        assert cluster.status.name == "closed"
+    else:
+        with pytest.raises(AssertionError, match="created"):
+            cluster.close()
