@@ -6,7 +6,5 @@ set -euo pipefail
 if python3 -c "import sys; sys.path.insert(0, '/usr/lib/python3/dist-packages'); import linkgrammar" 2>/dev/null; then
   echo "link-grammar already installed"; exit 0
 fi
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"   # -n: fail rather than wait for a password
-$SUDO apt-get update -qq
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq link-grammar python3-link-grammar
+bash "$(dirname "$0")/apt_install.sh" link-grammar python3-link-grammar
 echo "link-grammar installed"

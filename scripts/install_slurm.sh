@@ -6,7 +6,5 @@ set -euo pipefail
 if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then
   echo "SLURM already installed: $(slurmctld -V)"; exit 0
 fi
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"   # -n: fail rather than wait for a password
-$SUDO apt-get update -qq
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge
+bash "$(dirname "$0")/apt_install.sh" --no-install-recommends slurm-wlm munge
 echo "SLURM installed: $(slurmctld -V)"
