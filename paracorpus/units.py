@@ -140,9 +140,10 @@ def generate_unit(elements: list, steps: list, batch_pairs: int, config_hash: st
 
 
 def _write_table(output: str, contract, rows: list, lang_pair: str, partition: int, unit: int,
-                 attempt: str) -> list[dict]:
+                 attempt: str, written: list[str]) -> list[dict]:
     """ROWS as Parquet under OUTPUT/<table>/<lang pair>/<partition>/ (schema.partition_dir),
-    MAX_FILE_ROWS per file, each named after the unit and attempt; their manifest entries."""
+    MAX_FILE_ROWS per file, each named after the unit and attempt; their manifest entries. Each
+    file's path is added to WRITTEN once it is whole."""
     import pyarrow.parquet as pq
 
     if not rows:
@@ -156,6 +157,7 @@ def _write_table(output: str, contract, rows: list, lang_pair: str, partition: i
         table = contract.partitioned(chunk, lang_pair, partition)
         with storage.open_output(storage.join(output, rel)) as f:
             pq.write_table(table, f, compression="zstd")
+        written.append(storage.join(output, rel))
         entries.append({"path": rel, "rows": table.num_rows, "bytes": storage.size(storage.join(output, rel))})
     return entries
 
@@ -166,39 +168,40 @@ def write_unit(output: str, work: str, unit: int, partition: int, lang_pair: str
     completion record WORK/units/<unit>.json, which names the plan it was decoded for (PLAN_KEY);
     returns that record. FENCE() (paracorpus.commit.Fence) runs before the files and again
     before the record: a worker whose run lost its output writes nothing more, and the files it
-    wrote between the two are removed before the refusal is raised."""
+    wrote before a refusal (this look's, or the process's write fence at a later table) are
+    removed before the refusal is raised."""
     fence = fence or (lambda: None)
     fence()
     attempt = attempt_id()
     rows = sorted(result.rows, key=lambda r: (r["pair_id"], r["rank"]))
     rejects = sorted(result.rejects, key=lambda r: (r["input_shard"], r["input_index"]))
     kept = sorted(result.kept, key=lambda r: r["dedup_key"])
-    files = {"paraphrases": _write_table(output, PARAPHRASES, rows, lang_pair, partition, unit, attempt),
-             "rejects": _write_table(output, REJECTS, rejects, lang_pair, partition, unit, attempt),
-             "dedup": _write_table(output, DEDUP, kept, lang_pair, partition, unit, attempt)}
-    for entries in files.values():
-        for e in entries:
-            e["input_shard"] = input_shard
-    reasons = Counter(r["reason"] for r in rejects)
-    record = {"unit": unit, "input_shard": input_shard, "shard": partition, "attempt": attempt, "files": files,
-              "counts": {"records": len({r["pair_id"] for r in rows}) + len(rejects),
-                         "pairs_with_paraphrases": len({r["pair_id"] for r in rows}),
-                         "paraphrase_rows": len(rows), "rejected": len(rejects),
-                         "rejected_by_reason": dict(sorted(reasons.items()))},
-              "counters": dict(result.counters), "worker": f"{socket.gethostname()}:{os.getpid()}",
-              "setup": dict(result.setup),
-              "seconds": round(seconds, 3), "finished_at": time.time(), "plan_key": plan_key}
-    check_manifest(record, UNIT_RECORD_KEYS, "unit record")
-    check_manifest(record["counts"], UNIT_COUNT_KEYS, "unit counts")
+    written: list[str] = []
     try:
-        fence()
-    except Exception:
-        # the run lost OUTPUT while these files were written (a worker paused past a takeover):
-        # they are this attempt's alone and no run lists them; the new holder's clean-up ran
-        # before they existed, so nothing but this would remove them
+        files = {"paraphrases": _write_table(output, PARAPHRASES, rows, lang_pair, partition, unit, attempt, written),
+                 "rejects": _write_table(output, REJECTS, rejects, lang_pair, partition, unit, attempt, written),
+                 "dedup": _write_table(output, DEDUP, kept, lang_pair, partition, unit, attempt, written)}
         for entries in files.values():
             for e in entries:
-                storage.take_back(storage.join(output, e["path"]))
+                e["input_shard"] = input_shard
+        reasons = Counter(r["reason"] for r in rejects)
+        record = {"unit": unit, "input_shard": input_shard, "shard": partition, "attempt": attempt, "files": files,
+                  "counts": {"records": len({r["pair_id"] for r in rows}) + len(rejects),
+                             "pairs_with_paraphrases": len({r["pair_id"] for r in rows}),
+                             "paraphrase_rows": len(rows), "rejected": len(rejects),
+                             "rejected_by_reason": dict(sorted(reasons.items()))},
+                  "counters": dict(result.counters), "worker": f"{socket.gethostname()}:{os.getpid()}",
+                  "setup": dict(result.setup),
+                  "seconds": round(seconds, 3), "finished_at": time.time(), "plan_key": plan_key}
+        check_manifest(record, UNIT_RECORD_KEYS, "unit record")
+        check_manifest(record["counts"], UNIT_COUNT_KEYS, "unit counts")
+        fence()
+    except Exception:
+        # refused (the run lost OUTPUT while these files were written: a worker paused past a
+        # takeover) or failed: they are this attempt's alone and no run lists them; the new
+        # holder's clean-up ran before they existed, so nothing but this would remove them
+        for path in written:
+            storage.take_back(path)
         raise
     storage.write_json(unit_record_path(work, unit), record, indent=None)
     return record

@@ -113,3 +113,41 @@ def test_a_unit_whose_run_lost_its_output_while_its_files_were_written_leaves_no
     assert len(looks) == 2
     assert not list((tmp_path / "out").rglob("*.parquet"))
     assert not os.path.exists(unit_record_path(work, 0))
+
+
+def test_a_unit_refused_by_its_processs_write_fence_at_a_later_file_leaves_none(tmp_path, monkeypatch):
+    """The process's own write fence on OUTPUT (a driver that runs units in-process) refusing at a
+    unit's second file, its claim lost after the first was written: the write refused takes back
+    its own file, and the unit the files it wrote before; no record."""
+    import os
+
+    import pytest
+
+    import paracorpus.units
+    from common import storage
+    from common.cli import OutputBusy
+    from paracorpus.units import unit_record_path
+
+    monkeypatch.setattr(paracorpus.units, "MAX_FILE_ROWS", 1)        # two rejects: two files
+    out, work = str(tmp_path / "out"), str(tmp_path / "out" / "_work" / "r1")
+    result = _unit("a.tsv", 0, "fp32")
+    item = {"pair_id": pair_id("a.tsv", 1, "věta 1", "sentence 1"), "input_shard": "a.tsv", "input_index": 1,
+            "source": "věta 1", "reference": "sentence 1"}
+    result.rejects.append(reject_row(item, "generate", "no_paraphrase", None, "h"))
+    looks = []
+
+    def writes_fence():      # a look before and after each file: the third is the second file's first
+        looks.append(len(looks))
+        if len(looks) >= 3:
+            assert list((tmp_path / "out").rglob("*.parquet"))        # the first file was written
+            raise OutputBusy(f"{out}: lost its claim")
+
+    storage.fence_writes(out, writes_fence)
+    try:
+        with pytest.raises(OutputBusy, match="lost its claim"):
+            write_unit(out, work, 0, 0, "cs-en", result, 1.0, "a.tsv")
+    finally:
+        storage.unfence_writes(out)
+    assert len(looks) == 3
+    assert not list((tmp_path / "out").rglob("*.parquet"))
+    assert not os.path.exists(unit_record_path(work, 0))
