@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
 
 
 def in_process() -> bool:
@@ -23,11 +24,11 @@ def in_fresh_process(module: str, function: str, *args) -> dict:
     """bench/MODULE.py's FUNCTION(*ARGS) in a new process with one OpenMP thread; its JSON result."""
     if in_process():
         # the same JSON round trip as a child's, so that a result that would not cross fails here too
-        if os.path.join(ROOT, "bench") not in sys.path:
-            sys.path.insert(0, os.path.join(ROOT, "bench"))
+        if BENCH not in sys.path:
+            sys.path.insert(0, BENCH)
         fn = getattr(importlib.import_module(module), function)
         return json.loads(json.dumps(fn(*json.loads(json.dumps(args)))))
-    code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'bench')!r}); "
+    code = (f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {BENCH!r}); "
             f"import {module} as b; print('RESULT', json.dumps(b.{function}(*json.loads(sys.argv[1]))))")
     done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
