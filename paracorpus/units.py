@@ -140,10 +140,10 @@ def generate_unit(elements: list, steps: list, batch_pairs: int, config_hash: st
 
 
 def _write_table(output: str, contract, rows: list, lang_pair: str, partition: int, unit: int,
-                 attempt: str, written: list[str]) -> list[dict]:
+                 attempt: str, written: list[str] | None = None) -> list[dict]:
     """ROWS as Parquet under OUTPUT/<table>/<lang pair>/<partition>/ (schema.partition_dir),
     MAX_FILE_ROWS per file, each named after the unit and attempt; their manifest entries. Each
-    file's path is added to WRITTEN once it is whole."""
+    file's path is added to WRITTEN (when given) once it is whole."""
     import pyarrow.parquet as pq
 
     if not rows:
@@ -157,7 +157,8 @@ def _write_table(output: str, contract, rows: list, lang_pair: str, partition: i
         table = contract.partitioned(chunk, lang_pair, partition)
         with storage.open_output(storage.join(output, rel)) as f:
             pq.write_table(table, f, compression="zstd")
-        written.append(storage.join(output, rel))
+        if written is not None:
+            written.append(storage.join(output, rel))
         entries.append({"path": rel, "rows": table.num_rows, "bytes": storage.size(storage.join(output, rel))})
     return entries
 
