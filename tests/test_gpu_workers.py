@@ -137,4 +137,8 @@ def test_dask_workers_that_would_decode_in_two_precisions_are_refused_before_any
 
     manifest = json.load(open(out / "_manifest.json"))
     precision = manifest["precision"]
-    assert precision["resolved"] == "fp32" and precision["workers"] == {"cpu_fp32": 2} and not precision["mixed"]
+    # which of the two workers got units is Dask's choice (under load one may take them all): the
+    # manifest counts the workers that decoded, all in fp32 on a CPU, and every planned unit's precision
+    assert precision["resolved"] == "fp32" and not precision["mixed"]
+    assert set(precision["workers"]) == {"cpu_fp32"} and precision["workers"]["cpu_fp32"] in (1, 2), precision
+    assert precision["units"] == {"fp32": manifest["units"]["planned"]}, (precision, manifest["units"])
