@@ -13,8 +13,8 @@ import os
 
 from common.cli import UsageError
 
-# the DaskRunner is ours: Beam's with task retries (beam_pipelines/runners.py)
-_DASK = "beam_pipelines.runners.DaskRunner"
+# the DaskRunner is ours: Beam's with task retries (beam_pipelines/dask_runner.py)
+_DASK = "beam_pipelines.dask_runner.DaskRunner"
 RUNNER_ALIASES = {"daskrunner": _DASK, "dask": _DASK, "apache_beam.runners.dask.dask_runner.daskrunner": _DASK}
 
 
@@ -33,8 +33,9 @@ def _beam_parser():
     """An argument parser with every option of every registered PipelineOptions class."""
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-    try:            # registers DaskOptions (--dask_client_address, ...) and the runners' retry options
-        import beam_pipelines.runners  # noqa: F401
+    import beam_pipelines.runners  # noqa: F401: the runners' retry and restart options, --slurm_*
+    try:            # registers DaskOptions (--dask_client_address, ...) where Dask is installed
+        import beam_pipelines.dask_runner  # noqa: F401
     except ImportError:
         pass
     class OneLine(_BeamArgumentParser):
