@@ -154,12 +154,13 @@ def _write_table(output: str, contract, rows: list, lang_pair: str, partition: i
         chunk = rows[start:start + MAX_FILE_ROWS]
         name = f"part-{unit_name(unit)}-{attempt}" + (f"-{seq:03d}" if len(rows) > MAX_FILE_ROWS else "") + ".parquet"
         rel = f"{rel_dir}/{name}"
+        path = storage.join(output, rel)
         table = contract.partitioned(chunk, lang_pair, partition)
-        with storage.open_output(storage.join(output, rel)) as f:
+        with storage.open_output(path) as f:
             pq.write_table(table, f, compression="zstd")
         if written is not None:
-            written.append(storage.join(output, rel))
-        entries.append({"path": rel, "rows": table.num_rows, "bytes": storage.size(storage.join(output, rel))})
+            written.append(path)
+        entries.append({"path": rel, "rows": table.num_rows, "bytes": storage.size(path)})
     return entries
 
 
