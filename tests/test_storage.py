@@ -185,3 +185,38 @@ with Stopping("the test job") as stopping:
     assert done.returncode == 75, done.stderr[-2000:]
     assert "error: lost its claim" in done.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_a_listing_through_fsspec_lists_a_directory_made_while_pyarrow_looked(tmp_path):
+    """pyarrow's handler of fsspec filesystems (WebHDFS's path) asks isdir, then exists: a
+    directory another writer makes between the two was "not a directory" (NotADirectoryError:
+    a claim on HDFS failed so under load, 2026-12-04). Here the directory is made at that very
+    instant, by a local fsspec filesystem whose isdir makes it after answering."""
+    import fsspec.implementations.local
+    import pyarrow.fs as pafs
+
+    from common.storage.reading import selected
+
+    target = tmp_path / "log"
+
+    class MadeWhileAsked(fsspec.implementations.local.LocalFileSystem):
+        def isdir(self, path):
+            answer = super().isdir(path)
+            if path.rstrip("/") == str(target) and not target.exists():
+                target.mkdir()                                  # the other writer, just then
+                (target / "1").write_text("x")
+            return answer
+
+    def fs():
+        return pafs.PyFileSystem(pafs.FSSpecHandler(MadeWhileAsked(skip_instance_cache=True)))
+
+    with pytest.raises(NotADirectoryError):                 # pyarrow alone: the race
+        fs().get_file_info(pafs.FileSelector(str(target), recursive=True, allow_not_found=True))
+    (target / "1").unlink()
+    target.rmdir()
+    infos = selected(fs(), pafs.FileSelector(str(target), recursive=True, allow_not_found=True))
+    assert [i.base_name for i in infos] == ["1"]
+    target.rename(tmp_path / "elsewhere")
+    (tmp_path / "log").write_text("a file")                   # a file stays not a directory
+    with pytest.raises(NotADirectoryError):
+        selected(fs(), pafs.FileSelector(str(target), recursive=True, allow_not_found=True))
