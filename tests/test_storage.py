@@ -187,17 +187,18 @@ with Stopping("the test job") as stopping:
     assert os.listdir(tmp_path) == []
 
 
-def test_a_listing_through_fsspec_lists_a_directory_made_while_pyarrow_looked(tmp_path):
-    """pyarrow's handler of fsspec filesystems (WebHDFS's path) asks isdir, then exists: a
-    directory another writer makes between the two was "not a directory" (NotADirectoryError:
-    a claim on HDFS failed so under load, 2026-12-04). Here the directory is made at that very
-    instant, by a local fsspec filesystem whose isdir makes it after answering."""
+def test_a_webhdfs_listing_lists_a_directory_made_while_pyarrow_looked(tmp_path):
+    """pyarrow's handler of fsspec filesystems asks isdir, then exists: a directory another
+    writer makes between the two was "not a directory" (NotADirectoryError: a claim on HDFS failed
+    so under load, 2026-12-04). Here the directory is made at that very instant, by a local fsspec
+    filesystem whose isdir makes it after answering, under webhdfs.Handler and pyarrow's own."""
     import fsspec.implementations.local
     import pyarrow.fs as pafs
 
-    from common.storage.reading import selected
+    from common.storage.webhdfs import Handler
 
     target = tmp_path / "log"
+    selector = pafs.FileSelector(str(target), recursive=True, allow_not_found=True)
 
     class MadeWhileAsked(fsspec.implementations.local.LocalFileSystem):
         def isdir(self, path):
@@ -207,16 +208,15 @@ def test_a_listing_through_fsspec_lists_a_directory_made_while_pyarrow_looked(tm
                 (target / "1").write_text("x")
             return answer
 
-    def fs():
-        return pafs.PyFileSystem(pafs.FSSpecHandler(MadeWhileAsked(skip_instance_cache=True)))
+    def fs(handler):
+        return pafs.PyFileSystem(handler(MadeWhileAsked(skip_instance_cache=True)))
 
-    with pytest.raises(NotADirectoryError):                 # pyarrow alone: the race
-        fs().get_file_info(pafs.FileSelector(str(target), recursive=True, allow_not_found=True))
+    with pytest.raises(NotADirectoryError):                 # pyarrow's handler: the race
+        fs(pafs.FSSpecHandler).get_file_info(selector)
     (target / "1").unlink()
     target.rmdir()
-    infos = selected(fs(), pafs.FileSelector(str(target), recursive=True, allow_not_found=True))
-    assert [i.base_name for i in infos] == ["1"]
+    assert [i.base_name for i in fs(Handler).get_file_info(selector)] == ["1"]
     target.rename(tmp_path / "elsewhere")
     (tmp_path / "log").write_text("a file")                   # a file stays not a directory
     with pytest.raises(NotADirectoryError):
-        selected(fs(), pafs.FileSelector(str(target), recursive=True, allow_not_found=True))
+        fs(Handler).get_file_info(selector)

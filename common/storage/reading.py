@@ -62,7 +62,7 @@ def list_files(path: str, recursive: bool = True) -> list[str]:
     storage_op("list", path)
     fs, inner = resolve(path)
     try:
-        infos = retrying(path, selected, fs, pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
+        infos = retrying(path, fs.get_file_info, pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
     except FileNotFoundError:
         return []
     return sorted(_url_of(path, inner, i.path) for i in infos if i.type == pafs.FileType.File)
@@ -79,24 +79,10 @@ def listdir(path: str) -> list[str]:
         return []
 
 
-def selected(fs, selector: pafs.FileSelector, attempts: int = 5) -> list:
-    """fs.get_file_info(SELECTOR), through the race in pyarrow's handler of fsspec filesystems
-    (WebHDFS): it asks isdir(base), then exists(base), and calls a directory that another writer
-    made between the two "not a directory" (NotADirectoryError). Asked again, a directory lists;
-    a file still raises."""
-    for _ in range(attempts - 1):
-        try:
-            return fs.get_file_info(selector)
-        except NotADirectoryError:
-            if fs.get_file_info(selector.base_dir).type == pafs.FileType.File:
-                raise
-    return fs.get_file_info(selector)
-
-
 def _listdir(fs, inner: str) -> list[str]:
     if fs.type_name == "local":
         return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(inner, recursive=False, allow_not_found=True)))
-    infos = selected(fs, pafs.FileSelector(inner, recursive=True, allow_not_found=True))
+    infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
     base = inner.rstrip("/") + "/"
     return sorted({i.path[len(base):].split("/", 1)[0] for i in infos if i.path.startswith(base)} - {""})
 

@@ -14,7 +14,8 @@ fsspec's client does the talking; this module adds what the storage layer relies
   ``{"boolean": false}``): :meth:`Client.mv` replaces the destination in one NameNode operation
   (HDFS's ``rename`` with ``OVERWRITE``, what pyarrow's ``move`` promises), :meth:`Client.rename_new`
   renames only if the name is free, which one renamer wins (the conditional writes' create);
-- the modification time, which pyarrow reads as ``mtime``.
+- the modification time, which pyarrow reads as ``mtime``;
+- listings that survive a directory made while they look (:class:`Handler`).
 
 The user is ``HADOOP_USER_NAME`` (Hadoop's own variable), else this process's user (simple
 authentication; Kerberos is not supported).
@@ -25,6 +26,7 @@ import datetime
 import getpass
 import os
 
+import pyarrow.fs as pafs
 import requests
 from fsspec.implementations.webhdfs import WebHDFS
 
@@ -150,11 +152,25 @@ def split(url: str) -> tuple[str, int, str]:
     return host, int(port or DEFAULT_PORT), "/" + path.strip("/")
 
 
+class Handler(pafs.FSSpecHandler):
+    """pyarrow's handler of an fsspec filesystem, with a listing that survives a race of its own:
+    it asks isdir(base), then exists(base), and calls a directory another writer made between the
+    two "not a directory" (NotADirectoryError: one of two claims racing for an output failed so
+    under load). Asked again, a directory lists; a file still raises."""
+
+    def get_file_info_selector(self, selector, attempts: int = 5):
+        for _ in range(attempts - 1):
+            try:
+                return super().get_file_info_selector(selector)
+            except NotADirectoryError:
+                if self.fs.isfile(selector.base_dir):
+                    raise
+        return super().get_file_info_selector(selector)
+
+
 def filesystem(host: str, port: int, timeout: float):
     """A pyarrow filesystem over WebHDFS at HOST:PORT."""
-    import pyarrow.fs as pafs
-
-    return pafs.PyFileSystem(pafs.FSSpecHandler(Client(host, port, timeout)))
+    return pafs.PyFileSystem(Handler(Client(host, port, timeout)))
 
 
 def client_of(fs) -> Client | None:
