@@ -274,7 +274,7 @@ def _tree(path: str) -> list:
                   for d, _, fs in os.walk(path) for f in fs)
 
 
-def run_case(index: int, case: Case, work: str, models: str) -> dict:
+def run_case(index: int, case: Case, work: str, models: str, launch=subprocess.run) -> dict:
     out = os.path.join(work, f"out-{index}")
     args = [a.replace("$OUT", out).replace("$WORK", work).replace("$MODELS", models) for a in case.args]
     before = _tree(os.path.join(work, case.protect)) if case.protect else None
@@ -284,9 +284,8 @@ def run_case(index: int, case: Case, work: str, models: str) -> dict:
             env[name] = value
         else:
             env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", case.module, *args], cwd=ROOT, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL,
-                          timeout=600, env=env)
+    done = launch([sys.executable, "-m", case.module, *args], cwd=ROOT, capture_output=True, text=True,
+                  stdin=subprocess.DEVNULL, timeout=600, env=env)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:") or ": error:" in line]
     message = errors[-1] if errors else (done.stderr.strip().splitlines() or [""])[-1]
     for real, shown in ((out, "$OUT"), (work, "$WORK"), (models, "$MODELS")):
@@ -306,13 +305,15 @@ def _command(module: str) -> str:
             "models.nmt.translate": "paragen-translate"}[module]
 
 
-def run_all(models: str, jobs: int = 2) -> list[dict]:
+def run_all(models: str, jobs: int = 2, launch=subprocess.run) -> list[dict]:
+    """Every case's result. LAUNCH: subprocess.run, or a function like it (the suite's forks a
+    warm interpreter: tests/warm_python.py)."""
     models = os.path.abspath(models)
     with tempfile.TemporaryDirectory(prefix="paragen-mistakes-") as work:
         _setup(work, models)
         cases = [(i, c) for i, c in enumerate(CASES) if not _skip(c)]
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            results = list(pool.map(lambda ic: run_case(ic[0], ic[1], work, models), cases))
+            results = list(pool.map(lambda ic: run_case(ic[0], ic[1], work, models, launch), cases))
         skipped = [{"title": c.title, "skipped": _skip(c)} for c in CASES if _skip(c)]
     return results + skipped
 

@@ -59,13 +59,16 @@ REFRESH = Job("beam_pipelines.refresh", "latest.json", "paraphrases", ())
 
 def job(args: list[str], env: dict | None = None, timeout: float = 900, which: Job = GENERATE,
         wait: bool = True):
-    """The job with ARGS as a process; its CompletedProcess, or with WAIT False the Popen."""
+    """The job with ARGS as a process (forked from a warm interpreter: tests/warm_python.py); its
+    CompletedProcess, or with WAIT False the Popen."""
+    from tests import warm_python
+
     command = [sys.executable, "-m", which.module, *args]
     env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
     if not wait:
-        return subprocess.Popen(command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, start_new_session=True)
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+        return warm_python.popen(command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=env, start_new_session=True)
+    return warm_python.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _table_rows(files: list[str]):

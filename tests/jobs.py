@@ -41,8 +41,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def start_job(args, env=None) -> subprocess.Popen:
     """The generation job with ARGS as a process of its own (its own session: a signal to it is
-    for it alone)."""
-    return subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
+    for it alone), forked from a warm interpreter (tests/warm_python.py)."""
+    from tests import warm_python
+
+    return warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 

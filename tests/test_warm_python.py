@@ -1,0 +1,91 @@
+"""A job forked from the warm interpreter (tests/warm_python.py) is what a fresh ``python -m`` is:
+the same rows and lines printed, the same refusal, its own session, signals and exit status; the
+crash-point, fault and common-mistake tests start their jobs that way."""
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests import warm_python
+from tests.jobs import committed_rows
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _both(command, **kwargs):
+    kwargs = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": 600, **kwargs}
+    fresh = subprocess.run(command, **kwargs)
+    warm = warm_python.run(command, **kwargs)
+    return fresh, warm
+
+
+def _steady(text: str, *paths) -> list[str]:
+    """TEXT's lines without what differs between two runs: times, rates, run ids, PATHS."""
+    for path in paths:
+        text = text.replace(str(path), "OUT")
+    text = re.sub(r"\d{8}T\d{6}Z-[0-9a-f]{6}", "RUN", text)
+    text = re.sub(r"\d+(\.\d+)?", "N", text)
+    return [line for line in text.splitlines() if "by stage" not in line]   # that line's order is by time
+
+
+@pytest.mark.slow
+def test_a_warm_job_gives_a_fresh_processs_rows_and_lines(tiny_nmt_models, tmp_path):
+    bitext = tmp_path / "in.tsv"
+    with open(os.path.join(ROOT, "examples", "cs-en.example.tsv"), encoding="utf-8") as f:
+        bitext.write_text("".join(f.readline() for _ in range(12)), encoding="utf-8")
+    args = ["--input", str(bitext), "--forward_model", os.path.join(tiny_nmt_models, "cs-en"),
+            "--backward_model", os.path.join(tiny_nmt_models, "en-cs"), "--num_sets", "2", "--num_samples", "3"]
+    fresh = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args, "--output", str(tmp_path / "a")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    warm = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args, "--output", str(tmp_path / "b")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert fresh.returncode == warm.returncode == 0, (fresh.stderr[-2000:], warm.stderr[-2000:])
+    assert committed_rows(tmp_path / "a") == committed_rows(tmp_path / "b") != []
+    assert _steady(fresh.stdout, tmp_path / "a") == _steady(warm.stdout, tmp_path / "b")
+    log = [re.sub(r"^\S+ \S+ ", "", line) for line in _steady(warm.stderr, tmp_path / "b")]
+    assert log == [re.sub(r"^\S+ \S+ ", "", line) for line in _steady(fresh.stderr, tmp_path / "a")]
+
+
+def test_a_refusal_prints_what_a_fresh_process_prints(tmp_path):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PARAGEN_NOT_A_SETTING_READ_AT_IMPORT": "1"}
+    for args in (["--input", str(tmp_path / "nope.tsv"), "--output", str(tmp_path / "out"), "--forward_model",
+                  str(tmp_path), "--presett", "paranmt"],
+                 ["--input", str(tmp_path / "nope.tsv"), "--output", str(tmp_path / "out"), "--forward_model",
+                  str(tmp_path / "no-model")]):
+        fresh, warm = _both([sys.executable, "-m", "beam_pipelines.generate", *args], env=env)
+        assert fresh.returncode == warm.returncode == 2
+        assert fresh.stderr == warm.stderr and "error:" in warm.stderr and "Traceback" not in warm.stderr
+        assert fresh.stdout == warm.stdout
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_warm_job_reads_its_environment_in_its_own_session_and_place(tiny_nmt_models, tmp_path):
+    from tests.crash_points import _until_stopped
+
+    (tmp_path / "in.tsv").write_text("Pes běží.\tA dog runs.\n", encoding="utf-8")
+    # PARAGEN_CRASH_AT: the job stops itself (SIGSTOP) before its first storage operation
+    proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", "--input", "in.tsv", "--output", "out",
+                              "--forward_model", os.path.join(tiny_nmt_models, "cs-en")],
+                             cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True, env={**os.environ, "PARAGEN_CRASH_AT": "1:STOP"})
+    try:
+        assert _until_stopped(proc), proc.communicate()
+        assert os.getsid(proc.pid) == proc.pid != os.getpid()
+        assert os.readlink(f"/proc/{proc.pid}/cwd") == str(tmp_path)
+        with pytest.raises(subprocess.TimeoutExpired):          # stopped: it cannot have ended
+            proc.wait(0.01)
+    finally:
+        proc.kill()
+    proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_what_is_not_a_preloaded_module_runs_as_a_real_process():
+    done = warm_python.run([sys.executable, "-c", "import sys; print(sys.argv)"], capture_output=True, text=True,
+                           timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "['-c']"
+    with pytest.raises(ValueError):
+        warm_python.WarmPopen([sys.executable, "-c", "pass"])

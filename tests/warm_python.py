@@ -1,0 +1,284 @@
+"""Job processes forked from a warm interpreter, for tests that start many jobs (crash points,
+common mistakes): a job process spends 3-5 s of CPU importing torch, Beam and fairseq before it
+reads a record, most of what a 40-pair job costs.
+
+A zygote process (``python -m tests.warm_python``) imports the jobs' modules once. For each job it
+forks a monitor, which forks the job and reports the job's pid and then its exit status. The job
+is a process of its own, as ``python -m MODULE ARGS`` would be: its own pid (and session with
+start_new_session), the environment, working directory, argv, sys.path, stdin/stdout/stderr and
+warning filters it was given, the module run as ``__main__``, its exit status (a signal's, an
+uncaught exception's traceback and 1), its atexit handlers. What it does not repeat is the import
+of modules the zygote already has: a test of what a fresh process imports, prints while importing,
+or reads from the environment at import runs a real ``python -m`` (our modules read their settings
+when called, not at import: tests/test_warm_python.py checks the parity on a real job).
+
+:class:`WarmPopen` is ``subprocess.Popen`` with its start replaced, so pipes, ``communicate``,
+timeouts and signals work as usual; :func:`popen` and :func:`run` fall back to a real process for
+a command that is not ``python -m`` of a preloaded module.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# what the jobs the suite starts many times import (each pulls in torch, Beam, fairseq, pyarrow)
+PRELOAD = ("beam_pipelines.generate", "beam_pipelines.filter", "beam_pipelines.refresh", "embeddings.train",
+           "embeddings.sts", "embeddings.lexicon", "models.nmt.importing", "models.nmt.translate", "models.nmt.train")
+_LIMIT = 1 << 20
+
+
+# ------------------------------------------------------------------------------- the zygote
+
+def _serve(sock: socket.socket) -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)          # monitors are reaped by the kernel
+    while True:
+        msg, fds, _flags, _addr = socket.recv_fds(sock, _LIMIT, 4)
+        if not msg:
+            return                                          # the test process closed its end
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            sock.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _monitor(json.loads(msg), fds)                  # does not return
+        for fd in fds:
+            os.close(fd)
+
+
+def _monitor(request: dict, fds: list[int]) -> None:
+    stdin, stdout, stderr, status = fds
+    pid = os.fork()
+    if pid == 0:
+        os.close(status)
+        _become_job(request, stdin, stdout, stderr)         # does not return
+    for fd in (stdin, stdout, stderr):
+        os.close(fd)
+    os.write(status, f"{pid}\n".encode())
+    _, code = os.waitpid(pid, 0)
+    os.write(status, f"{code}\n".encode())
+    os._exit(0)
+
+
+def _become_job(request: dict, stdin: int, stdout: int, stderr: int) -> None:
+    """Turn this fork into the job's process: its files, session, place, environment and argv;
+    then run the module as __main__ and end as a fresh interpreter would (:func:`_exit`)."""
+    import runpy
+    import tempfile
+    import warnings
+
+    if request["new_session"]:
+        os.setsid()
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    env = request["env"]
+    if env.get("PYTHONWARNINGS", "") != os.environ.get("PYTHONWARNINGS", ""):
+        for option in filter(None, env.get("PYTHONWARNINGS", "").split(",")):
+            warnings._setoption(option)
+    if env.get("PYTHONUNBUFFERED"):
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base = [p for p in sys.path[1:] if p not in extra]
+    sys.path[:] = [request["cwd"], *extra, *base]           # python -m: the working directory first
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None                                 # TMPDIR read again
+    sys.argv = [request["module"], *request["args"]]
+    sys.modules.pop(request["module"], None)               # as in a fresh process: only its __main__ copy
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = _exit_status(exc.code)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        code = -signal.SIGINT
+    except BaseException:                                   # noqa: B036: what the interpreter does with it
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    _exit(code)
+
+
+def _exit_status(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _exit(code: int) -> None:
+    """End the job as the interpreter ends: its threads joined (threading's exit callbacks: a
+    thread pool's shutdown), its atexit handlers, stdio flushed; then the process, without the
+    tear-down of every module the zygote imported (over a second of CPU a job, for nothing: the
+    process ends). A KeyboardInterrupt ends it by SIGINT, as Python does."""
+    import atexit
+    import threading as threads
+
+    threads._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _main() -> None:
+    import threading as threads
+
+    for name in PRELOAD:
+        __import__(name)
+    if threads.active_count() != 1:                         # a fork keeps only the forking thread
+        raise SystemExit(f"warm_python: the preloaded modules started threads: {threads.enumerate()}")
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    sock.send(b"ready")
+    _serve(sock)
+
+
+# --------------------------------------------------------------------------- the test's side
+
+class _Zygote:
+    def __init__(self):
+        here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
+        import tempfile
+
+        self.log = tempfile.TemporaryFile()             # the zygote's own stderr: why it did not start
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.warm_python", str(there.fileno())],
+                                     cwd=ROOT, env=env, pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+        there.close()
+        self.sock, self.lock = here, threading.Lock()
+        if self.sock.recv(16) != b"ready":
+            self.proc.wait()
+            self.log.seek(0)
+            raise RuntimeError(f"warm_python: the zygote did not start (exit status {self.proc.returncode}): "
+                               f"{self.log.read()[-2000:].decode(errors='replace')}")
+
+    def start(self, request: dict, fds: list[int]) -> None:
+        with self.lock:
+            socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+
+    def close(self) -> None:
+        self.sock.close()                                   # the zygote's recv ends: it exits
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_ZYGOTE: list = []
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote() -> _Zygote:
+    with _ZYGOTE_LOCK:
+        if not _ZYGOTE or _ZYGOTE[0].proc.poll() is not None:
+            import atexit
+
+            _ZYGOTE[:] = [_Zygote()]
+            atexit.register(_ZYGOTE[0].close)
+        return _ZYGOTE[0]
+
+
+def stop() -> None:
+    """End this process's zygote (a fixture's teardown; atexit does it otherwise)."""
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE:
+            _ZYGOTE.pop().close()
+
+
+def _module_of(args) -> str | None:
+    if isinstance(args, (list, tuple)) and len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" \
+            and args[2] in PRELOAD:
+        return args[2]
+    return None
+
+
+class WarmPopen(subprocess.Popen):
+    """subprocess.Popen of ``[sys.executable, "-m", MODULE, ...]`` (MODULE in PRELOAD), forked from
+    the zygote instead of started afresh."""
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                       creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
+                       restore_signals, gid, gids, uid, umask, start_new_session, process_group):
+        module = _module_of(list(args))
+        if module is None or preexec_fn or shell or pass_fds or executable:
+            raise ValueError(f"WarmPopen runs python -m of {PRELOAD}, not {args!r}")
+        status_read, status_write = os.pipe()
+        request = {"module": module, "args": [os.fsdecode(a) for a in args[3:]],
+                   "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+                   "env": dict(env) if env is not None else dict(os.environ),
+                   "new_session": bool(start_new_session)}
+        fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
+               errwrite if errwrite != -1 else 2, status_write]
+        try:
+            _zygote().start(request, fds)
+        finally:
+            os.close(status_write)
+            self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+        self._status = os.fdopen(status_read, "rb")
+        line = self._status.readline()
+        if not line:
+            raise OSError(f"warm_python: the zygote did not start {module}")
+        self.pid = int(line)
+        self._child_created = True
+
+    def _finish(self) -> None:
+        line = self._status.readline()
+        self._status.close()
+        self.returncode = os.waitstatus_to_exitcode(int(line)) if line else -9
+
+    def _internal_poll(self, _deadstate=None, _waitpid=None, _WNOHANG=None, _ECHILD=None):
+        if self.returncode is None and select.select([self._status], [], [], 0)[0]:
+            self._finish()
+        return self.returncode
+
+    def _wait(self, timeout):
+        if self.returncode is None:
+            if not select.select([self._status], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._finish()
+        return self.returncode
+
+
+def popen(args, **kwargs) -> subprocess.Popen:
+    """WarmPopen for ``python -m`` of a preloaded module, else subprocess.Popen."""
+    return (WarmPopen if _module_of(args) else subprocess.Popen)(args, **kwargs)
+
+
+def run(args, timeout: float | None = None, capture_output: bool = False, input=None,
+        **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run with :func:`popen`."""
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    with popen(args, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+if __name__ == "__main__":
+    _main()
