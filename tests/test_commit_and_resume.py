@@ -17,6 +17,7 @@ from paracorpus.commit import committed_files
 from paracorpus.runs import open_input
 from tests.jobs import committed_rows, quick_args, units_committed
 from tests.claims import claim_record, run_files
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +35,7 @@ _args, _rows = quick_args, committed_rows
 
 
 def _start(args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
+    return warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                             env={**os.environ, **(env or {})})
 

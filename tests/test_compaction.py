@@ -18,6 +18,7 @@ from common import storage
 from paracorpus.commit import committed_files
 from paracorpus.compaction import FileTarget, compact_group, group_record_path
 from tests.claims import run_files
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -164,7 +165,7 @@ def test_a_kill_during_compaction_then_resume_gives_the_uninterrupted_rows(bitex
     args = ("--unit_pairs", "3", "--num_output_shards", "4", "--file_rows", "1")
     whole = run(_args(bitext, tmp_path / "whole", tiny_nmt_models, *args))
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *_args(bitext, out, tiny_nmt_models, *args)],
+    proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *_args(bitext, out, tiny_nmt_models, *args)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
     def compacting():

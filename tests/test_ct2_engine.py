@@ -17,6 +17,7 @@ from models.nmt.engines.ct2_engine import CT2Engine
 from models.nmt.engine import SampleRequest
 from models.nmt.engines.loading import load_engine
 from paracorpus.paraphrasing import violates
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow          # models trained with fairseq-train, converted with CTranslate2
@@ -137,7 +138,7 @@ def test_paragen_translate_runs_a_ctranslate2_directory(converted, fairseq_layou
     sentences = info["test_sentences"][:5]
 
     def cli(*args, stdin):
-        done = subprocess.run([sys.executable, "-m", "models.nmt.translate", "--model", ct2_dir, *args],
+        done = warm_python.run([sys.executable, "-m", "models.nmt.translate", "--model", ct2_dir, *args],
                               input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=300,
                               env={**os.environ, "PYTHONPATH": ROOT})
         assert done.returncode == 0, done.stderr[-2000:]
@@ -230,7 +231,7 @@ def test_resume_after_a_kill_gives_the_uninterrupted_rows(converted, job_input, 
     from beam_pipelines.generate import run
 
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *_job_args(converted, job_input, out)],
+    proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *_job_args(converted, job_input, out)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": ROOT})
     deadline = time.time() + 300
@@ -253,7 +254,7 @@ def test_sampled_rows_do_not_depend_on_threads_or_process(converted, job_input, 
     """CTranslate2 draws per work unit (docs/contract.md): the same units and batches give the same
     rows in another process with two intra-op threads as in this one with one."""
     out = tmp_path / "two-threads"
-    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *_job_args(converted, job_input, out),
+    done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *_job_args(converted, job_input, out),
                            "--torch_threads", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -321,7 +322,7 @@ def test_engine_auto_takes_ctranslate2_for_one_model_on_a_cpu_and_fairseq_otherw
 # ------------------------------------------------------------------ refusals
 def test_refusals_are_one_line(fairseq_layouts, converted, tmp_path):
     def refused(module, args, match):
-        done = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+        done = warm_python.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=600, env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.DEVNULL)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]

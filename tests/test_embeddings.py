@@ -5,7 +5,6 @@ Everything trains on the synthetic English paraphrases of tests/toydata.py; noth
 import math
 import os
 import random
-import subprocess
 import sys
 
 import numpy as np
@@ -25,6 +24,7 @@ from embeddings.train import TrainConfig, megabatch_step, train
 from models.sentence.encoders import KINDS, parse_spec
 from models.sentence.sentence_encoder import SentenceEncoder, load_encoder
 from tests.toydata import toy_paraphrases, toy_sts
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = dict(progress=False)
@@ -408,7 +408,7 @@ def test_lexicon_drops_long_sentences_and_low_scores():
 # ------------------------------------------------------------------ command lines
 
 def _cli(module, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+    return warm_python.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -23,6 +23,7 @@ from tests.claims import claim_record, take_over
 from tests.crash_points import _until_stopped
 from tests.jobs import ROOT, quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
+from tests import warm_python
 
 LEASE = "3"          # seconds: PARAGEN_LEASE_SECONDS for these tests
 
@@ -207,12 +208,12 @@ def test_a_holder_paused_past_its_lease_cannot_publish_over_the_run_that_took_ov
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": ROOT, "PARAGEN_LEASE_SECONDS": LEASE}
     job = [sys.executable, "-m", "beam_pipelines.generate", *quick_args(str(bitext), out, tiny_nmt_models)]
-    a = subprocess.Popen([*job, "--num_samples", "2"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+    a = warm_python.popen([*job, "--num_samples", "2"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env={**env, "PARAGEN_CRASH_AT": "~-_manifest.json:STOP"})
     try:
         _stopped(a, timeout=600)
         time.sleep(float(LEASE) + 1)
-        b = subprocess.run([*job, "--overwrite"], cwd=ROOT, text=True, capture_output=True, env=env, timeout=600)
+        b = warm_python.run([*job, "--overwrite"], cwd=ROOT, text=True, capture_output=True, env=env, timeout=600)
         assert b.returncode == 0, b.stderr[-3000:]
         published = rows(str(out))
         assert published

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 
@@ -21,6 +20,7 @@ from filtering.lm import estimate, write_arpa
 from filtering.syntax import parse_bracketed, top_levels, tree_edit_distance
 from paracorpus.schema import PARAPHRASE_SCHEMA
 from tests.toydata import toy_paraphrases, write_generation_run
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -416,14 +416,14 @@ def test_cli_fails_before_work_on_bad_config(generation_output, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("filters:\n  - name: lenght\n")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", "--input", str(root), "--output", str(out),
+    r = warm_python.run([sys.executable, "-m", "beam_pipelines.filter", "--input", str(root), "--output", str(out),
                         "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown filter 'lenght'" in r.stderr and not out.exists()
     bad.write_text("filters:\n  - name: length\n    thresholds: {paraphrase_length: {max: -}}\n")
-    r = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", "--input", str(root), "--output", str(out),
+    r = warm_python.run([sys.executable, "-m", "beam_pipelines.filter", "--input", str(root), "--output", str(out),
                         "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "must be a number" in r.stderr and not out.exists()
-    r = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", "--help"], cwd=ROOT, capture_output=True,
+    r = warm_python.run([sys.executable, "-m", "beam_pipelines.filter", "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "--config" in r.stdout and "paranmt" in r.stdout
 
@@ -491,7 +491,7 @@ def test_dev_set_reader_counts_bad_lines_and_refuses_an_empty_set(tmp_path, caps
 @pytest.mark.slow
 def test_tune_cli_on_a_filter_run(direct_filter_run):
     out, _ = direct_filter_run
-    r = subprocess.run([sys.executable, "-m", "filtering.tune", "--scored", os.path.join(out, "scored"),
+    r = warm_python.run([sys.executable, "-m", "filtering.tune", "--scored", os.path.join(out, "scored"),
                         "--score", "trigram_overlap", "--direction", "low", "--keep_rate", "0.5"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -12,6 +12,7 @@ import pytest
 
 from tests.crash_points import job, leftovers, rows
 from tests.jobs import ROOT, quick_args
+from tests import warm_python
 
 pytestmark = pytest.mark.slow          # each test runs the job two or three times
 
@@ -41,7 +42,7 @@ def test_a_start_that_planned_before_another_published_does_not_replace_it(tmp_p
     (the old code had planned before claiming and published over B)."""
     out = tmp_path / "out"
     args = quick_args(str(bitext), out, tiny_nmt_models)
-    a = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, text=True,
+    a = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_CRASH_AT": "~-_owner.json:STOP"})
     try:

@@ -10,6 +10,7 @@ import pytest
 
 from beam_pipelines.generation.devices import gpu_worker_processes, hashed_precision
 from models.nmt.devices import CPU_SAMPLE_TOKENS, CPU_SCORE_TOKENS, batch_budgets, claim_gpu
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,14 +124,14 @@ def test_dask_workers_that_would_decode_in_two_precisions_are_refused_before_any
     with local_dask_cluster(str(tmp_path / "dask"), worker_envs=[{}, ampere]) as address:
         args = [a for a in quick_args(bitext_file, out, tiny_nmt_models) if a not in ("--device", "cpu")]
         args += ["--runner", "DaskRunner", "--dask_client_address", address]
-        done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
+        done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
         assert "would decode in different precisions (1 in fp32 on cpu; 1 in tf32 on cuda (NVIDIA A100-SXM4-80GB))" \
             in errors[0], errors
         assert not out.exists()                                  # refused before anything was written
-        done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args, "--device", "cpu"], cwd=ROOT,
+        done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args, "--device", "cpu"], cwd=ROOT,
                               capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     import json

@@ -8,7 +8,6 @@ ways; and every refusal is one line with nothing written."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from models.nmt.engine import SampleRequest
 from models.nmt.engines.loading import load_engine
 from paracorpus.paraphrasing import violates
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow          # every test here uses models trained with fairseq-train
@@ -51,7 +51,7 @@ def imported(fairseq_layouts, tmp_path_factory):
 
 
 def _cli(module, args, stdin=None, env=None):
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, input=stdin, capture_output=True,
+    return warm_python.run([sys.executable, "-m", module, *args], cwd=ROOT, input=stdin, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 
 

@@ -23,6 +23,7 @@ from tests.claims import claim_record, holder_token, take_over
 from tests.crash_points import _until_stopped
 from tests.jobs import quick_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,7 +99,7 @@ def test_a_run_that_lost_its_claim_stops_before_its_manifest_touching_nothing(tm
     bitext = tmp_path / "in.tsv"
     bitext.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:48]))
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate",
+    proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate",
                              *quick_args(str(bitext), out, tiny_nmt_models)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
     deadline = time.time() + 300
@@ -152,7 +153,7 @@ def test_the_same_command_started_twice_at_once_writes_once(tmp_path, tiny_nmt_m
     out = tmp_path / "out"
     args = [sys.executable, "-m", "beam_pipelines.generate", *quick_args(str(bitext), out, tiny_nmt_models)]
     env = {**os.environ, "PYTHONPATH": ROOT}
-    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    procs = [warm_python.popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
              for _ in range(2)]
     ends = [p.communicate(timeout=600) for p in procs]
     statuses = [p.returncode for p in procs]

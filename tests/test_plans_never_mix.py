@@ -10,7 +10,6 @@ unit and group record names its plan.
 """
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -23,6 +22,7 @@ from paracorpus.compaction import FileTarget, compact_group
 from tests.jobs import committed_rows, quick_args
 from tests.test_compaction import _unit
 from tests.claims import claim_record
+from tests import warm_python
 
 
 def test_a_group_record_of_another_plan_is_not_reused(tmp_path):
@@ -92,7 +92,7 @@ def test_continue_only_continues_its_own_plans_run_and_writes_nothing_for_anothe
     # this plan's run, stopped while its second unit is written: continued, the first reused
     mine = tmp_path / "mine"
     args = quick_args(bitext, mine, tiny_nmt_models, "--run_id", "r1")
-    stopped = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], capture_output=True, text=True,
+    stopped = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], capture_output=True, text=True,
                              env={**os.environ, "PARAGEN_CRASH_AT": "*part-u000001-:TERM"}, timeout=600)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     again = run([*args, "--continue_only"])

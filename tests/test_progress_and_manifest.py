@@ -3,10 +3,10 @@ DirectRunner too) and what the manifest records about the run."""
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tm
            "--forward_model", os.path.join(tiny_nmt_models, "cs-en"),
            "--backward_model", os.path.join(tiny_nmt_models, "en-cs"),
            "--num_sets", "2", "--num_samples", "10", "--dual_xent_threshold", "-1", "--score_threshold", "-1"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    done = warm_python.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PARAGEN_PROGRESS_SECONDS": "0.1"})
     assert done.returncode == 0, done.stderr[-3000:]
     err = done.stderr

@@ -18,6 +18,7 @@ from common.cli import JobFailed, OutputBusy, UsageError
 from paracorpus.commit import committed_files
 from tests.jobs import refresh_job_args
 from tests.object_stores import s3_store  # noqa: F401  (fixture)
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILTER = "filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.9}}\n"
@@ -192,7 +193,7 @@ def test_a_stopped_refresh_on_a_bucket_keeps_each_attempts_log(tmp_path, monkeyp
                *_job(f"{bucket}/in", f"{bucket}/models")]
     env = {**os.environ, "PYTHONPATH": ROOT}
     # SIGTERM while the second of its two units is written: the first is committed
-    stopped = subprocess.run(command, env={**env, "PARAGEN_CRASH_AT": "*part-u000001-:TERM"}, cwd=ROOT,
+    stopped = warm_python.run(command, env={**env, "PARAGEN_CRASH_AT": "*part-u000001-:TERM"}, cwd=ROOT,
                              capture_output=True, text=True, timeout=900)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     logs = storage.listdir(f"{root}/logs")
@@ -200,7 +201,7 @@ def test_a_stopped_refresh_on_a_bucket_keeps_each_attempts_log(tmp_path, monkeyp
     run_id = logs[0][:-len(".log")]
     first = storage.read_bytes(f"{root}/logs/{run_id}.log")
     assert b"generation" in first, first[-2000:]
-    again = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    again = warm_python.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and f"continuing run {run_id}" in again.stdout, again.stderr[-3000:]
     assert _latest(root) == run_id
     assert [n for n in storage.listdir(f"{root}/logs") if n.endswith(".log")] == [f"{run_id}.2.log", f"{run_id}.log"]

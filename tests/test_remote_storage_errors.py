@@ -2,13 +2,13 @@
 for inputs, model directories and outputs alike; hdfs:// without Hadoop is one line too."""
 import os
 import socket
-import subprocess
 import sys
 import time
 
 import pytest
 
 from common import storage
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,7 +53,7 @@ def _one_line_from_the_job(unreachable, tmp_path, where, model):
     args = {"--input": str(inp), "--output": str(tmp_path / "out"), "--forward_model": model}
     args[where] = "s3://bucket/x"
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate",
+    done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate",
                            *[x for kv in args.items() for x in kv]], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stderr.strip().splitlines() if " WARNING " not in line]
@@ -100,7 +100,7 @@ def test_a_store_never_reached_is_one_line_within_the_timeout_before_anything_is
     start = time.monotonic()
     bitext = tmp_path / "in.tsv"
     bitext.write_text("ahoj\thello\n")
-    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", "--input", str(bitext),
+    done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", "--input", str(bitext),
                            "--output", "s3://no-such-bucket/corpus", "--forward_model", str(tmp_path / "m")], cwd=ROOT,
                           capture_output=True, text=True, timeout=900, env=env)
     seconds = time.monotonic() - start

@@ -15,7 +15,6 @@ The settings and the worker script are tested without SLURM too.
 """
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -27,6 +26,7 @@ from common.cli import UsageError
 from tests.jobs import FILTER_CONFIG, committed_rows, quick_args, scored_rows, units_committed
 from tests.slurm_jobs import (completed, ROOT, UNITS, bitext, local_rows, local_run, slurm, start_now,  # noqa: F401: fixtures
                               submit, wait_for)
+from tests import warm_python
 
 
 
@@ -103,7 +103,7 @@ def test_the_filter_job_on_slurm_workers_scores_as_a_local_run(slurm, local_run,
     config.write_text(FILTER_CONFIG)
     args = ["--input", str(local_run), "--config", str(config), "--no_report"]
     filter_run([*args, "--output", str(tmp_path / "local")])
-    done = subprocess.run([sys.executable, "-m", "beam_pipelines.filter", *args, "--output", str(tmp_path / "slurm"),
+    done = warm_python.run([sys.executable, "-m", "beam_pipelines.filter", *args, "--output", str(tmp_path / "slurm"),
                            "--runner", "DaskRunner", "--slurm_workers", "1", "--slurm_cpus_per_worker", "1",
                            "--slurm_memory", "2GB", "--slurm_time", "30", "--slurm_log_dir", str(tmp_path)],
                           cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600)
@@ -119,7 +119,7 @@ def test_a_partition_slurm_does_not_have_is_refused_before_anything_is_submitted
                                                                                tmp_path):
     out = tmp_path / "out"
     before = slurm.jobs()
-    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate",
+    done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate",
         *quick_args(bitext, out, tiny_nmt_models), "--runner", "DaskRunner", "--slurm_workers", "2",
         "--slurm_partition", "gpu-nosuch"], cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT},
         capture_output=True, text=True, timeout=300)
@@ -131,7 +131,7 @@ def test_a_partition_slurm_does_not_have_is_refused_before_anything_is_submitted
 def test_a_dry_run_prints_the_worker_script_and_an_estimate_for_the_fleet(slurm, bitext, tiny_nmt_models, tmp_path):
     out = tmp_path / "out"
     before = slurm.jobs()
-    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *quick_args(bitext, out, tiny_nmt_models),
+    done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *quick_args(bitext, out, tiny_nmt_models),
                            "--dry_run", "--rate", "0.5", "--runner", "DaskRunner", "--slurm_workers", "4",
                            "--slurm_cpus_per_worker", "2", "--slurm_partition", "nodes"],
                           cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)

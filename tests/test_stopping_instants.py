@@ -4,7 +4,6 @@ grace period. Each ends in one line within the grace period, with nothing left t
 (no claim), and the same command then finishes the run (its clean-up too)."""
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -12,6 +11,7 @@ import pytest
 
 from tests.jobs import committed_rows, quick_args, start_job, units_committed, wait_for
 from tests.claims import claim_record
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI = ("--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
@@ -35,7 +35,7 @@ def _errors(stderr: str) -> list[str]:
 
 
 def _rerun_finishes(args, out, want_rows):
-    done = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
+    done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     assert committed_rows(out) == want_rows

@@ -18,6 +18,7 @@ from tests.fault_proxy import FaultProxy
 from tests.jobs import refresh_job_args
 from tests.object_stores import s3_store  # noqa: F401: a fixture
 from tests.toydata import toy_bitext
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILTER = "filters:\n  - name: ngram_overlap\n    thresholds: {trigram_overlap: {max: 0.9}}\n"
@@ -37,7 +38,7 @@ def _command(job: str, bucket: str) -> list[str]:
 
 
 def _run(command: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, **env},
+    return warm_python.popen([sys.executable, "-m", *command], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
@@ -77,7 +78,7 @@ def test_a_store_away_at_the_commit_is_exit_1_in_one_line_and_the_same_command_p
                "PARAGEN_CACHE": str(tmp_path / "cache"), "PARAGEN_STORAGE_RETRY_SECONDS": "4",
                "PARAGEN_STORAGE_TIMEOUT": "3"}
         if job == "filter":             # the run it filters, published while the store is there
-            assert subprocess.run([sys.executable, "-m", *_command("generate", bucket)], cwd=ROOT,
+            assert warm_python.run([sys.executable, "-m", *_command("generate", bucket)], cwd=ROOT,
                                   env={**os.environ, **env}, capture_output=True).returncode == 0
         proc = _run(command, {**env, "PARAGEN_CRASH_AT": f"{PAUSE_AT[job]}:STOP"})
         try:
@@ -95,7 +96,7 @@ def test_a_store_away_at_the_commit_is_exit_1_in_one_line_and_the_same_command_p
         assert proxy.url.split("//")[1] in errors[0] and "Traceback" not in err, err[-3000:]
 
         proxy.down(0)                                       # the store is back: the same command
-        again = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, env={**os.environ, **env},
+        again = warm_python.run([sys.executable, "-m", *command], cwd=ROOT, env={**os.environ, **env},
                                capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     for name, value in s3_store.env.items():

@@ -17,6 +17,7 @@ import threading
 import pytest
 
 from tests.jobs import ROOT
+from tests import warm_python
 
 pytestmark = pytest.mark.slow          # a process a case
 BUDGET = "3"                           # PARAGEN_FIRST_CONTACT_SECONDS here: the default 25 s is a setting, not a behaviour
@@ -39,7 +40,7 @@ def _commands(url: str, models: str) -> dict:
 
 def _run(module_args: list[str], env: dict) -> subprocess.CompletedProcess:
     # the timeout only keeps a hung job from hanging the suite; it is no bound on the behaviour
-    return subprocess.run([sys.executable, "-m", *module_args], cwd=ROOT, capture_output=True, text=True,
+    return warm_python.run([sys.executable, "-m", *module_args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env=env)
 
 

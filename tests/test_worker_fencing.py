@@ -14,6 +14,7 @@ import pytest
 from tests.crash_points import leftovers, rows
 from tests.claims import claim_record
 from tests.jobs import ROOT, quick_args, units_committed, wait_for
+from tests import warm_python
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def test_a_stopped_job_releases_its_claim_only_after_its_workers_stopped(tmp_pat
     released, none of them is alive (the old order released the claim first: for a moment the next
     start could take the output while the workers still wrote)."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate",
+    proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate",
                              *quick_args(str(bitext), out, tiny_nmt_models, "--direct_running_mode",
                                          "multi_processing", "--direct_num_workers", "2")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -75,7 +76,7 @@ def test_a_dask_task_that_outlives_its_driver_writes_nothing_after_a_takeover(tm
     for good)."""
     out = tmp_path / "out"
     args = quick_args(str(bitext), out, tiny_nmt_models, "--unit_pairs", "12")     # four units of a second or two
-    driver = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args, "--runner", "DaskRunner",
+    driver = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *args, "--runner", "DaskRunner",
                                "--dask_client_address", dask_cluster],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                               env={**os.environ, "PYTHONPATH": ROOT})
@@ -88,7 +89,7 @@ def test_a_dask_task_that_outlives_its_driver_writes_nothing_after_a_takeover(tm
     try:
         os.killpg(driver.pid, signal.SIGKILL)               # the driver, without a word
         driver.communicate(timeout=60)
-        again = subprocess.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, text=True,
+        again = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, text=True,
                                capture_output=True, timeout=900, env={**os.environ, "PYTHONPATH": ROOT})
         assert again.returncode == 0, again.stderr[-3000:]
         published = rows(str(out))

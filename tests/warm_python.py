@@ -263,7 +263,7 @@ def popen(args, **kwargs) -> subprocess.Popen:
     return (WarmPopen if _module_of(args) else subprocess.Popen)(args, **kwargs)
 
 
-def run(args, timeout: float | None = None, capture_output: bool = False, input=None,
+def run(args, timeout: float | None = None, capture_output: bool = False, input=None, check: bool = False,
         **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run with :func:`popen`."""
     if capture_output:
@@ -277,7 +277,10 @@ def run(args, timeout: float | None = None, capture_output: bool = False, input=
             proc.kill()
             proc.wait()
             raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 if __name__ == "__main__":
