@@ -89,3 +89,22 @@ def test_what_is_not_a_preloaded_module_runs_as_a_real_process():
     assert done.returncode == 0 and done.stdout.strip() == "['-c']"
     with pytest.raises(ValueError):
         warm_python.WarmPopen([sys.executable, "-c", "pass"])
+
+
+def test_what_only_a_starting_process_reads_gets_a_fresh_process(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('sitecustomize ran')\n")
+    base = {**os.environ, "PYTHONPATH": ROOT}
+    assert warm_python.needs_fresh(base) is None
+    for env, why in (({**base, "LD_PRELOAD": "/nonexistent/shim.so"}, "LD_PRELOAD"),
+                     ({**base, "OMP_NUM_THREADS": "7"}, "OMP_NUM_THREADS"),
+                     ({**base, "PYTHONHASHSEED": "123"}, "PYTHONHASHSEED"),
+                     ({**base, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}, f"PYTHONPATH {site}")):
+        assert warm_python.needs_fresh(env) == why
+        with pytest.raises(ValueError, match=why):
+            warm_python.WarmPopen([sys.executable, "-m", "beam_pipelines.generate", "--help"], env=env)
+    # popen gives those a real process: the sitecustomize.py on its PYTHONPATH runs
+    done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", "--help"], capture_output=True, text=True,
+                           timeout=600, env={**base, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
+    assert done.returncode == 0 and done.stdout.startswith("sitecustomize ran")

@@ -83,6 +83,7 @@ def _become_job(request: dict, stdin: int, stdout: int, stderr: int) -> None:
     if env.get("PYTHONWARNINGS", "") != os.environ.get("PYTHONWARNINGS", ""):
         for option in filter(None, env.get("PYTHONWARNINGS", "").split(",")):
             warnings._setoption(option)
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     if env.get("PYTHONUNBUFFERED"):
         sys.stdout.reconfigure(write_through=True)
         sys.stderr.reconfigure(write_through=True)
@@ -156,6 +157,7 @@ class _Zygote:
     def __init__(self):
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
+        self.env = env
         import tempfile
 
         self.log = tempfile.TemporaryFile()             # the zygote's own stderr: why it did not start
@@ -204,6 +206,28 @@ def stop() -> None:
             _ZYGOTE.pop().close()
 
 
+# What a process reads only when it starts (the dynamic loader, libgomp and MKL at load, the
+# interpreter's own options): a job given other values than the zygote had must be a fresh process.
+_AT_START = ("LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "PYTHON")
+_SET_IN_THE_FORK = ("PYTHONPATH", "PYTHONWARNINGS", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+
+
+def needs_fresh(env: dict | None) -> str | None:
+    """Why a job with ENV cannot be a fork of the zygote (None: it can): a start-time variable
+    that differs from the zygote's, or a folder on its PYTHONPATH that the zygote's lacks (its
+    sitecustomize.py runs at start; its modules may shadow what the zygote imported)."""
+    env = dict(os.environ) if env is None else env
+    base = _ZYGOTE[0].env if _ZYGOTE else {**os.environ, "PYTHONPATH": ROOT}
+    for name in sorted(set(env) | set(base)):
+        if name.startswith(_AT_START) and name not in _SET_IN_THE_FORK and env.get(name) != base.get(name):
+            return name
+    known = {os.path.realpath(p) for p in base.get("PYTHONPATH", "").split(os.pathsep) if p}
+    for folder in filter(None, env.get("PYTHONPATH", "").split(os.pathsep)):
+        if os.path.realpath(folder) not in known:        # its sitecustomize.py, modules that shadow others
+            return f"PYTHONPATH {folder}"
+    return None
+
+
 def _module_of(args) -> str | None:
     if isinstance(args, (list, tuple)) and len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" \
             and args[2] in PRELOAD:
@@ -221,6 +245,9 @@ class WarmPopen(subprocess.Popen):
         module = _module_of(list(args))
         if module is None or preexec_fn or shell or pass_fds or executable:
             raise ValueError(f"WarmPopen runs python -m of {PRELOAD}, not {args!r}")
+        fresh = needs_fresh(env)
+        if fresh:
+            raise ValueError(f"WarmPopen: {fresh} is read when a process starts; use popen()")
         status_read, status_write = os.pipe()
         request = {"module": module, "args": [os.fsdecode(a) for a in args[3:]],
                    "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
@@ -259,8 +286,10 @@ class WarmPopen(subprocess.Popen):
 
 
 def popen(args, **kwargs) -> subprocess.Popen:
-    """WarmPopen for ``python -m`` of a preloaded module, else subprocess.Popen."""
-    return (WarmPopen if _module_of(args) else subprocess.Popen)(args, **kwargs)
+    """WarmPopen for ``python -m`` of a preloaded module, else (or where :func:`needs_fresh`)
+    subprocess.Popen."""
+    warm = _module_of(args) and not needs_fresh(kwargs.get("env"))
+    return (WarmPopen if warm else subprocess.Popen)(args, **kwargs)
 
 
 def run(args, timeout: float | None = None, capture_output: bool = False, input=None, check: bool = False,
