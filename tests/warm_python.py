@@ -1,16 +1,19 @@
-"""Job processes forked from a warm interpreter, for tests that start many jobs (crash points,
-common mistakes): a job process spends 3-5 s of CPU importing torch, Beam and fairseq before it
-reads a record, most of what a 40-pair job costs.
+"""Job processes forked from a warm interpreter, for the tests that start many jobs (crash points,
+faults, common mistakes and 17 more files): a job process spent 3-5 s of CPU importing torch, Beam
+and fairseq before it read a record and over a second tearing them down at its end, most of what
+a 40-pair job costs.
 
-A zygote process (``python -m tests.warm_python``) imports the jobs' modules once. For each job it
-forks a monitor, which forks the job and reports the job's pid and then its exit status. The job
-is a process of its own, as ``python -m MODULE ARGS`` would be: its own pid (and session with
-start_new_session), the environment, working directory, argv, sys.path, stdin/stdout/stderr and
-warning filters it was given, the module run as ``__main__``, its exit status (a signal's, an
-uncaught exception's traceback and 1), its atexit handlers. What it does not repeat is the import
-of modules the zygote already has: a test of what a fresh process imports, prints while importing,
-or reads from the environment at import runs a real ``python -m`` (our modules read their settings
-when called, not at import: tests/test_warm_python.py checks the parity on a real job).
+A zygote process (``python -m tests.warm_python``, one per test process) imports the jobs' modules
+once. For each job it forks a monitor, which forks the job and reports the job's pid and then its
+exit status. The job is a process of its own, as ``python -m MODULE ARGS`` would be: its own pid
+(and session with start_new_session), the environment, working directory, argv, sys.path,
+stdin/stdout/stderr and warning filters it was given, the module run as ``__main__``, its exit
+status (a signal's; an uncaught exception's traceback and 1), its threads joined and atexit
+handlers run; then it ends without the tear-down. What it does not repeat is the import of the
+modules the zygote has: a test of what a fresh process imports, prints while importing, or reads
+at its start runs a real ``python -m`` (:func:`needs_fresh` sends a job whose environment changes
+what is read at start to one; our modules read their settings when called, not at import;
+tests/test_warm_python.py checks the parity on real jobs).
 
 :class:`WarmPopen` is ``subprocess.Popen`` with its start replaced, so pipes, ``communicate``,
 timeouts and signals work as usual; :func:`popen` and :func:`run` fall back to a real process for
