@@ -85,7 +85,7 @@ def _become_job(request: dict, stdin: int, stdout: int, stderr: int) -> None:
     env = request["env"]
     if env.get("PYTHONWARNINGS", "") != os.environ.get("PYTHONWARNINGS", ""):
         for option in filter(None, env.get("PYTHONWARNINGS", "").split(",")):
-            warnings._setoption(option)
+            warnings._setoption(option)             # what the interpreter does with each -W at start
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     if env.get("PYTHONUNBUFFERED"):
         sys.stdout.reconfigure(write_through=True)
