@@ -45,8 +45,8 @@ def start_job(args, env=None) -> subprocess.Popen:
     from tests import warm_python
 
     return warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                             env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 
 
 def units_committed(out) -> int:

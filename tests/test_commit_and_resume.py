@@ -36,8 +36,8 @@ _args, _rows = quick_args, committed_rows
 
 def _start(args, env=None):
     return warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                             env={**os.environ, **(env or {})})
 
 
 def _wait_for(predicate, proc, timeout=300):

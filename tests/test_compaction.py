@@ -165,8 +165,9 @@ def test_a_kill_during_compaction_then_resume_gives_the_uninterrupted_rows(bitex
     args = ("--unit_pairs", "3", "--num_output_shards", "4", "--file_rows", "1")
     whole = run(_args(bitext, tmp_path / "whole", tiny_nmt_models, *args))
     out = tmp_path / "out"
-    proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *_args(bitext, out, tiny_nmt_models, *args)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate",
+                              *_args(bitext, out, tiny_nmt_models, *args)],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
     def compacting():
         work = out / "_work"

@@ -139,8 +139,8 @@ def test_paragen_translate_runs_a_ctranslate2_directory(converted, fairseq_layou
 
     def cli(*args, stdin):
         done = warm_python.run([sys.executable, "-m", "models.nmt.translate", "--model", ct2_dir, *args],
-                              input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                              env={**os.environ, "PYTHONPATH": ROOT})
+                               input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                               env={**os.environ, "PYTHONPATH": ROOT})
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout.split("\n")[:-1]
     assert cli("--beam", "5", stdin="\n".join(sentences) + "\n") == [h[0].text for h in ref.beam_search(sentences, 5)]
@@ -232,8 +232,8 @@ def test_resume_after_a_kill_gives_the_uninterrupted_rows(converted, job_input, 
 
     out = tmp_path / "out"
     proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *_job_args(converted, job_input, out)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                             env={**os.environ, "PYTHONPATH": ROOT})
     deadline = time.time() + 300
     while _finished_units(out) < 2:
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
@@ -255,8 +255,8 @@ def test_sampled_rows_do_not_depend_on_threads_or_process(converted, job_input, 
     rows in another process with two intra-op threads as in this one with one."""
     out = tmp_path / "two-threads"
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *_job_args(converted, job_input, out),
-                           "--torch_threads", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+                            "--torch_threads", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     strip = [{k: v for k, v in r.items() if k != "config_hash"} for r in _rows(out)]
     assert strip == [{k: v for k, v in r.items() if k != "config_hash"} for r in _rows(uninterrupted[0])]
@@ -323,7 +323,7 @@ def test_engine_auto_takes_ctranslate2_for_one_model_on_a_cpu_and_fairseq_otherw
 def test_refusals_are_one_line(fairseq_layouts, converted, tmp_path):
     def refused(module, args, match):
         done = warm_python.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600, env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.DEVNULL)
+                               timeout=600, env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.DEVNULL)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert match in errors[0], errors[0]

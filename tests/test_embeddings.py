@@ -409,7 +409,7 @@ def test_lexicon_drops_long_sentences_and_low_scores():
 
 def _cli(module, *args, timeout=300):
     return warm_python.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                           timeout=timeout)
 
 
 @pytest.mark.slow

@@ -109,7 +109,7 @@ def test_sigterm_stops_run_and_workers_in_one_line_and_the_same_command_continue
     assert _rows(out) == _rows(uninterrupted[0]) and _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
     # and once more: nothing to do
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0 and "nothing to do" in done.stdout, done.stderr[-2000:]
     assert json.load(open(out / "_manifest.json")) == manifest
 
@@ -162,8 +162,8 @@ def test_a_disk_full_while_the_driver_claims_or_plans_is_one_line(bitext, tiny_n
     first = tmp_path / "first.tsv"
     first.write_text("".join(open(bitext).readlines()[:4]))
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate",
-                           *_args(str(first), small_disk / "out", tiny_nmt_models)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+                            *_args(str(first), small_disk / "out", tiny_nmt_models)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     errors = _error_lines(done.stderr)
     assert done.returncode == 1 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "No space left on device (ENOSPC)" in errors[0] and str(small_disk / "out") in errors[0], errors
@@ -181,7 +181,7 @@ def test_a_full_disk_is_one_line_the_committed_run_stays_and_the_same_command_co
     filler.write_bytes(b"\0" * (200 << 10))                     # leave too little for the next run
     args = _args(bitext, out, tiny_nmt_models, "--overwrite")
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     errors = _error_lines(done.stderr)
     assert done.returncode == 1 and len(errors) == 1, done.stderr[-3000:]
     assert "No space left on device (ENOSPC)" in errors[0] and str(out) in errors[0] and "Traceback" not in done.stderr
@@ -191,7 +191,7 @@ def test_a_full_disk_is_one_line_the_committed_run_stays_and_the_same_command_co
 
     grow(str(small_disk), "4m")
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     assert _rows(out) == _rows(uninterrupted[0]) and json.load(open(out / "_manifest.json"))["resumed"]
 
@@ -209,13 +209,13 @@ def test_an_io_error_is_one_line_and_the_same_command_continues_on_a_sound_disk(
     args = _args(bitext, out, tiny_nmt_models)
     env = {**os.environ, "PYTHONPATH": ROOT, **eio_env(shim, str(out), after=60)}
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=env)
+                           text=True, timeout=600, env=env)
     errors = _error_lines(done.stderr)
     assert done.returncode == 1 and len(errors) == 1, done.stderr[-3000:]
     assert "Input/output error (EIO)" in errors[0] and str(out) in errors[0] and "Traceback" not in done.stderr
     assert not (out / "_manifest.json").exists() and 0 < _units(out) < 24
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     assert _rows(out) == _rows(uninterrupted[0]) and _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
 
@@ -245,7 +245,7 @@ def test_a_device_error_ends_the_worker_in_one_line_not_in_rejects(bitext, tiny_
     args = _args(bitext, out, tiny_nmt_models, *(MULTI if mode == "multi_processing" else ()))
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "FAULT_AFTER": "400"}
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=env)
+                           text=True, timeout=600, env=env)
     errors = _error_lines(done.stderr)
     assert done.returncode == 70 and len(errors) == 1, done.stderr[-3000:]
     if mode == "in_memory":
@@ -255,7 +255,7 @@ def test_a_device_error_ends_the_worker_in_one_line_not_in_rejects(bitext, tiny_
     assert not (out / "_manifest.json").exists() and not claim_record(out)
     # nothing it decoded became a decode_error reject; the next process (a healthy device) continues
     rc = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}).returncode
+                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}).returncode
     assert rc == 0 and _rows(out) == _rows(uninterrupted[0])
     assert _rows(out, "rejects") == _rows(uninterrupted[0], "rejects")
 

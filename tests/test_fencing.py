@@ -209,7 +209,7 @@ def test_a_holder_paused_past_its_lease_cannot_publish_over_the_run_that_took_ov
     env = {**os.environ, "PYTHONPATH": ROOT, "PARAGEN_LEASE_SECONDS": LEASE}
     job = [sys.executable, "-m", "beam_pipelines.generate", *quick_args(str(bitext), out, tiny_nmt_models)]
     a = warm_python.popen([*job, "--num_samples", "2"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env={**env, "PARAGEN_CRASH_AT": "~-_manifest.json:STOP"})
+                          stderr=subprocess.PIPE, env={**env, "PARAGEN_CRASH_AT": "~-_manifest.json:STOP"})
     try:
         _stopped(a, timeout=600)
         time.sleep(float(LEASE) + 1)

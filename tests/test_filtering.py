@@ -417,14 +417,14 @@ def test_cli_fails_before_work_on_bad_config(generation_output, tmp_path):
     bad.write_text("filters:\n  - name: lenght\n")
     out = tmp_path / "out"
     r = warm_python.run([sys.executable, "-m", "beam_pipelines.filter", "--input", str(root), "--output", str(out),
-                        "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown filter 'lenght'" in r.stderr and not out.exists()
     bad.write_text("filters:\n  - name: length\n    thresholds: {paraphrase_length: {max: -}}\n")
     r = warm_python.run([sys.executable, "-m", "beam_pipelines.filter", "--input", str(root), "--output", str(out),
-                        "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "must be a number" in r.stderr and not out.exists()
     r = warm_python.run([sys.executable, "-m", "beam_pipelines.filter", "--help"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+                        text=True, timeout=120)
     assert r.returncode == 0 and "--config" in r.stdout and "paranmt" in r.stdout
 
 
@@ -492,8 +492,8 @@ def test_dev_set_reader_counts_bad_lines_and_refuses_an_empty_set(tmp_path, caps
 def test_tune_cli_on_a_filter_run(direct_filter_run):
     out, _ = direct_filter_run
     r = warm_python.run([sys.executable, "-m", "filtering.tune", "--scored", os.path.join(out, "scored"),
-                        "--score", "trigram_overlap", "--direction", "low", "--keep_rate", "0.5"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         "--score", "trigram_overlap", "--direction", "low", "--keep_rate", "0.5"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "trigram_overlap: max" in r.stdout and "thresholds: {trigram_overlap: {max:" in r.stdout
 

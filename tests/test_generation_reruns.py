@@ -43,8 +43,8 @@ def test_a_start_that_planned_before_another_published_does_not_replace_it(tmp_p
     out = tmp_path / "out"
     args = quick_args(str(bitext), out, tiny_nmt_models)
     a = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_CRASH_AT": "~-_owner.json:STOP"})
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_CRASH_AT": "~-_owner.json:STOP"})
     try:
         _stopped(a)
         b = job([*args, "--num_samples", "2"])

@@ -125,14 +125,14 @@ def test_dask_workers_that_would_decode_in_two_precisions_are_refused_before_any
         args = [a for a in quick_args(bitext_file, out, tiny_nmt_models) if a not in ("--device", "cpu")]
         args += ["--runner", "DaskRunner", "--dask_client_address", address]
         done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+                               capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
         assert "would decode in different precisions (1 in fp32 on cpu; 1 in tf32 on cuda (NVIDIA A100-SXM4-80GB))" \
             in errors[0], errors
         assert not out.exists()                                  # refused before anything was written
         done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args, "--device", "cpu"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+                               capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 

@@ -52,7 +52,7 @@ def imported(fairseq_layouts, tmp_path_factory):
 
 def _cli(module, args, stdin=None, env=None):
     return warm_python.run([sys.executable, "-m", module, *args], cwd=ROOT, input=stdin, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 
 
 # ------------------------------------------------------------------ what an imported directory holds

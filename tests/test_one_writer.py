@@ -100,8 +100,8 @@ def test_a_run_that_lost_its_claim_stops_before_its_manifest_touching_nothing(tm
     bitext.write_text("".join(f"{s}\t{t}\n" for s, t in toy_bitext(400, seed=31)[:48]))
     out = tmp_path / "out"
     proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate",
-                             *quick_args(str(bitext), out, tiny_nmt_models)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
+                              *quick_args(str(bitext), out, tiny_nmt_models)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
     deadline = time.time() + 300
     while not claim_record(out) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)

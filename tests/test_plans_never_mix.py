@@ -93,7 +93,7 @@ def test_continue_only_continues_its_own_plans_run_and_writes_nothing_for_anothe
     mine = tmp_path / "mine"
     args = quick_args(bitext, mine, tiny_nmt_models, "--run_id", "r1")
     stopped = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], capture_output=True, text=True,
-                             env={**os.environ, "PARAGEN_CRASH_AT": "*part-u000001-:TERM"}, timeout=600)
+                              env={**os.environ, "PARAGEN_CRASH_AT": "*part-u000001-:TERM"}, timeout=600)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
     again = run([*args, "--continue_only"])
     assert again["run_id"] == "r1" and again["resumed"] and not again.get("not_continued")

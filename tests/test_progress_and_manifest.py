@@ -22,7 +22,7 @@ def test_progress_lines_show_in_the_terminal_and_the_manifest_records_the_run(tm
            "--backward_model", os.path.join(tiny_nmt_models, "en-cs"),
            "--num_sets", "2", "--num_samples", "10", "--dual_xent_threshold", "-1", "--score_threshold", "-1"]
     done = warm_python.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PARAGEN_PROGRESS_SECONDS": "0.1"})
+                           env={**os.environ, "PARAGEN_PROGRESS_SECONDS": "0.1"})
     assert done.returncode == 0, done.stderr[-3000:]
     err = done.stderr
     # inside a unit, lines say which and how far (the heartbeat: a long batch is not silence)

@@ -194,7 +194,7 @@ def test_a_stopped_refresh_on_a_bucket_keeps_each_attempts_log(tmp_path, monkeyp
     env = {**os.environ, "PYTHONPATH": ROOT}
     # SIGTERM while the second of its two units is written: the first is committed
     stopped = warm_python.run(command, env={**env, "PARAGEN_CRASH_AT": "*part-u000001-:TERM"}, cwd=ROOT,
-                             capture_output=True, text=True, timeout=900)
+                              capture_output=True, text=True, timeout=900)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     logs = storage.listdir(f"{root}/logs")
     assert len(logs) == 1 and logs[0].endswith(".log"), logs

@@ -54,8 +54,8 @@ def _one_line_from_the_job(unreachable, tmp_path, where, model):
     args[where] = "s3://bucket/x"
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate",
-                           *[x for kv in args.items() for x in kv]], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+                            *[x for kv in args.items() for x in kv]], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stderr.strip().splitlines() if " WARNING " not in line]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: s3://bucket/x") and unreachable in lines[0]
@@ -101,8 +101,8 @@ def test_a_store_never_reached_is_one_line_within_the_timeout_before_anything_is
     bitext = tmp_path / "in.tsv"
     bitext.write_text("ahoj\thello\n")
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", "--input", str(bitext),
-                           "--output", "s3://no-such-bucket/corpus", "--forward_model", str(tmp_path / "m")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, env=env)
+                            "--output", "s3://no-such-bucket/corpus", "--forward_model", str(tmp_path / "m")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=900, env=env)
     seconds = time.monotonic() - start
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and len(errors) == 1 and "never answered" in errors[0], done.stderr[-2000:]

@@ -104,9 +104,9 @@ def test_the_filter_job_on_slurm_workers_scores_as_a_local_run(slurm, local_run,
     args = ["--input", str(local_run), "--config", str(config), "--no_report"]
     filter_run([*args, "--output", str(tmp_path / "local")])
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.filter", *args, "--output", str(tmp_path / "slurm"),
-                           "--runner", "DaskRunner", "--slurm_workers", "1", "--slurm_cpus_per_worker", "1",
-                           "--slurm_memory", "2GB", "--slurm_time", "30", "--slurm_log_dir", str(tmp_path)],
-                          cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600)
+                            "--runner", "DaskRunner", "--slurm_workers", "1", "--slurm_cpus_per_worker", "1",
+                            "--slurm_memory", "2GB", "--slurm_time", "30", "--slurm_log_dir", str(tmp_path)],
+                           cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SLURM: submitting 1 worker job(s)" in done.stderr and "--gres" not in open(
         next(tmp_path.glob("paragen-worker-*.err"))).read()
@@ -120,9 +120,9 @@ def test_a_partition_slurm_does_not_have_is_refused_before_anything_is_submitted
     out = tmp_path / "out"
     before = slurm.jobs()
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate",
-        *quick_args(bitext, out, tiny_nmt_models), "--runner", "DaskRunner", "--slurm_workers", "2",
-        "--slurm_partition", "gpu-nosuch"], cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT},
-        capture_output=True, text=True, timeout=300)
+         *quick_args(bitext, out, tiny_nmt_models), "--runner", "DaskRunner", "--slurm_workers", "2",
+         "--slurm_partition", "gpu-nosuch"], cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT},
+         capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "SLURM refuses the worker jobs" in done.stderr and "invalid partition" in done.stderr.lower()
     assert not out.exists() and slurm.jobs() == before
@@ -132,9 +132,9 @@ def test_a_dry_run_prints_the_worker_script_and_an_estimate_for_the_fleet(slurm,
     out = tmp_path / "out"
     before = slurm.jobs()
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *quick_args(bitext, out, tiny_nmt_models),
-                           "--dry_run", "--rate", "0.5", "--runner", "DaskRunner", "--slurm_workers", "4",
-                           "--slurm_cpus_per_worker", "2", "--slurm_partition", "nodes"],
-                          cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+                            "--dry_run", "--rate", "0.5", "--runner", "DaskRunner", "--slurm_workers", "4",
+                            "--slurm_cpus_per_worker", "2", "--slurm_partition", "nodes"],
+                           cwd=ROOT, env={**slurm.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     # 128 records at 0.5 pairs/s a process, 4 jobs x 2 processes: 32 s
     assert "32s with 8 worker process(es) (4 SLURM worker job(s) x 2 process(es)" in done.stdout, done.stdout

@@ -36,7 +36,7 @@ def _errors(stderr: str) -> list[str]:
 
 def _rerun_finishes(args, out, want_rows):
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     assert committed_rows(out) == want_rows
     assert not (out / "_work").exists() and not claim_record(out)

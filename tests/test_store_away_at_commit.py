@@ -39,7 +39,7 @@ def _command(job: str, bucket: str) -> list[str]:
 
 def _run(command: list[str], env: dict) -> subprocess.Popen:
     return warm_python.popen([sys.executable, "-m", *command], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
 def _paused(proc: subprocess.Popen) -> bool:
@@ -79,7 +79,7 @@ def test_a_store_away_at_the_commit_is_exit_1_in_one_line_and_the_same_command_p
                "PARAGEN_STORAGE_TIMEOUT": "3"}
         if job == "filter":             # the run it filters, published while the store is there
             assert warm_python.run([sys.executable, "-m", *_command("generate", bucket)], cwd=ROOT,
-                                  env={**os.environ, **env}, capture_output=True).returncode == 0
+                                   env={**os.environ, **env}, capture_output=True).returncode == 0
         proc = _run(command, {**env, "PARAGEN_CRASH_AT": f"{PAUSE_AT[job]}:STOP"})
         try:
             deadline = time.monotonic() + 600
@@ -97,7 +97,7 @@ def test_a_store_away_at_the_commit_is_exit_1_in_one_line_and_the_same_command_p
 
         proxy.down(0)                                       # the store is back: the same command
         again = warm_python.run([sys.executable, "-m", *command], cwd=ROOT, env={**os.environ, **env},
-                               capture_output=True, text=True)
+                                capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     for name, value in s3_store.env.items():
         monkeypatch.setenv(name, value)

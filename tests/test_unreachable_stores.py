@@ -41,7 +41,7 @@ def _commands(url: str, models: str) -> dict:
 def _run(module_args: list[str], env: dict) -> subprocess.CompletedProcess:
     # the timeout only keeps a hung job from hanging the suite; it is no bound on the behaviour
     return warm_python.run([sys.executable, "-m", *module_args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
+                           timeout=600, env=env)
 
 
 STORES = {

@@ -45,10 +45,10 @@ def test_a_stopped_job_releases_its_claim_only_after_its_workers_stopped(tmp_pat
     start could take the output while the workers still wrote)."""
     out = tmp_path / "out"
     proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate",
-                             *quick_args(str(bitext), out, tiny_nmt_models, "--direct_running_mode",
-                                         "multi_processing", "--direct_num_workers", "2")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                              *quick_args(str(bitext), out, tiny_nmt_models, "--direct_running_mode",
+                                          "multi_processing", "--direct_num_workers", "2")],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                             env={**os.environ, "PYTHONPATH": ROOT})
     wait_for(lambda: units_committed(str(out)) >= 1, proc, timeout=600)
     workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)
                if c.name() not in ("sh", "dash", "bash")]
@@ -77,9 +77,9 @@ def test_a_dask_task_that_outlives_its_driver_writes_nothing_after_a_takeover(tm
     out = tmp_path / "out"
     args = quick_args(str(bitext), out, tiny_nmt_models, "--unit_pairs", "12")     # four units of a second or two
     driver = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", *args, "--runner", "DaskRunner",
-                               "--dask_client_address", dask_cluster],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                              env={**os.environ, "PYTHONPATH": ROOT})
+                                "--dask_client_address", dask_cluster],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": ROOT})
     wait_for(lambda: units_committed(str(out)) >= 1, driver, timeout=600)
     workers = [p for p in psutil.process_iter(["cmdline"]) if "spawn_main" in " ".join(p.info["cmdline"] or [])
                and any("dask_worker" in " ".join(a.cmdline()) for a in p.parents())]
@@ -90,7 +90,7 @@ def test_a_dask_task_that_outlives_its_driver_writes_nothing_after_a_takeover(tm
         os.killpg(driver.pid, signal.SIGKILL)               # the driver, without a word
         driver.communicate(timeout=60)
         again = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT, text=True,
-                               capture_output=True, timeout=900, env={**os.environ, "PYTHONPATH": ROOT})
+                                capture_output=True, timeout=900, env={**os.environ, "PYTHONPATH": ROOT})
         assert again.returncode == 0, again.stderr[-3000:]
         published = rows(str(out))
         assert published and not leftovers(str(out))
