@@ -1,6 +1,7 @@
 """Every script in bench/ runs at a tiny size and prints its table (issue 70): a benchmark that
 nothing runs rots (bench_generation's dual-scoring section crashed for weeks after the engine's
-score_batches changed). Each script runs as a user runs it, a process of its own, with the
+score_batches changed). Each script runs as a user runs it, a process of its own (forked from
+the warm interpreter of tests/warm_python.py, which has imported what it imports), with the
 smallest arguments that still go through its sections, except that the measurements it would run
 in fresh processes run in its own (PARAGEN_BENCH_IN_PROCESS=1: a process start costs 2-5 s of
 imports, and the fresh-process path has its own test); its figures mean nothing at this size and
@@ -19,6 +20,7 @@ import sys
 
 import pytest
 
+from tests import warm_python
 from tests.toydata import toy_bitext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,10 +98,11 @@ def _need_data(*names):
 
 
 def _run(script: str, args: list[str], marker: str, env: dict | None = None) -> str:
-    done = subprocess.run([sys.executable, os.path.join(BENCH, script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900, stdin=subprocess.DEVNULL,
-                          # a measurement's fresh process runs in the script's own (bench/fresh_process.py)
-                          env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_BENCH_IN_PROCESS": "1", **(env or {})})
+    # the script forked from the warm interpreter (tests/warm_python.py); the jobs it starts are fresh
+    done = warm_python.run([sys.executable, os.path.join(BENCH, script), *args], cwd=ROOT, capture_output=True,
+                           text=True, timeout=900, stdin=subprocess.DEVNULL,
+                           # a measurement's fresh process runs in the script's own (bench/fresh_process.py)
+                           env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_BENCH_IN_PROCESS": "1", **(env or {})})
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert marker in done.stdout, done.stdout[-3000:]
     assert "bench error" not in done.stdout, done.stdout[-3000:]        # bench_faults.py's row of a failed scenario

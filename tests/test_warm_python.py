@@ -108,3 +108,14 @@ def test_what_only_a_starting_process_reads_gets_a_fresh_process(tmp_path):
     done = warm_python.run([sys.executable, "-m", "beam_pipelines.generate", "--help"], capture_output=True, text=True,
                            timeout=600, env={**base, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
     assert done.returncode == 0 and done.stdout.startswith("sitecustomize ran")
+
+
+def test_a_script_runs_warm_as_python_script_runs_it(tmp_path):
+    script = tmp_path / "tool.py"
+    script.write_text("import os, sys\nprint(__name__, sys.argv, sys.path[0], __file__, os.getcwd())\n"
+                      "sys.exit(3)\n")
+    fresh, warm = _both([sys.executable, str(script), "--flag", "x y"], cwd=str(tmp_path))
+    assert fresh.returncode == warm.returncode == 3
+    assert fresh.stdout == warm.stdout and fresh.stdout.startswith("__main__ [")
+    proc = warm_python.popen([sys.executable, str(script)], stdout=subprocess.DEVNULL)
+    assert isinstance(proc, warm_python.WarmPopen) and proc.wait(600) == 3

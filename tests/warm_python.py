@@ -17,7 +17,7 @@ tests/test_warm_python.py checks the parity on real jobs).
 
 :class:`WarmPopen` is ``subprocess.Popen`` with its start replaced, so pipes, ``communicate``,
 timeouts and signals work as usual; :func:`popen` and :func:`run` fall back to a real process for
-a command that is not ``python -m`` of a preloaded module.
+a command that is neither ``python -m`` of a preloaded module nor ``python SCRIPT.py``.
 """
 from __future__ import annotations
 
@@ -92,14 +92,20 @@ def _become_job(request: dict, stdin: int, stdout: int, stderr: int) -> None:
         sys.stderr.reconfigure(write_through=True)
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     base = [p for p in sys.path[1:] if p not in extra]
-    sys.path[:] = [request["cwd"], *extra, *base]           # python -m: the working directory first
+    script = request.get("script")
+    # sys.path[0]: python -m's working directory, python SCRIPT's folder
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)) if script else request["cwd"], *extra, *base]
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None                                 # TMPDIR read again
-    sys.argv = [request["module"], *request["args"]]
-    sys.modules.pop(request["module"], None)               # as in a fresh process: only its __main__ copy
     try:
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if script:
+            sys.argv = [script, *request["args"]]
+            runpy.run_path(script, run_name="__main__")
+        else:
+            sys.argv = [request["module"], *request["args"]]
+            sys.modules.pop(request["module"], None)       # as in a fresh process: only its __main__ copy
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
         code = _exit_status(exc.code)
@@ -231,29 +237,32 @@ def needs_fresh(env: dict | None) -> str | None:
     return None
 
 
-def _module_of(args) -> str | None:
-    if isinstance(args, (list, tuple)) and len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" \
-            and args[2] in PRELOAD:
-        return args[2]
+def _target(args) -> dict | None:
+    """What a warm job of ARGS runs: {"module": M} for ``python -m M`` (M preloaded), {"script": S}
+    for ``python S.py``, with the arguments after them; None for another command."""
+    args = [os.fsdecode(a) for a in args] if isinstance(args, (list, tuple)) else []
+    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and args[2] in PRELOAD:
+        return {"module": args[2], "args": args[3:]}
+    if len(args) >= 2 and args[0] == sys.executable and args[1].endswith(".py") and os.path.isfile(args[1]):
+        return {"script": args[1], "args": args[2:]}
     return None
 
 
 class WarmPopen(subprocess.Popen):
-    """subprocess.Popen of ``[sys.executable, "-m", MODULE, ...]`` (MODULE in PRELOAD), forked from
-    the zygote instead of started afresh."""
+    """subprocess.Popen of ``[sys.executable, "-m", MODULE, ...]`` (MODULE in PRELOAD) or
+    ``[sys.executable, SCRIPT.py, ...]``, forked from the zygote instead of started afresh."""
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                        creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
                        restore_signals, gid, gids, uid, umask, start_new_session, process_group):
-        module = _module_of(list(args))
-        if module is None or preexec_fn or shell or pass_fds or executable:
-            raise ValueError(f"WarmPopen runs python -m of {PRELOAD}, not {args!r}")
+        target = _target(args)
+        if target is None or preexec_fn or shell or pass_fds or executable:
+            raise ValueError(f"WarmPopen runs a .py script or python -m of {PRELOAD}, not {args!r}")
         fresh = needs_fresh(env)
         if fresh:
             raise ValueError(f"WarmPopen: {fresh} is read when a process starts; use popen()")
         status_read, status_write = os.pipe()
-        request = {"module": module, "args": [os.fsdecode(a) for a in args[3:]],
-                   "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+        request = {**target, "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
                    "env": dict(env) if env is not None else dict(os.environ),
                    "new_session": bool(start_new_session)}
         fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
@@ -266,7 +275,7 @@ class WarmPopen(subprocess.Popen):
         self._status = os.fdopen(status_read, "rb")
         line = self._status.readline()
         if not line:
-            raise OSError(f"warm_python: the zygote did not start {module}")
+            raise OSError(f"warm_python: the zygote did not start {args!r}")
         self.pid = int(line)
         self._child_created = True
 
@@ -289,9 +298,9 @@ class WarmPopen(subprocess.Popen):
 
 
 def popen(args, **kwargs) -> subprocess.Popen:
-    """WarmPopen for ``python -m`` of a preloaded module, else (or where :func:`needs_fresh`)
-    subprocess.Popen."""
-    warm = _module_of(args) and not needs_fresh(kwargs.get("env"))
+    """WarmPopen for ``python -m`` of a preloaded module or ``python SCRIPT.py``, else (or where
+    :func:`needs_fresh`) subprocess.Popen."""
+    warm = _target(args) is not None and not needs_fresh(kwargs.get("env"))
     return (WarmPopen if warm else subprocess.Popen)(args, **kwargs)
 
 
