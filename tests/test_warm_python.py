@@ -96,8 +96,8 @@ def test_what_only_a_starting_process_reads_gets_a_fresh_process(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text("print('sitecustomize ran')\n")
-    base = {**os.environ, "PYTHONPATH": ROOT}
-    assert warm_python.needs_fresh(base) is None
+    base = warm_python.zygote_env()
+    assert warm_python.needs_fresh(base) is None and warm_python.needs_fresh({**base, "PYTHONPATH": ROOT}) is None
     for env, why in (({**base, "LD_PRELOAD": "/nonexistent/shim.so"}, "LD_PRELOAD"),
                      ({**base, "OMP_NUM_THREADS": "7"}, "OMP_NUM_THREADS"),
                      ({**base, "PYTHONHASHSEED": "123"}, "PYTHONHASHSEED"),
@@ -120,3 +120,14 @@ def test_a_script_runs_warm_as_python_script_runs_it(tmp_path):
     assert fresh.stdout == warm.stdout and fresh.stdout.startswith("__main__ [")
     proc = warm_python.popen([sys.executable, str(script)], stdout=subprocess.DEVNULL)
     assert isinstance(proc, warm_python.WarmPopen) and proc.wait(600) == 3
+
+
+def test_a_change_of_this_process_environment_starts_the_zygote_again(monkeypatch, tmp_path):
+    # as the CTranslate2 engine does when a test loads it in-process (OMP_WAIT_POLICY=PASSIVE)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE" if os.environ.get("OMP_WAIT_POLICY") != "PASSIVE" else "ACTIVE")
+    assert warm_python.needs_fresh(None) is None
+    proc = warm_python.popen([sys.executable, "-m", "beam_pipelines.generate", "--presett", "x"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert isinstance(proc, warm_python.WarmPopen)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2 and "error:" in err

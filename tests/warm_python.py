@@ -162,11 +162,19 @@ def _main() -> None:
 
 # --------------------------------------------------------------------------- the test's side
 
+def zygote_env() -> dict:
+    """The environment a zygote started now has: this process's, ROOT on its PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
+
+
+def _read_at_start(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(_AT_START) and k not in _SET_IN_THE_FORK}
+
+
 class _Zygote:
     def __init__(self):
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
-        self.env = env
+        env = self.env = zygote_env()
         import tempfile
 
         self.log = tempfile.TemporaryFile()             # the zygote's own stderr: why it did not start
@@ -200,7 +208,12 @@ _ZYGOTE_LOCK = threading.Lock()
 
 def _zygote() -> _Zygote:
     with _ZYGOTE_LOCK:
-        if not _ZYGOTE or _ZYGOTE[0].proc.poll() is not None:
+        # a new one where this process's environment changed what a process reads at its start
+        # (the CTranslate2 engine, loaded in a test's process, sets OMP_WAIT_POLICY)
+        if _ZYGOTE and (_ZYGOTE[0].proc.poll() is not None
+                        or _read_at_start(_ZYGOTE[0].env) != _read_at_start(zygote_env())):
+            _ZYGOTE.pop().close()
+        if not _ZYGOTE:
             import atexit
 
             _ZYGOTE[:] = [_Zygote()]
@@ -226,9 +239,10 @@ def needs_fresh(env: dict | None) -> str | None:
     that differs from the zygote's, or a folder on its PYTHONPATH that the zygote's lacks (its
     sitecustomize.py runs at start; its modules may shadow what the zygote imported)."""
     env = dict(os.environ) if env is None else env
-    base = _ZYGOTE[0].env if _ZYGOTE else {**os.environ, "PYTHONPATH": ROOT}
-    for name in sorted(set(env) | set(base)):
-        if name.startswith(_AT_START) and name not in _SET_IN_THE_FORK and env.get(name) != base.get(name):
+    base = zygote_env()                                     # what the zygote has, or is started again with
+    mine, its = _read_at_start(env), _read_at_start(base)
+    for name in sorted(set(mine) | set(its)):
+        if mine.get(name) != its.get(name):
             return name
     known = {os.path.realpath(p) for p in base.get("PYTHONPATH", "").split(os.pathsep) if p}
     for folder in filter(None, env.get("PYTHONPATH", "").split(os.pathsep)):
