@@ -21,6 +21,7 @@ a command that is neither ``python -m`` of a preloaded module nor ``python SCRIP
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -214,10 +215,7 @@ def _zygote() -> _Zygote:
                         or _read_at_start(_ZYGOTE[0].env) != _read_at_start(zygote_env())):
             _ZYGOTE.pop().close()
         if not _ZYGOTE:
-            import atexit
-
             _ZYGOTE[:] = [_Zygote()]
-            atexit.register(_ZYGOTE[0].close)
         return _ZYGOTE[0]
 
 
@@ -226,6 +224,9 @@ def stop() -> None:
     with _ZYGOTE_LOCK:
         if _ZYGOTE:
             _ZYGOTE.pop().close()
+
+
+atexit.register(stop)        # once: whichever zygote is current at exit, not every one ever started
 
 
 # What a process reads only when it starts (the dynamic loader, libgomp and MKL at load, the
