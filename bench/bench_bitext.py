@@ -29,7 +29,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_run  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 PY = sys.executable
 
 
@@ -116,7 +117,7 @@ def part_align(a, bitext: str) -> None:
 
 def _generate(args: list[str]) -> tuple[float, dict]:
     start = time.perf_counter()
-    done = subprocess.run([PY, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True, text=True)
+    done = job_run([PY, "-m", "beam_pipelines.generate", *args], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     out = args[args.index("--output") + 1]

@@ -30,6 +30,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_popen  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 PY = sys.executable
 
 
@@ -176,8 +178,8 @@ def bench_resume(pairs, models, tmp) -> dict:
     full, manifest, _ = timed_job(job_args(inp, os.path.join(tmp, "full"), models, *extra))
     planned = manifest["units"]["planned"]
     out = os.path.join(tmp, "killed")
-    proc = subprocess.Popen([PY, "-m", "beam_pipelines.generate", *job_args(inp, out, models, *extra)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = job_popen([PY, "-m", "beam_pipelines.generate", *job_args(inp, out, models, *extra)], cwd=ROOT,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def finished():
         work = os.path.join(out, "_work")
@@ -185,7 +187,10 @@ def bench_resume(pairs, models, tmp) -> dict:
                    if os.path.isdir(os.path.join(work, r, "units"))) if os.path.isdir(work) else 0
     while finished() < planned // 2 and proc.poll() is None:
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:              # it ended first (a tiny run): the resume reuses every unit
+        pass
     proc.wait()
     done_at_kill = finished()
     resume, manifest, _ = timed_job(job_args(inp, out, models, *extra, "--resume"))

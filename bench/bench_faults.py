@@ -35,6 +35,8 @@ from collections import Counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_popen  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 PY = sys.executable
 MULTI = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
 
@@ -71,9 +73,9 @@ class Bench:
                 *extra]
 
     def start(self, args, env=None):
-        return subprocess.Popen([PY, "-m", "beam_pipelines.generate", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+        return job_popen([PY, "-m", "beam_pipelines.generate", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 
     def finish(self, proc, timeout=1800) -> tuple[int, str]:
         _out, err = proc.communicate(timeout=timeout)

@@ -33,6 +33,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_run  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 
 
 def read_pairs(prefix: str, src: str, tgt: str, n: int) -> list[tuple[str, str]]:
@@ -189,12 +191,12 @@ def fairseq_generate(t, sources: list[str], search: list[str], per_source: int, 
         for lang in (t.src_lang, t.tgt_lang):     # the target side is a placeholder: generate needs one
             with open(os.path.join(tmp, f"test.{lang}"), "w") as f:
                 f.writelines(" ".join(t.pieces(s)) + "\n" for s in sources)
-        subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", t.src_lang,
-                        "--target-lang", t.tgt_lang, "--testpref", os.path.join(tmp, "test"),
-                        "--destdir", os.path.join(tmp, "bin"), "--srcdict",
-                        os.path.join(t.model_dir, f"dict.{t.src_lang}.txt"), "--tgtdict",
-                        os.path.join(t.model_dir, f"dict.{t.tgt_lang}.txt"), "--workers", "1"],
-                       check=True, capture_output=True)
+        job_run([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", t.src_lang,
+                 "--target-lang", t.tgt_lang, "--testpref", os.path.join(tmp, "test"),
+                 "--destdir", os.path.join(tmp, "bin"), "--srcdict",
+                 os.path.join(t.model_dir, f"dict.{t.src_lang}.txt"), "--tgtdict",
+                 os.path.join(t.model_dir, f"dict.{t.tgt_lang}.txt"), "--workers", "1"],
+                check=True, capture_output=True)
         # models.nmt.model_files.fairseq_compat hands fairseq-generate a sanitized copy of the checkpoint
         cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", os.path.join(tmp, "bin"),
                "--path",
@@ -205,7 +207,7 @@ def fairseq_generate(t, sources: list[str], search: list[str], per_source: int, 
                "--remove-bpe", "sentencepiece", "--source-lang", t.src_lang, "--target-lang", t.tgt_lang,
                *(["--cpu"] if device == "cpu" else []), *(["--fp16"] if fp16 else [])]
         start = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        done = job_run(cmd, capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - start
         if done.returncode != 0:
             raise RuntimeError(f"fairseq-generate failed:\n{done.stderr[-3000:]}")

@@ -53,6 +53,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_run  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 
 TARGET_PAIRS = 50_000_000
 # The job runs, most valuable first: the defaults (tree, tf32, MPS where it can start: the baseline
@@ -394,10 +395,10 @@ def run_job(args, tsv: str, workdir: str, preset: str, extra: list[str], gpu: bo
     start = time.perf_counter()
     if gpu and args.device == "cuda":
         with GpuBusy() as busy:
-            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            done = job_run(cmd, capture_output=True, text=True, cwd=ROOT)
     else:
         busy = None
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        done = job_run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"the job failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")

@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_run  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 DATA = os.path.join(ROOT, "..", "shared", "data", "bitext", "multi30k")
 
 
@@ -45,9 +47,8 @@ def read_lines(split: str, lang: str, n: int | None = None) -> list[str]:
 def _fairseq(command: str, args: list[str], log: str) -> None:
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with open(log, "w") as f:
-        done = subprocess.run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", command, *args],
-                              cwd=ROOT, env=env,
-                              stdout=f, stderr=subprocess.STDOUT)
+        done = job_run([sys.executable, "-m", "models.nmt.model_files.fairseq_compat", command, *args],
+                       cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     if done.returncode:
         raise SystemExit(f"fairseq-{command} failed; see {log}")
 
@@ -198,10 +199,10 @@ def fairseq_generate_sampling(archive: str, members: str, model_dir: str, source
         for lang in ("cs", "en"):                    # the target side is a placeholder: generate needs one
             with open(os.path.join(tmp, f"test.{lang}"), "w", encoding="utf-8") as f:
                 f.writelines(" ".join(engine.source_pieces(s)) + "\n" for s in sources)
-        subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "cs", "--target-lang", "en",
-                        "--testpref", os.path.join(tmp, "test"), "--destdir", os.path.join(tmp, "bin"),
-                        "--srcdict", os.path.join(archive, "dict.cs.txt"), "--tgtdict",
-                        os.path.join(archive, "dict.en.txt"), "--workers", "1"], check=True, capture_output=True)
+        job_run([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "cs", "--target-lang", "en",
+                 "--testpref", os.path.join(tmp, "test"), "--destdir", os.path.join(tmp, "bin"),
+                 "--srcdict", os.path.join(archive, "dict.cs.txt"), "--tgtdict",
+                 os.path.join(archive, "dict.en.txt"), "--workers", "1"], check=True, capture_output=True)
         cmd = [sys.executable, "-m", "models.nmt.model_files.fairseq_compat", "generate", os.path.join(tmp, "bin"),
                "--path",
                ":".join(os.path.join(archive, m) for m in members.split(":")), "--gen-subset", "test", "--sampling",
@@ -211,8 +212,8 @@ def fairseq_generate_sampling(archive: str, members: str, model_dir: str, source
                "--required-batch-size-multiple", "1",
                "--cpu", "--seed", "0", "--source-lang", "cs", "--target-lang", "en"]
         start = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
+        done = job_run(cmd, capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
         wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"fairseq-generate failed:\n{done.stderr[-3000:]}")

@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from bench_cluster import ensure_models, read_pairs, write_tsv  # noqa: E402
+from fresh_process import job_run  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 
 PY = sys.executable
 
@@ -40,7 +41,7 @@ def job_options(inp: str, models: str) -> list[str]:
 
 def timed(cmd: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    done = job_run(cmd, cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")

@@ -23,6 +23,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_run  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 PY = sys.executable
 
 
@@ -69,7 +71,7 @@ class PeakRss:
 
 def timed(cmd: list[str], env: dict | None = None) -> float:
     start = time.monotonic()
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True)
+    done = job_run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return time.monotonic() - start

@@ -35,6 +35,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_popen  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 LETTERS = "bcdfghjklmnpqrstvwxz"
 
 
@@ -137,9 +139,9 @@ def _job(args: list[str], env: dict | None = None, watch=None) -> tuple[dict, li
     processes WATCH() returns); (manifest, samples, seconds)."""
     stop, samples = threading.Event(), []
     start = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+    proc = job_popen([sys.executable, "-m", "beam_pipelines.generate", *args], cwd=ROOT,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                     env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
     threads = [threading.Thread(target=_tree_sampler, args=(proc.pid, stop, samples), daemon=True)]
     watched: list = []
     for pid in (watch() if watch else []):

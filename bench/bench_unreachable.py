@@ -17,7 +17,6 @@ import argparse
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,6 +24,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fresh_process import job_run  # noqa: E402  (the jobs it measures: bench/fresh_process.py)
 
 
 def _env(extra: dict) -> dict:
@@ -42,7 +43,7 @@ def _commands(url: str, models: str) -> dict:
 
 def _timed(args: list[str], env: dict) -> tuple[int, float]:
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, env=env, timeout=900)
+    done = job_run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, env=env, timeout=900)
     return done.returncode, time.monotonic() - start
 
 

@@ -1,8 +1,10 @@
 """Run a bench function in a fresh Python process, so that each measurement has its own caches,
-threads and peak memory.
+threads and peak memory; start the jobs a benchmark measures.
 
-PARAGEN_BENCH_IN_PROCESS=1 runs it in the calling process instead (the test suite's smoke tier,
-whose figures mean nothing: a fresh process costs 2-5 s of imports, most of a smoke run)."""
+PARAGEN_BENCH_IN_PROCESS=1 runs a function in the calling process instead, and under the test
+suite's smoke tier (PARAGEN_WARM_ZYGOTE set) the jobs are forked from its warm interpreter
+(tests/warm_python.py): the same commands, without their 4-5 s of imports each (a smoke run's
+figures mean nothing; a process start was most of one)."""
 from __future__ import annotations
 
 import importlib
@@ -36,3 +38,24 @@ def in_fresh_process(module: str, function: str, *args) -> dict:
     if line is None:
         raise SystemExit(f"{function} failed:\n{done.stderr[-3000:]}")
     return json.loads(line[7:])
+
+
+def _warm():
+    """tests/warm_python.py where the smoke tier gave this script its zygote, else None."""
+    if not os.environ.get("PARAGEN_WARM_ZYGOTE"):
+        return None
+    from tests import warm_python
+
+    return warm_python
+
+
+def job_popen(args, **kwargs) -> subprocess.Popen:
+    """subprocess.Popen of a job's command (forked warm under the smoke tier)."""
+    warm = _warm()
+    return warm.popen(args, **kwargs) if warm else subprocess.Popen(args, **kwargs)
+
+
+def job_run(args, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run of a job's command (forked warm under the smoke tier)."""
+    warm = _warm()
+    return warm.run(args, **kwargs) if warm else subprocess.run(args, **kwargs)

@@ -1,10 +1,11 @@
 """Every script in bench/ runs at a tiny size and prints its table (issue 70): a benchmark that
 nothing runs rots (bench_generation's dual-scoring section crashed for weeks after the engine's
-score_batches changed). Each script runs as a user runs it, a process of its own (forked from
-the warm interpreter of tests/warm_python.py, which has imported what it imports), with the
-smallest arguments that still go through its sections, except that the measurements it would run
-in fresh processes run in its own (PARAGEN_BENCH_IN_PROCESS=1: a process start costs 2-5 s of
-imports, and the fresh-process path has its own test); its figures mean nothing at this size and
+score_batches changed). Each script runs as a user runs it, a process of its own, and so do the
+jobs it measures (both forked from the warm interpreter of tests/warm_python.py, which has
+imported what they import: PARAGEN_WARM_ZYGOTE), with the smallest arguments that still go
+through its sections, except that the measurements it would run in fresh processes run in its
+own (PARAGEN_BENCH_IN_PROCESS=1: a process start costs 2-5 s of imports, and the fresh-process
+path has its own test); its figures mean nothing at this size and
 are not checked, only that it finishes (exit 0) and prints what its docs/benchmarks.md table is
 made of. The scripts that cannot run here are listed with the reason (NOT_HERE), and a script
 added to bench/ without a smoke run fails test_every_bench_script_has_a_smoke_run.
@@ -98,11 +99,12 @@ def _need_data(*names):
 
 
 def _run(script: str, args: list[str], marker: str, env: dict | None = None) -> str:
-    # the script forked from the warm interpreter (tests/warm_python.py); the jobs it starts are fresh
+    # the script and the jobs it measures (bench/fresh_process.py's job_run/job_popen) forked from the
+    # warm interpreter (tests/warm_python.py); a measurement's fresh process runs in the script's own
+    env = {**os.environ, "PYTHONPATH": ROOT, "PARAGEN_BENCH_IN_PROCESS": "1",
+           warm_python.ADDRESS_VARIABLE: warm_python.address(), **(env or {})}
     done = warm_python.run([sys.executable, os.path.join(BENCH, script), *args], cwd=ROOT, capture_output=True,
-                           text=True, timeout=900, stdin=subprocess.DEVNULL,
-                           # a measurement's fresh process runs in the script's own (bench/fresh_process.py)
-                           env={**os.environ, "PYTHONPATH": ROOT, "PARAGEN_BENCH_IN_PROCESS": "1", **(env or {})})
+                           text=True, timeout=900, stdin=subprocess.DEVNULL, env=env)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert marker in done.stdout, done.stdout[-3000:]
     assert "bench error" not in done.stdout, done.stdout[-3000:]        # bench_faults.py's row of a failed scenario

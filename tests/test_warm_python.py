@@ -73,6 +73,7 @@ def test_a_warm_job_reads_its_environment_in_its_own_session_and_place(tiny_nmt_
                              cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True, env={**os.environ, "PARAGEN_CRASH_AT": "1:STOP"})
     try:
+        assert os.getsid(proc.pid) == proc.pid                  # at once, as after subprocess.Popen: killpg works
         assert _until_stopped(proc), proc.communicate()
         assert os.getsid(proc.pid) == proc.pid != os.getpid()
         assert os.readlink(f"/proc/{proc.pid}/cwd") == str(tmp_path)
@@ -131,3 +132,24 @@ def test_a_change_of_this_process_environment_starts_the_zygote_again(monkeypatc
     assert isinstance(proc, warm_python.WarmPopen)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 2 and "error:" in err
+
+
+def test_a_job_given_the_zygote_address_starts_warm_jobs_of_its_own(tmp_path):
+    """What the bench smoke tier does: the script is a fork, and so are the jobs it starts
+    (bench/fresh_process.py's job_run), forks of this test process's zygote, with their pipes and
+    exit status as from a process."""
+    inner = tmp_path / "job.py"          # its monitor's parent: the zygote that forked it
+    inner.write_text("import os, sys\n"
+                     "print(open(f'/proc/{os.getppid()}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+                     "sys.exit(4)\n")
+    outer = tmp_path / "bench_like.py"
+    outer.write_text("import subprocess, sys\n"
+                     "from tests import warm_python\n"
+                     f"proc = warm_python.popen([sys.executable, {str(inner)!r}], stdout=subprocess.PIPE, text=True)\n"
+                     "out, _ = proc.communicate(timeout=600)\n"
+                     "print(type(proc).__name__, proc.returncode, out.strip())\n")
+    env = {**os.environ, "PYTHONPATH": ROOT, warm_python.ADDRESS_VARIABLE: warm_python.address()}
+    done = warm_python.run([sys.executable, str(outer)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == f"WarmPopen 4 {warm_python._zygote().proc.pid}\n"

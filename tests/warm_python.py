@@ -35,42 +35,73 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what the jobs the suite starts many times import (each pulls in torch, Beam, fairseq, pyarrow)
 PRELOAD = ("beam_pipelines.generate", "beam_pipelines.filter", "beam_pipelines.refresh", "embeddings.train",
            "embeddings.sts", "embeddings.lexicon", "models.nmt.importing", "models.nmt.translate", "models.nmt.train")
+# run warm too, not preloaded: the fairseq baselines the bench scripts start (fairseq itself is)
+ALSO_WARM = ("fairseq_cli.preprocess", "models.nmt.model_files.fairseq_compat")
 _LIMIT = 1 << 20
+# a job given this (the zygote's socket, address()) starts its own python -m jobs as forks too
+ADDRESS_VARIABLE = "PARAGEN_WARM_ZYGOTE"
 
 
 # ------------------------------------------------------------------------------- the zygote
 
-def _serve(sock: socket.socket) -> None:
+def _serve(sock: socket.socket, listener: socket.socket) -> None:
+    """Fork a job for each request: from the test process (SOCK) and from the jobs it gave
+    ADDRESS_VARIABLE (a bench script run by the smoke tier starts its own jobs warm too)."""
+    import selectors
+
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)          # monitors are reaped by the kernel
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(listener, selectors.EVENT_READ)
+    hello = json.dumps(dict(os.environ)).encode()          # what needs_fresh compares a job's env with
     while True:
-        msg, fds, _flags, _addr = socket.recv_fds(sock, _LIMIT, 4)
-        if not msg:
-            return                                          # the test process closed its end
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if os.fork() == 0:
-            sock.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _monitor(json.loads(msg), fds)                  # does not return
-        for fd in fds:
-            os.close(fd)
+        for key, _ in sel.select():
+            conn = key.fileobj
+            if conn is listener:
+                client, _ = listener.accept()
+                client.send(hello)
+                sel.register(client, selectors.EVENT_READ)
+                continue
+            msg, fds, _flags, _addr = socket.recv_fds(conn, _LIMIT, 4)
+            if not msg:
+                if conn is sock:
+                    return                                  # the test process closed its end
+                sel.unregister(conn)
+                conn.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if os.fork() == 0:
+                for other in list(sel.get_map().values()):
+                    other.fileobj.close()
+                sel.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _monitor(json.loads(msg), fds)              # does not return
+            for fd in fds:
+                os.close(fd)
 
 
 def _monitor(request: dict, fds: list[int]) -> None:
     stdin, stdout, stderr, status = fds
+    started, start = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(status)
-        _become_job(request, stdin, stdout, stderr)         # does not return
-    for fd in (stdin, stdout, stderr):
+        os.close(started)
+        _become_job(request, stdin, stdout, stderr, start)  # does not return
+    for fd in (stdin, stdout, stderr, start):
         os.close(fd)
+    # the pid once the job has its session and files, as subprocess.Popen returns after exec: a
+    # killpg(pid) at once reaches it
+    os.read(started, 1)
+    os.close(started)
     os.write(status, f"{pid}\n".encode())
     _, code = os.waitpid(pid, 0)
     os.write(status, f"{code}\n".encode())
     os._exit(0)
 
 
-def _become_job(request: dict, stdin: int, stdout: int, stderr: int) -> None:
+def _become_job(request: dict, stdin: int, stdout: int, stderr: int, start: int) -> None:
     """Turn this fork into the job's process: its files, session, place, environment and argv;
     then run the module as __main__ and end as a fresh interpreter would (:func:`_exit`)."""
     import runpy
@@ -83,6 +114,7 @@ def _become_job(request: dict, stdin: int, stdout: int, stderr: int) -> None:
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
+    os.close(start)                                         # the monitor reports the pid now
     env = request["env"]
     if env.get("PYTHONWARNINGS", "") != os.environ.get("PYTHONWARNINGS", ""):
         for option in filter(None, env.get("PYTHONWARNINGS", "").split(",")):
@@ -157,8 +189,11 @@ def _main() -> None:
     if threads.active_count() != 1:                         # a fork keeps only the forking thread
         raise SystemExit(f"warm_python: the preloaded modules started threads: {threads.enumerate()}")
     sock = socket.socket(fileno=int(sys.argv[1]))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(sys.argv[2])                              # in a folder only this user can enter
+    listener.listen()
     sock.send(b"ready")
-    _serve(sock)
+    _serve(sock, listener)
 
 
 # --------------------------------------------------------------------------- the test's side
@@ -174,12 +209,17 @@ def _read_at_start(env: dict) -> dict:
 
 class _Zygote:
     def __init__(self):
-        here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = self.env = zygote_env()
         import tempfile
 
+        here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = self.env = zygote_env()
+        self.folder = tempfile.mkdtemp(prefix="warm-python-")      # mode 0700: this user's jobs only
+        if len(self.folder) > 90:                                  # a socket's path has 107 bytes at most
+            os.rmdir(self.folder)
+            self.folder = tempfile.mkdtemp(prefix="warm-python-", dir="/tmp")
+        self.address = os.path.join(self.folder, "zygote")
         self.log = tempfile.TemporaryFile()             # the zygote's own stderr: why it did not start
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.warm_python", str(there.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.warm_python", str(there.fileno()), self.address],
                                      cwd=ROOT, env=env, pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
         there.close()
@@ -190,17 +230,41 @@ class _Zygote:
             raise RuntimeError(f"warm_python: the zygote did not start (exit status {self.proc.returncode}): "
                                f"{self.log.read()[-2000:].decode(errors='replace')}")
 
+    def current(self) -> bool:
+        """Alive, and started with what this process's environment has now at start (the
+        CTranslate2 engine, loaded in a test's process, sets OMP_WAIT_POLICY)."""
+        return self.proc.poll() is None and _read_at_start(self.env) == _read_at_start(zygote_env())
+
     def start(self, request: dict, fds: list[int]) -> None:
         with self.lock:
             socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
 
     def close(self) -> None:
+        import shutil
+
         self.sock.close()                                   # the zygote's recv ends: it exits
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _Connection(_Zygote):
+    """A job's way to the zygote that forked it (ADDRESS_VARIABLE in its environment): a bench
+    script run by the smoke tier starts the jobs it measures as forks too."""
+
+    def __init__(self, address: str):
+        self.sock, self.lock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), threading.Lock()
+        self.sock.connect(address)
+        self.env = json.loads(self.sock.recv(_LIMIT))
+
+    def current(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 _ZYGOTE: list = []
@@ -209,14 +273,20 @@ _ZYGOTE_LOCK = threading.Lock()
 
 def _zygote() -> _Zygote:
     with _ZYGOTE_LOCK:
-        # a new one where this process's environment changed what a process reads at its start
-        # (the CTranslate2 engine, loaded in a test's process, sets OMP_WAIT_POLICY)
-        if _ZYGOTE and (_ZYGOTE[0].proc.poll() is not None
-                        or _read_at_start(_ZYGOTE[0].env) != _read_at_start(zygote_env())):
+        if _ZYGOTE and not _ZYGOTE[0].current():
             _ZYGOTE.pop().close()
         if not _ZYGOTE:
-            _ZYGOTE[:] = [_Zygote()]
+            address = os.environ.get(ADDRESS_VARIABLE)
+            _ZYGOTE[:] = [_Connection(address) if address else _Zygote()]
         return _ZYGOTE[0]
+
+
+def address() -> str:
+    """Where a job given it as ADDRESS_VARIABLE asks this process's zygote for jobs of its own."""
+    zygote = _zygote()
+    if isinstance(zygote, _Connection):
+        return os.environ[ADDRESS_VARIABLE]
+    return zygote.address
 
 
 def stop() -> None:
@@ -240,7 +310,8 @@ def needs_fresh(env: dict | None) -> str | None:
     that differs from the zygote's, or a folder on its PYTHONPATH that the zygote's lacks (its
     sitecustomize.py runs at start; its modules may shadow what the zygote imported)."""
     env = dict(os.environ) if env is None else env
-    base = zygote_env()                                     # what the zygote has, or is started again with
+    # what the zygote has: the one that forked this job, or this process's (as it is or started again)
+    base = _zygote().env if os.environ.get(ADDRESS_VARIABLE) else zygote_env()
     mine, its = _read_at_start(env), _read_at_start(base)
     for name in sorted(set(mine) | set(its)):
         if mine.get(name) != its.get(name):
@@ -253,10 +324,10 @@ def needs_fresh(env: dict | None) -> str | None:
 
 
 def _target(args) -> dict | None:
-    """What a warm job of ARGS runs: {"module": M} for ``python -m M`` (M preloaded), {"script": S}
+    """What a warm job of ARGS runs: {"module": M} for ``python -m M`` (M in PRELOAD or ALSO_WARM), {"script": S}
     for ``python S.py``, with the arguments after them; None for another command."""
     args = [os.fsdecode(a) for a in args] if isinstance(args, (list, tuple)) else []
-    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and args[2] in PRELOAD:
+    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and args[2] in PRELOAD + ALSO_WARM:
         return {"module": args[2], "args": args[3:]}
     if len(args) >= 2 and args[0] == sys.executable and args[1].endswith(".py") and os.path.isfile(args[1]):
         return {"script": args[1], "args": args[2:]}
@@ -264,7 +335,7 @@ def _target(args) -> dict | None:
 
 
 class WarmPopen(subprocess.Popen):
-    """subprocess.Popen of ``[sys.executable, "-m", MODULE, ...]`` (MODULE in PRELOAD) or
+    """subprocess.Popen of ``[sys.executable, "-m", MODULE, ...]`` (MODULE in PRELOAD, ALSO_WARM) or
     ``[sys.executable, SCRIPT.py, ...]``, forked from the zygote instead of started afresh."""
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
@@ -272,7 +343,7 @@ class WarmPopen(subprocess.Popen):
                        restore_signals, gid, gids, uid, umask, start_new_session, process_group):
         target = _target(args)
         if target is None or preexec_fn or shell or pass_fds or executable:
-            raise ValueError(f"WarmPopen runs a .py script or python -m of {PRELOAD}, not {args!r}")
+            raise ValueError(f"WarmPopen runs a .py script or python -m of {PRELOAD + ALSO_WARM}, not {args!r}")
         fresh = needs_fresh(env)
         if fresh:
             raise ValueError(f"WarmPopen: {fresh} is read when a process starts; use popen()")
